@@ -1,0 +1,1 @@
+"""agl_proxy: the OpenAI-compatible LLMProxy that records token-level spans."""

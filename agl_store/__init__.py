@@ -1,0 +1,52 @@
+"""agl_store: the LightningStore — rollouts, attempts, spans, resources, workers."""
+
+from .base import UNSET, LightningStore
+from .errors import (
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    StoreClosedError,
+    StoreError,
+    StoreUnavailableError,
+    UnauthorizedError,
+)
+from .models import (
+    LLM,
+    Attempt,
+    AttemptedRollout,
+    EnqueueRolloutRequest,
+    PromptTemplate,
+    ProxyLLM,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    Span,
+    StoreStatistics,
+    Worker,
+    reward_span,
+)
+
+__all__ = [
+    "UNSET",
+    "LLM",
+    "Attempt",
+    "AttemptedRollout",
+    "ConflictError",
+    "EnqueueRolloutRequest",
+    "InvalidInputError",
+    "LightningStore",
+    "NotFoundError",
+    "PromptTemplate",
+    "ProxyLLM",
+    "ResourcesUpdate",
+    "Rollout",
+    "RolloutConfig",
+    "Span",
+    "StoreClosedError",
+    "StoreError",
+    "StoreStatistics",
+    "StoreUnavailableError",
+    "UnauthorizedError",
+    "Worker",
+    "reward_span",
+]

@@ -1,0 +1,327 @@
+"""The LightningStore contract (SPEC section 2).
+
+Every method is async. Backends (`SQLiteStore` for both `sqlite://` files and `memory://`,
+`LightningStoreClient` for `http://`) implement all of it and are run through one test
+suite. Errors are the classes of `agl_store.errors`: an unknown id raises `NotFoundError`,
+a bad value `InvalidInputError`, an illegal state change `ConflictError`.
+
+Status rules, enforced by the backends:
+- A rollout is `queuing` when enqueued; `dequeue_rollout` claims the oldest `queuing` or
+  `requeuing` one, creates an attempt (`preparing`) and moves the rollout to `preparing`.
+- The first span or an explicit update moves attempt and rollout to `running`.
+- The latest attempt's terminal status decides the rollout's: `succeeded` → `succeeded`;
+  `failed` / `timeout` / `unresponsive` → `requeuing` when listed in
+  `config.retry_condition` and `attempt.sequence_id < config.max_attempts`, else `failed`.
+- The store itself marks attempts `timeout` (past `config.timeout_seconds` since the
+  attempt started) and `unresponsive` (no heartbeat or span for `unresponsive_seconds`),
+  from a background task, whether or not anyone calls it.
+- A rollout in `succeeded`, `failed` or `cancelled` is finished: only `metadata` may change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
+
+from .models import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    NamedResources,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+    StoreStatistics,
+    TaskInput,
+    Worker,
+    WorkerStatus,
+)
+
+
+class _Unset:
+    """Marks an argument that was not given, where None is a meaningful value."""
+
+    _instance: "_Unset | None" = None
+
+    def __new__(cls) -> "_Unset":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNSET: Any = _Unset()
+SortOrder = Literal["asc", "desc"]
+FilterLogic = Literal["and", "or"]
+
+
+class LightningStore:
+    """Rollouts and their queue, attempts, spans, resources and workers.
+
+    Use as an async context manager, or call `close()` when done. Methods raise
+    `StoreClosedError` after `close()`.
+    """
+
+    name: str = "LightningStore"
+
+    async def __aenter__(self) -> "LightningStore":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def statistics(self) -> StoreStatistics:
+        """Counts of rollouts (total and by status), attempts, spans, resources, workers."""
+        raise NotImplementedError
+
+    # --- rollouts and the queue ---------------------------------------------------------
+
+    async def start_rollout(
+        self,
+        input: TaskInput,
+        mode: RolloutMode | None = None,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: Dict[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> AttemptedRollout:
+        """Create a rollout in `preparing` with its first attempt, bypassing the queue.
+
+        `resources_id=None` means the latest resources at this moment (None when there are none).
+        """
+        raise NotImplementedError
+
+    async def enqueue_rollout(
+        self,
+        input: TaskInput,
+        mode: RolloutMode | None = None,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: Dict[str, Any] | None = None,
+    ) -> Rollout:
+        """Append a rollout in `queuing` to the tail of the queue; no attempt yet."""
+        raise NotImplementedError
+
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        """Enqueue several rollouts in one transaction, in order."""
+        raise NotImplementedError
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        """Claim the oldest queued rollout (FIFO over `queuing` and `requeuing`), or None.
+
+        Never blocks. Creates attempt number (previous attempts + 1) in `preparing`.
+        """
+        raise NotImplementedError
+
+    async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: Optional[str] = None) -> Sequence[AttemptedRollout]:
+        """Claim up to `limit` queued rollouts atomically, oldest first."""
+        raise NotImplementedError
+
+    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+        """Create a new attempt for an existing, unfinished rollout (a manual retry)."""
+        raise NotImplementedError
+
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        input: TaskInput = UNSET,
+        mode: Optional[RolloutMode] = UNSET,
+        resources_id: Optional[str] = UNSET,
+        status: RolloutStatus = UNSET,
+        config: RolloutConfig = UNSET,
+        metadata: Optional[Dict[str, Any]] = UNSET,
+    ) -> Rollout:
+        """Change the given fields. A terminal status sets `end_time` and wakes waiters;
+        `queuing` / `requeuing` puts the rollout back in the queue exactly once."""
+        raise NotImplementedError
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"],
+        status: AttemptStatus = UNSET,
+        worker_id: str = UNSET,
+        last_heartbeat_time: float = UNSET,
+        metadata: Optional[Dict[str, Any]] = UNSET,
+    ) -> Attempt:
+        """Change an attempt; a status change of the latest attempt propagates to the rollout."""
+        raise NotImplementedError
+
+    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Rollout]:
+        """The rollout (an `AttemptedRollout` once it has attempts), or None."""
+        raise NotImplementedError
+
+    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+        """The attempt with the highest `sequence_id`; None if none yet. Unknown rollout: NotFoundError."""
+        raise NotImplementedError
+
+    async def query_rollouts(
+        self,
+        *,
+        status_in: Optional[Sequence[RolloutStatus]] = None,
+        rollout_id_in: Optional[Sequence[str]] = None,
+        rollout_id_contains: Optional[str] = None,
+        mode: Optional[RolloutMode] = None,
+        start_time_after: Optional[float] = None,
+        start_time_before: Optional[float] = None,
+        filter_logic: FilterLogic = "and",
+        sort_by: Optional[str] = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Rollout]:
+        """Rollouts matching the filters (combined by `filter_logic`), sorted and paged.
+
+        `limit=-1` means no limit. The returned sequence has a `total` attribute with the
+        number of matches before paging.
+        """
+        raise NotImplementedError
+
+    async def query_attempts(
+        self,
+        rollout_id: str,
+        *,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Attempt]:
+        raise NotImplementedError
+
+    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+        """Wait until every listed rollout is finished or `timeout` seconds pass.
+
+        Returns the finished ones (all of them unless the timeout expired). `timeout=None`
+        waits indefinitely. Unknown ids raise NotFoundError.
+        """
+        raise NotImplementedError
+
+    # --- spans --------------------------------------------------------------------------
+
+    async def add_span(self, span: Span) -> Optional[Span]:
+        """Store one span; returns it with its sequence id, or None for a duplicate.
+
+        A duplicate is a span with the same (rollout_id, attempt_id, span_id) as a stored
+        one. The span is a heartbeat of its attempt and moves a `preparing` attempt and
+        rollout to `running`.
+        """
+        raise NotImplementedError
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """Store spans in one transaction; returns those stored (duplicates left out)."""
+        raise NotImplementedError
+
+    async def add_otel_span(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        readable_span: Any,
+        sequence_id: int | None = None,
+    ) -> Optional[Span]:
+        """Store an `opentelemetry.sdk.trace.ReadableSpan` as a span of the attempt."""
+        raise NotImplementedError
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        """Issue the next sequence number of the rollout: 1, 2, ... strictly increasing,
+        atomic across processes and clients. The attempt must exist."""
+        raise NotImplementedError
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+        raise NotImplementedError
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        trace_id: Optional[str] = None,
+        trace_id_contains: Optional[str] = None,
+        span_id: Optional[str] = None,
+        span_id_contains: Optional[str] = None,
+        parent_id: Optional[str] = None,
+        parent_id_contains: Optional[str] = None,
+        name: Optional[str] = None,
+        name_contains: Optional[str] = None,
+        filter_logic: FilterLogic = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: SortOrder = "asc",
+    ) -> Sequence[Span]:
+        """Spans of a rollout (all attempts, one attempt, or the latest), in sequence order."""
+        raise NotImplementedError
+
+    # --- resources ----------------------------------------------------------------------
+
+    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
+        """Store a new resource set (version 1); it becomes the latest."""
+        raise NotImplementedError
+
+    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
+        """Replace a resource set under a given id (created if new; version + 1 otherwise);
+        it becomes the latest."""
+        raise NotImplementedError
+
+    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+        raise NotImplementedError
+
+    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+        raise NotImplementedError
+
+    async def query_resources(
+        self,
+        *,
+        resources_id: Optional[str] = None,
+        resources_id_contains: Optional[str] = None,
+        sort_by: Optional[str] = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[ResourcesUpdate]:
+        raise NotImplementedError
+
+    # --- workers ------------------------------------------------------------------------
+
+    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] = UNSET) -> Worker:
+        """Record a worker heartbeat (creates the worker on first sight)."""
+        raise NotImplementedError
+
+    async def query_workers(
+        self,
+        *,
+        status_in: Optional[Sequence[WorkerStatus]] = None,
+        worker_id_contains: Optional[str] = None,
+        filter_logic: FilterLogic = "and",
+        sort_by: Optional[str] = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Worker]:
+        raise NotImplementedError
+
+    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+        raise NotImplementedError
+
+    # --- retention (beyond the agent-lightning contract) --------------------------------
+
+    async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
+        """Delete finished rollouts with their attempts and spans; returns how many.
+
+        A rollout that is not finished raises ConflictError and nothing is deleted.
+        """
+        raise NotImplementedError
+
+    async def expire_rollouts(self, older_than_seconds: float) -> int:
+        """Delete every finished rollout whose `end_time` is older than this; returns how many."""
+        raise NotImplementedError
