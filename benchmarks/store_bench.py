@@ -1,0 +1,293 @@
+"""agl's store measured side by side with agent-lightning 0.3's, in one run.
+
+    .venv/bin/python benchmarks/store_bench.py            # full run, about 10 minutes
+    .venv/bin/python benchmarks/store_bench.py --quick    # smoke run, about 2 minutes
+    .venv/bin/python benchmarks/store_bench.py --no-peer --json artifacts/store_bench.json
+
+Both stores run the same scenarios (`_workload.py`) on the same spans (LLM calls shaped
+like docs/spans.md, ~10 KB each): in process (agl: SQLite file; agent-lightning 0.3: its
+in-memory store, it has no SQLite backend) and over HTTP, the server in its own process
+(agl: `agl store serve` on SQLite; 0.3: its `agl store`) and the load generator here,
+using each project's own `LightningStoreClient`. Each scenario runs `repeats` times on
+2 noisy cores; the table quotes medians. The peer runs in its own venv
+(`.cache/peers/agentlightning-0.3`, made on first use; see `_peers.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(1, str(BENCH_DIR.parent))
+
+import _peers  # noqa: E402
+import _workload as wl  # noqa: E402
+
+from agl_store.models import EnqueueRolloutRequest, Span  # noqa: E402
+
+SERVER_START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One line of the table: where its number is in the results and what it should reach."""
+
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool = True
+    target: Optional[float] = None
+    field: Optional[str] = None  # for scenarios that return several numbers
+
+    def value(self, results: Dict[str, Any]) -> Optional[float]:
+        entry = results.get(self.key)
+        if entry is None:
+            return None
+        value = entry["value"]
+        return value[self.field] if self.field else value
+
+    def meets(self, value: float) -> bool:
+        assert self.target is not None
+        return value >= self.target if self.higher_is_better else value <= self.target
+
+
+def metrics(batch_size: int) -> List[Metric]:
+    lines: List[Metric] = []
+    for transport, where in (("inproc", "in-process"), ("http", "HTTP")):
+        http = transport == "http"
+        lines += [
+            Metric(f"{transport}.add_span_c1", f"add_span, {where}, c=1", "spans/s", target=1500 if http else None),
+            Metric(f"{transport}.add_span_c16", f"add_span, {where}, c=16", "spans/s", target=1500 if http else None),
+            Metric(f"{transport}.add_many_c1", f"add_many_spans x{batch_size}, {where}, c=1", "spans/s",
+                   target=10_000 if http else None),
+            Metric(f"{transport}.add_many_c16", f"add_many_spans x{batch_size}, {where}, c=16", "spans/s",
+                   target=10_000 if http else None),
+            Metric(f"{transport}.query_spans_ms", f"query_spans 100 spans, {where}, median", "ms",
+                   higher_is_better=False, target=5.0 if http else None, field="median"),
+            Metric(f"{transport}.query_spans_ms", f"query_spans 100 spans, {where}, p90", "ms",
+                   higher_is_better=False, field="p90"),
+            Metric(f"{transport}.queue_cycles", f"enqueue>dequeue>succeed, {where}", "cycles/s"),
+        ]
+    lines.append(Metric("http.runners", "100 runners: dequeue+6 spans+succeed, HTTP", "rollouts/s", target=300))
+    return lines
+
+
+# --- agl's side ------------------------------------------------------------------------
+
+
+class AglKit:
+    """agl spans take the docs/spans.md attributes as they are (native JSON)."""
+
+    def span(self, fields: Dict[str, Any]) -> Any:
+        return Span(**fields)
+
+    def enqueue_request(self, input: Any) -> Any:
+        return EnqueueRolloutRequest(input=input)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def sqlite_store_factory(db_path: Path) -> Callable[[], Any]:
+    from agl_store.urls import open_store
+
+    @contextlib.asynccontextmanager
+    async def factory() -> AsyncIterator[Any]:
+        store = await open_store(f"sqlite:///{db_path}")
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    return factory
+
+
+def http_store_factory(url: str) -> Callable[[], Any]:
+    from agl_store.client import LightningStoreClient
+
+    @contextlib.asynccontextmanager
+    async def factory() -> AsyncIterator[Any]:
+        # No retries: a failing request should fail the run, not hide inside its time.
+        async with LightningStoreClient(url, retries=0) as store:
+            yield store
+
+    return factory
+
+
+@contextlib.contextmanager
+def agl_server(db_path: Path, log_path: Path) -> Iterator[tuple[str, int]]:
+    """`agl store serve` on SQLite at a free 127.0.0.1 port, in its own process.
+
+    Yields (url, pid); the pid is what a profiler attaches to.
+    """
+    port = free_port()
+    cmd = [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(db_path),
+           "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(BENCH_DIR.parent))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"agl store server exited {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/v1/agl/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"agl store server not healthy after {SERVER_START_TIMEOUT_S:.0f}s")
+            time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def run_agl(counts: wl.Counts, transports: List[str], workdir: Path, log: Callable[[str], None],
+                  on_server: Callable[[int], None] = lambda pid: None) -> Dict[str, Any]:
+    """Every scenario against agl's store; results keyed like the peer worker's."""
+    kit = AglKit()
+    payloads = wl.payload_pool()
+    results: Dict[str, Any] = {}
+    if "inproc" in transports:
+        for name, scenario in wl.span_scenarios().items():
+            key = f"inproc.{name}"
+            factory = sqlite_store_factory(workdir / f"inproc-{name}.db")
+            results[key] = await wl.measure(key, scenario, factory, kit, payloads, counts, log)
+    if "http" in transports:
+        with agl_server(workdir / "http.db", workdir / "server.log") as (url, pid):
+            on_server(pid)
+            factory = http_store_factory(url)
+            scenarios = {**wl.span_scenarios(), "runners": wl.runner_scenario()}
+            for name, scenario in scenarios.items():
+                key = f"http.{name}"
+                results[key] = await wl.measure(key, scenario, factory, kit, payloads, counts, log)
+    return results
+
+
+# --- report ----------------------------------------------------------------------------
+
+
+def _num(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+
+
+def render_table(lines: List[Metric], agl: Dict[str, Any], peer: Dict[str, Any]) -> str:
+    """The comparison as a fixed-width table; ratio is agl/peer (>1 is better for rates,
+    <1 for latencies)."""
+    header = ("metric", "unit", "agl", "peer 0.3", "agl/peer", "target")
+    rows = [header]
+    for metric in lines:
+        ours, theirs = metric.value(agl), metric.value(peer)
+        ratio = f"{ours / theirs:.2f}x" if ours is not None and theirs else "-"
+        target = "-"
+        if metric.target is not None:
+            sign = ">=" if metric.higher_is_better else "<"
+            verdict = "" if ours is None else (" ok" if metric.meets(ours) else " MISS")
+            target = f"{sign}{_num(metric.target)}{verdict}"
+        rows.append((metric.label, metric.unit, _num(ours), _num(theirs), ratio, target))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    out = []
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(row[2:], widths[2:])]
+        out.append("  ".join(cells))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small counts, one run each: a smoke run")
+    parser.add_argument("--no-peer", action="store_true", help="measure agl only")
+    parser.add_argument("--repeats", type=int, help="runs per scenario (default 3, --quick 1)")
+    parser.add_argument("--transports", default="inproc,http", help="comma list of: inproc, http")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--peer-cache", type=Path, default=_peers.DEFAULT_CACHE_DIR, help="where the peer venv lives")
+    args = parser.parse_args(argv)
+
+    counts = wl.Counts.quick() if args.quick else wl.Counts()
+    if args.repeats:
+        counts = wl.Counts(**{**asdict(counts), "repeats": args.repeats})
+    transports = [t for t in args.transports.split(",") if t]
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    payload_bytes = wl.payload_bytes(wl.payload_pool()[0])
+    log(f"store_bench: {os.cpu_count()} CPUs, Python {platform.python_version()}, span payload {payload_bytes:,} B, "
+        f"{counts.repeats} run(s) per scenario")
+
+    log("agl: measuring")
+    with tempfile.TemporaryDirectory(prefix="agl-store-bench-") as tmp:
+        agl_results = asyncio.run(run_agl(counts, transports, Path(tmp), lambda m: log(f"  agl: {m}")))
+
+    peer_results: Dict[str, Any] = {}
+    peer_note = "skipped (--no-peer)"
+    if not args.no_peer:
+        peer = _peers.ensure_peer(args.peer_cache, log)
+        if isinstance(peer, _peers.PeerUnavailable):
+            peer_note = f"skipped: {peer.reason}"
+            log(f"peer: {peer_note}")
+        else:
+            log(f"peer: measuring agentlightning {peer.version}")
+            try:
+                peer_results = _peers.run_peer_worker(
+                    peer, ["--counts", json.dumps(asdict(counts)), "--transports", ",".join(transports)], log
+                )
+                peer_note = f"agentlightning {peer.version}"
+            except RuntimeError as exc:
+                peer_note = f"failed: {exc}"
+                log(f"peer: {peer_note}")
+
+    lines = metrics(counts.batch_size)
+    print()
+    print(render_table(lines, agl_results, peer_results))
+    print(f"\npeer: {peer_note}. medians of {counts.repeats} run(s); in-process agl = SQLite file, "
+          "peer = its in-memory store; HTTP = server in its own process.")
+
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "counts": asdict(counts),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "span_payload_bytes": payload_bytes,
+            "agl": agl_results,
+            "peer": peer_results,
+            "peer_note": peer_note,
+        }, indent=2))
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
