@@ -1,0 +1,136 @@
+"""The proxy's ASGI app: OpenAI routes, per-rollout routes, admin routes, metrics.
+
+`create_app(gateway, key=..., store_app=...)` builds it from explicit parts. With
+`store_app` (the store's REST app, when the proxy runs an embedded store) the store's
+routes are served on the same port, so one URL is the whole gateway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, AsyncIterator, List, Optional
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp
+
+from .auth import BearerKeyMiddleware
+from .calls import LLMCallEndpoint
+from .errors import BadRequestError, ProxyError
+from .gateway import Gateway
+
+ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+
+
+class JSONBytesResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def _error_response(error: ProxyError) -> Response:
+    return Response(error.body(), status_code=error.status_code, media_type="application/json", headers=error.headers)
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+
+
+def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
+    async def health(request: Request) -> Response:
+        return JSONBytesResponse({"status": "ok"})
+
+    async def models(request: Request) -> Response:
+        created = int(time.time())
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "agl"} for name in gateway.registry.model_names]
+        return JSONBytesResponse({"object": "list", "data": data})
+
+    async def state(request: Request) -> Response:
+        return JSONBytesResponse({**gateway.gate.state(), "models": gateway.registry.model_names, "spans_buffered": gateway.exporter.buffered})
+
+    async def pause(request: Request) -> Response:
+        """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight."""
+        try:
+            body = await _json_body(request)
+        except ProxyError as exc:
+            return _error_response(exc)
+        gateway.gate.pause(body.get("reason"))
+        drained = None
+        if body.get("drain"):
+            drained = await gateway.gate.wait_drained(body.get("timeout"))
+        return JSONBytesResponse({**gateway.gate.state(), "drained": drained})
+
+    async def resume(request: Request) -> Response:
+        gateway.gate.resume()
+        return JSONBytesResponse(gateway.gate.state())
+
+    async def model_list(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                body = await _json_body(request)
+                entries = body.get("model_list") if isinstance(body, dict) else None
+                if not isinstance(entries, list):
+                    raise BadRequestError('the body must be {"model_list": [...]} in LiteLLM\'s format')
+                gateway.update_model_list(entries)
+            except ValueError as exc:
+                return _error_response(BadRequestError(str(exc)))
+            except ProxyError as exc:
+                return _error_response(exc)
+        return JSONBytesResponse({"model_list": gateway.registry.redacted()})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(gateway.metrics.render(gateway.gauges()), media_type="text/plain; version=0.0.4")
+
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/proxy/state", state, methods=["GET"]),
+        Route("/proxy/pause", pause, methods=["POST"]),
+        Route("/proxy/resume", resume, methods=["POST"]),
+        Route("/proxy/model_list", model_list, methods=["GET", "POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route(ROLLOUT_PREFIX + "/v1/models", models, methods=["GET"]),
+    ]
+
+
+def _call_routes(gateway: Gateway) -> List[BaseRoute]:
+    chat = LLMCallEndpoint(gateway, "chat")
+    completions = LLMCallEndpoint(gateway, "text_completion")
+    routes: List[BaseRoute] = []
+    # Base URLs with and without /v1 both occur in agent code; serve both.
+    for prefix in ("", ROLLOUT_PREFIX):
+        for version in ("/v1", ""):
+            routes.append(Route(prefix + version + "/chat/completions", chat, methods=["POST"]))
+            routes.append(Route(prefix + version + "/completions", completions, methods=["POST"]))
+    return routes
+
+
+def create_app(gateway: Gateway, *, key: Optional[str] = None, store_app: Optional[ASGIApp] = None) -> ASGIApp:
+    """The proxy's ASGI app over `gateway`; `key` turns on bearer auth (all routes but /health)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.open()
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    routes = _call_routes(gateway) + _admin_routes(gateway)
+    if store_app is not None:
+        routes.append(Mount("/", app=store_app))
+    app: ASGIApp = Starlette(routes=routes, lifespan=lifespan)
+    if key:
+        app = BearerKeyMiddleware(app, key)
+    return app

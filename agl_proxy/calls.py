@@ -1,0 +1,163 @@
+"""The endpoint of `/v1/chat/completions` and `/v1/completions`, as a pure ASGI app.
+
+Per call: refuse while paused, read the body, attribute it to a rollout (path or
+headers), resolve the model, ask the store for the call's sequence number in the
+background, pick a replica (retrying on another when one fails before answering),
+relay the answer, and hand the call's record to the span exporter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, Optional, Set, Tuple
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from .auth import send_error
+from .errors import BadRequestError, NoBackendError, NotFoundError, PausedError, ProxyError
+from .forwarding import RetryableBackendError, forward
+from .gateway import Gateway
+from .spans import CallRecord
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def attribution(scope: Scope) -> Tuple[str, str]:
+    """(rollout_id, attempt_id) from the per-rollout path, else the `x-rollout-id` / `x-attempt-id` headers."""
+    params = scope.get("path_params") or {}
+    rollout_id = params.get("rollout_id") or ""
+    attempt_id = params.get("attempt_id") or ""
+    if not rollout_id:
+        for name, value in scope["headers"]:
+            if name == b"x-rollout-id":
+                rollout_id = value.decode("latin-1")
+            elif name == b"x-attempt-id":
+                attempt_id = value.decode("latin-1")
+    return rollout_id, attempt_id
+
+
+async def read_body(receive: Receive) -> bytes:
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadRequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+class LLMCallEndpoint:
+    """Serves one OpenAI operation (`chat` or `text_completion`) for a gateway."""
+
+    def __init__(self, gateway: Gateway, operation: str) -> None:
+        self.gateway = gateway
+        self.operation = operation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gate = self.gateway.gate
+        try:
+            gate.enter()
+        except PausedError as exc:
+            await send_error(send, exc)
+            return
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            gate.exit()
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gateway
+        t0 = time.perf_counter()
+        start_time = time.time()
+        rollout_id, attempt_id = attribution(scope)
+        try:
+            body = orjson.loads(await read_body(receive))
+            if not isinstance(body, dict):
+                raise BadRequestError("the request body must be a JSON object")
+        except orjson.JSONDecodeError:
+            await send_error(send, BadRequestError("the request body is not valid JSON"))
+            return
+        except BadRequestError as exc:
+            await send_error(send, exc)
+            return
+        model = body.get("model")
+        record = CallRecord(
+            operation=self.operation,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            requested_model=model if isinstance(model, str) else None,
+            stream=bool(body.get("stream")),
+            start_time=start_time,
+            request=body,
+        )
+        try:
+            replicas = gw.registry.resolve(record.requested_model)
+        except NotFoundError as exc:
+            # A typo in the model name is the client's mistake, not a call: no span.
+            gw.metrics.observe_error(record.requested_model or "", "", exc.code)
+            await send_error(send, exc)
+            return
+        except NoBackendError as exc:
+            replicas = []
+            no_backend: Optional[NoBackendError] = exc
+        else:
+            no_backend = None
+        sequence = gw.exporter.reserve_sequence(rollout_id, attempt_id)
+        try:
+            if no_backend is not None:
+                raise no_backend
+            await self._dispatch(replicas, record, body, send, t0)
+        except ProxyError as exc:
+            record.fail(exc.code, exc.message, exc.status_code)
+            await send_error(send, exc)
+        finally:
+            record.latency_s = time.perf_counter() - t0
+            if record.ttft_s is None and record.error is None:
+                record.ttft_s = record.latency_s
+            backend = record.deployment.label if record.deployment else ""
+            gw.metrics.observe_call(record.requested_model or "", backend, record.status_code, record.latency_s, record.ttft_s if record.stream else None)
+            if record.error is not None:
+                gw.metrics.observe_error(record.requested_model or "", backend, record.error["type"])
+            gw.exporter.submit(record, sequence)
+
+    async def _dispatch(self, replicas: Any, record: CallRecord, body: Dict[str, Any], send: Send, t0: float) -> None:
+        gw = self.gateway
+        tried: Set[str] = set()
+        last_error: Optional[ProxyError] = None
+        while True:
+            deployment = gw.balancer.choose(replicas, record.rollout_id or None, exclude=tried)
+            if deployment is None:
+                assert last_error is not None
+                if len(tried) > 1:
+                    last_error.message += f" (tried {len(tried)} replicas of {record.requested_model!r})"
+                raise last_error
+            tried.add(deployment.key)
+            gw.balancer.acquire(deployment)
+            try:
+                if deployment.passthrough:
+                    assert gw.client is not None, "the proxy's app was not started"
+                    await forward(gw.client, deployment, record, body, send, t0, gw.options)
+                else:
+                    from .litellm_path import complete_with_litellm
+
+                    await complete_with_litellm(deployment, record, body, send, t0, gw.options)
+                if record.status_code < 500:
+                    gw.balancer.mark_ok(deployment)
+                return
+            except RetryableBackendError as exc:
+                gw.balancer.mark_failed(deployment)
+                last_error = exc.error
+                logger.warning("agl_proxy: %s; replica cooling down for %.0f s", exc.error.message, gw.balancer.cooldown_s)
+            finally:
+                gw.balancer.release(deployment)

@@ -1,0 +1,80 @@
+"""The proxy's exceptions, each rendered as an OpenAI-format error response.
+
+Clients of the proxy are OpenAI SDKs, so every error the proxy itself produces has the
+shape `{"error": {"message", "type", "code"}}` and a status the SDKs map to their own
+exception classes (404 NotFound, 429 RateLimit, 502/503/504 APIStatusError, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import orjson
+
+
+class ProxyError(Exception):
+    """An error the proxy answers with instead of a backend response."""
+
+    status_code: int = 500
+    type: str = "server_error"
+    code: str = "proxy_error"
+
+    def __init__(self, message: str, *, headers: Optional[Dict[str, str]] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+
+class BadRequestError(ProxyError):
+    status_code = 400
+    type = "invalid_request_error"
+    code = "bad_request"
+
+
+class AuthenticationError(ProxyError):
+    status_code = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class NotFoundError(ProxyError):
+    status_code = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PausedError(ProxyError):
+    """New calls while the proxy is paused (e.g. during a weight update)."""
+
+    status_code = 429
+    type = "rate_limit_error"
+    code = "proxy_paused"
+
+
+class BackendFailedError(ProxyError):
+    """The backend refused the connection, failed, or answered something unreadable."""
+
+    status_code = 502
+    type = "api_error"
+    code = "backend_error"
+
+
+class NoBackendError(ProxyError):
+    status_code = 503
+    type = "api_error"
+    code = "no_backend"
+
+
+class BackendTimeoutError(ProxyError):
+    status_code = 504
+    type = "api_error"
+    code = "backend_timeout"

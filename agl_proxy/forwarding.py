@@ -1,0 +1,204 @@
+"""agl's own pass-through to OpenAI-compatible backends (vLLM).
+
+The body goes to the backend with `return_token_ids` (and logprobs when configured)
+injected; the backend's bytes go back to the client unchanged, streamed chunks as they
+arrive, while a copy is read into the call's record for its span. Failures before the
+first byte reaches the client raise `RetryableBackendError` so another replica can take
+the call; after that they end the stream with an SSE error event.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import httpx
+import orjson
+from starlette.types import Send
+
+from .assembly import StreamAssembler
+from .deployments import Deployment
+from .errors import BackendFailedError, BackendTimeoutError, ProxyError
+from .spans import CallRecord
+
+CONNECT_TIMEOUT_S = 10.0
+_PATHS = {"chat": "/chat/completions", "text_completion": "/completions"}
+
+
+class RetryableBackendError(Exception):
+    """The replica failed before anything was sent to the client; another may serve the call."""
+
+    def __init__(self, error: ProxyError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What the proxy adds to every request it forwards."""
+
+    logprobs: bool = False
+    """Ask for the sampled tokens' logprobs when the client did not ask itself."""
+    sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Request fields that replace the client's (e.g. a training temperature)."""
+
+
+def backend_body(body: Mapping[str, Any], deployment: Deployment, operation: str, options: RequestOptions) -> Dict[str, Any]:
+    """The request body as the backend gets it."""
+    out = dict(body)
+    for key, value in deployment.request_defaults.items():
+        out.setdefault(key, value)
+    out.update(options.sampling_overrides)
+    out["model"] = deployment.model
+    if deployment.is_vllm:
+        out["return_token_ids"] = True
+    if options.logprobs and out.get("logprobs") in (None, False):
+        # Chat takes a flag, completions the number of alternatives per token (0: the sampled one).
+        out["logprobs"] = True if operation == "chat" else 0
+    return out
+
+
+def backend_headers(deployment: Deployment, rollout_id: str, attempt_id: str) -> Dict[str, str]:
+    headers = {"content-type": "application/json"}
+    if rollout_id:
+        headers["x-rollout-id"] = rollout_id
+    if attempt_id:
+        headers["x-attempt-id"] = attempt_id
+    if deployment.api_key:
+        headers["authorization"] = f"Bearer {deployment.api_key}"
+    return headers
+
+
+def _error_message(data: bytes) -> str:
+    try:
+        parsed = orjson.loads(data)
+        if isinstance(parsed, dict):
+            error = parsed.get("error", parsed)
+            if isinstance(error, dict) and error.get("message"):
+                return str(error["message"])
+            if isinstance(parsed.get("detail"), str):
+                return parsed["detail"]
+            if isinstance(parsed.get("message"), str):
+                return parsed["message"]
+    except orjson.JSONDecodeError:
+        pass
+    return data[:300].decode("utf-8", "replace")
+
+
+def _response_headers(response: httpx.Response) -> List[Tuple[bytes, bytes]]:
+    return [(b"content-type", response.headers.get("content-type", "application/json").encode("latin-1"))]
+
+
+async def forward(
+    client: httpx.AsyncClient,
+    deployment: Deployment,
+    record: CallRecord,
+    body: Mapping[str, Any],
+    send: Send,
+    t0: float,
+    options: RequestOptions,
+) -> None:
+    """Serve one call from `deployment`, answering the client through `send`."""
+    request_body = backend_body(body, deployment, record.operation, options)
+    record.deployment = deployment
+    record.request = request_body
+    label = deployment.label
+    timeout = httpx.Timeout(deployment.timeout_s, connect=min(CONNECT_TIMEOUT_S, deployment.timeout_s))
+    request = client.build_request(
+        "POST",
+        deployment.api_base + _PATHS[record.operation],  # type: ignore[operator]
+        content=orjson.dumps(request_body),
+        headers=backend_headers(deployment, record.rollout_id, record.attempt_id),
+        timeout=timeout,
+    )
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.ConnectError as exc:
+        raise RetryableBackendError(BackendFailedError(f"backend {label} refused the connection: {exc}")) from exc
+    except httpx.TimeoutException as exc:
+        raise BackendTimeoutError(f"backend {label} did not answer within {deployment.timeout_s:g} s") from exc
+    except httpx.TransportError as exc:
+        raise RetryableBackendError(BackendFailedError(f"backend {label} failed: {type(exc).__name__}: {exc}")) from exc
+    try:
+        is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
+        if is_stream and response.status_code < 300:
+            await _relay_stream(response, deployment, record, send, t0)
+        else:
+            await _relay_body(response, deployment, record, send)
+    finally:
+        await response.aclose()
+
+
+async def _relay_body(response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send) -> None:
+    label = deployment.label
+    try:
+        data = await response.aread()
+    except httpx.TimeoutException as exc:
+        raise BackendTimeoutError(f"backend {label} did not finish its answer within {deployment.timeout_s:g} s") from exc
+    except httpx.TransportError as exc:
+        raise RetryableBackendError(BackendFailedError(f"backend {label} dropped the connection: {type(exc).__name__}: {exc}")) from exc
+    status = response.status_code
+    if status >= 500:
+        raise RetryableBackendError(BackendFailedError(f"backend {label} answered HTTP {status}: {_error_message(data)}"))
+    if status < 300:
+        try:
+            parsed = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict) or "choices" not in parsed:
+            raise RetryableBackendError(
+                BackendFailedError(f"backend {label} answered HTTP {status} with a body that is not an OpenAI response: {data[:200]!r}")
+            )
+        record.response = parsed
+    else:
+        # The backend's own verdict on the request (e.g. too long a prompt): the client sees it as is.
+        record.fail("backend_rejected", f"backend {label} answered HTTP {status}: {_error_message(data)}", status)
+    record.status_code = status
+    await send({"type": "http.response.start", "status": status, "headers": _response_headers(response)})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _relay_stream(response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send, t0: float) -> None:
+    assembler = StreamAssembler(record.operation)
+    record.status_code = response.status_code
+    label = deployment.label
+    chunks = response.aiter_raw()
+    # Read the first chunk before answering, so a replica that fails at once can still be replaced.
+    try:
+        first = await chunks.__anext__()
+    except StopAsyncIteration:
+        first = b""
+    except httpx.TimeoutException as exc:
+        raise BackendTimeoutError(f"backend {label} sent no data within {deployment.timeout_s:g} s") from exc
+    except httpx.TransportError as exc:
+        raise RetryableBackendError(BackendFailedError(f"backend {label} dropped the stream: {type(exc).__name__}: {exc}")) from exc
+    await send({"type": "http.response.start", "status": response.status_code, "headers": _response_headers(response)})
+    error: Optional[ProxyError] = None
+    data = first
+    try:
+        while True:
+            if data:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+                assembler.feed(data)
+                if record.ttft_s is None and assembler.first_token_seen:
+                    record.ttft_s = time.perf_counter() - t0
+            try:
+                data = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+    except httpx.TimeoutException:
+        error = BackendTimeoutError(f"backend {label} stalled mid-stream for more than {deployment.timeout_s:g} s")
+    except httpx.TransportError as exc:
+        error = BackendFailedError(f"backend {label} dropped the stream: {type(exc).__name__}: {exc}")
+    if error is None and assembler.error is not None:
+        message = assembler.error.get("message") if isinstance(assembler.error, dict) else str(assembler.error)
+        record.fail("backend_stream_error", f"backend {label} reported an error mid-stream: {message}", record.status_code)
+    elif error is None and assembler.garbage is not None:
+        record.fail("backend_garbage", f"backend {label} streamed data that is not JSON: {assembler.garbage!r}", 502)
+    elif error is not None:
+        record.fail(error.code, error.message, error.status_code)
+        # The OpenAI SDKs raise on an `error` event, so the client learns the stream is cut short.
+        await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n", "more_body": True})
+    record.response = assembler.result()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

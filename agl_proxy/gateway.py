@@ -1,0 +1,75 @@
+"""The proxy's shared state: backends, balancing, span export, metrics, pause gate.
+
+One `Gateway` per proxy; handlers receive it from `create_app`, never from a global. The
+upstream HTTP client is opened in the app's lifespan (`open()`) and closed with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import httpx
+
+from agl_store.base import LightningStore
+
+from .balancing import DEFAULT_COOLDOWN_S, Balancer
+from .deployments import ModelRegistry
+from .exporter import DEFAULT_MAX_BUFFER, SpanExporter
+from .forwarding import RequestOptions
+from .metrics import ProxyMetrics
+from .pausing import PauseGate
+
+logger = logging.getLogger(__name__)
+
+
+class Gateway:
+    """Everything a call needs besides its own request."""
+
+    def __init__(
+        self,
+        model_list: Sequence[Mapping[str, Any]] = (),
+        store: Optional[LightningStore] = None,
+        *,
+        logprobs: bool = False,
+        sampling_overrides: Optional[Mapping[str, Any]] = None,
+        cooldown_s: float = DEFAULT_COOLDOWN_S,
+        max_span_buffer: int = DEFAULT_MAX_BUFFER,
+    ) -> None:
+        self.registry = ModelRegistry(model_list)
+        self.store = store
+        self.options = RequestOptions(logprobs=logprobs, sampling_overrides=dict(sampling_overrides or {}))
+        self.balancer = Balancer(cooldown_s=cooldown_s)
+        self.exporter = SpanExporter(store, max_buffer=max_span_buffer)
+        self.metrics = ProxyMetrics()
+        self.gate = PauseGate()
+        self.client: Optional[httpx.AsyncClient] = None
+
+    def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the backends. Calls in flight finish on the deployment they started on."""
+        # Parse first: a bad list raises and leaves the current one serving.
+        self.registry = ModelRegistry(model_list)
+        logger.info("agl_proxy serves models: %s", ", ".join(self.registry.model_names) or "(none)")
+
+    async def open(self) -> None:
+        # No pool limit: the proxy must not queue calls that the backend could serve.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        self.client = httpx.AsyncClient(limits=limits, timeout=None)
+        await self.exporter.start()
+
+    async def close(self) -> None:
+        await self.exporter.stop()
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    def gauges(self) -> Dict[str, Any]:
+        """The gauge part of `/metrics`: name -> (help, read function)."""
+        return {
+            "agl_proxy_in_flight": ("LLM calls in flight.", lambda: self.gate.in_flight),
+            "agl_proxy_paused": ("1 while the proxy refuses new calls.", lambda: int(self.gate.paused)),
+            "agl_proxy_spans_exported_total": ("Spans written to the store.", lambda: self.exporter.exported),
+            "agl_proxy_spans_buffered": ("Spans waiting to be written.", lambda: self.exporter.buffered),
+            "agl_proxy_spans_dropped_total": ("Spans given up on (buffer full or rejected).", lambda: self.exporter.dropped),
+            "agl_proxy_span_export_failures_total": ("Failed span export attempts (retried).", lambda: self.exporter.failed_attempts),
+        }

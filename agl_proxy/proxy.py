@@ -1,0 +1,157 @@
+"""`LLMProxy`: the gateway served by uvicorn inside the caller's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import uvicorn
+
+from agl_store.base import LightningStore
+from agl_store.models import ProxyLLM
+
+from .app import create_app
+from .balancing import DEFAULT_COOLDOWN_S
+from .exporter import DEFAULT_MAX_BUFFER
+from .gateway import Gateway
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8080
+STARTUP_TIMEOUT_S = 30.0
+
+
+class LLMProxy:
+    """An OpenAI-compatible proxy that records every call, token ids included, as a span.
+
+    ```python
+    proxy = LLMProxy(model_list=[{"model_name": "qwen", "litellm_params": {
+        "model": "hosted_vllm/Qwen/Qwen2.5-0.5B", "api_base": "http://127.0.0.1:8000/v1"}}], store=store)
+    await proxy.start()
+    await store.add_resources({"main_llm": proxy.as_resource()})
+    ...
+    await proxy.stop()
+    ```
+
+    `port=0` picks a free port (read it back from `port` after `start()`). `store_app` is
+    an ASGI app served on the same port (the embedded store's REST routes).
+    """
+
+    def __init__(
+        self,
+        model_list: Optional[Sequence[Mapping[str, Any]]] = None,
+        store: Optional[LightningStore] = None,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        key: Optional[str] = None,
+        *,
+        logprobs: bool = False,
+        sampling_overrides: Optional[Mapping[str, Any]] = None,
+        cooldown_s: float = DEFAULT_COOLDOWN_S,
+        max_span_buffer: int = DEFAULT_MAX_BUFFER,
+        store_app: Any = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.key = key
+        self.store = store
+        self.gateway = Gateway(
+            model_list or [],
+            store,
+            logprobs=logprobs,
+            sampling_overrides=sampling_overrides,
+            cooldown_s=cooldown_s,
+            max_span_buffer=max_span_buffer,
+        )
+        self._store_app = store_app
+        self._server: Optional[uvicorn.Server] = None
+        self._task: Optional["asyncio.Task[None]"] = None
+
+    @property
+    def model_list(self) -> List[Dict[str, Any]]:
+        return self.gateway.registry.model_list
+
+    @property
+    def url(self) -> str:
+        """The proxy's root URL (`http://host:port`)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL for calls without a rollout."""
+        return self.url + "/v1"
+
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def create_app(self) -> Any:
+        """The ASGI app, for serving it some other way (tests use it with httpx's ASGITransport)."""
+        return create_app(self.gateway, key=self.key, store_app=self._store_app)
+
+    def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
+        """Replace the backends at run time; calls in flight finish where they started."""
+        self.gateway.update_model_list(model_list)
+
+    async def start(self, *, handle_signals: bool = False) -> None:
+        """Serve until `stop()`. Returns once the port accepts connections.
+
+        `handle_signals=True` lets SIGINT / SIGTERM stop the server (the CLI does this).
+        """
+        if self.is_running():
+            raise RuntimeError(f"the proxy is already running at {self.url}")
+        config = uvicorn.Config(
+            self.create_app(), host=self.host, port=self.port, log_level="warning", lifespan="on", access_log=False
+        )
+        server = uvicorn.Server(config)
+        if not handle_signals:
+            # The caller owns signal handling; uvicorn's would take Ctrl-C from notebooks and tests.
+            server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        self._server = server
+        self._task = asyncio.create_task(server.serve(), name="agl-proxy-uvicorn")
+        waited = 0.0
+        while not server.started:
+            if self._task.done():
+                error = self._task.exception()
+                self._task = None
+                raise RuntimeError(f"the proxy could not start on {self.host}:{self.port}") from error
+            await asyncio.sleep(0.01)
+            waited += 0.01
+            if waited > STARTUP_TIMEOUT_S:
+                await self.stop()
+                raise RuntimeError(f"the proxy did not start within {STARTUP_TIMEOUT_S:g} s")
+        if self.port == 0:
+            self.port = server.servers[0].sockets[0].getsockname()[1]
+        logger.info("agl_proxy serving %s at %s", ", ".join(self.gateway.registry.model_names) or "no models", self.url)
+
+    async def stop(self) -> None:
+        """Stop serving: calls in flight get uvicorn's grace period, buffered spans a flush."""
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await self._task
+        except (asyncio.CancelledError, SystemExit):
+            pass
+        except Exception:  # noqa: BLE001 - a failed shutdown must not hide the caller's own error
+            logger.exception("agl_proxy: error while stopping")
+        self._server = None
+        self._task = None
+
+    def as_resource(
+        self,
+        model: Optional[str] = None,
+        sampling_parameters: Optional[Mapping[str, Any]] = None,
+    ) -> ProxyLLM:
+        """An LLM resource whose `get_base_url(rollout_id, attempt_id)` is the per-rollout URL.
+
+        `model` may be left out when one model is configured.
+        """
+        if model is None:
+            names = self.gateway.registry.model_names
+            if len(names) != 1:
+                raise ValueError(f"as_resource needs model= when the proxy serves {len(names)} models: {names}")
+            model = names[0]
+        return ProxyLLM(endpoint=self.base_url, model=model, api_key=self.key, sampling_parameters=dict(sampling_parameters or {}))

@@ -1,0 +1,124 @@
+"""The span of one LLM call (docs/spans.md is the contract; this module writes it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from agl_store.models import Span, TraceStatus
+
+from .deployments import Deployment
+
+LLM_CALL_SPAN_NAME = "agl.llm_call"
+
+
+@dataclass
+class CallRecord:
+    """What the proxy learned about one call, filled in as the call goes."""
+
+    operation: str
+    """`chat` or `text_completion`."""
+    rollout_id: str
+    attempt_id: str
+    requested_model: Optional[str]
+    stream: bool
+    start_time: float
+    """Wall-clock seconds since the epoch, when the request arrived."""
+    deployment: Optional[Deployment] = None
+    request: Optional[Dict[str, Any]] = None
+    response: Optional[Dict[str, Any]] = None
+    status_code: int = 0
+    ttft_s: Optional[float] = None
+    latency_s: float = 0.0
+    error: Optional[Dict[str, Any]] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def fail(self, error_type: str, message: str, status_code: int) -> None:
+        self.error = {"type": error_type, "message": message, "status_code": status_code}
+        self.status_code = status_code
+
+
+def _choice_logprobs(choice: Dict[str, Any]) -> Optional[List[Optional[float]]]:
+    logprobs = choice.get("logprobs")
+    if not logprobs:
+        return None
+    if isinstance(logprobs.get("content"), list):
+        return [entry.get("logprob") for entry in logprobs["content"]]
+    if isinstance(logprobs.get("token_logprobs"), list):
+        return list(logprobs["token_logprobs"])
+    return None
+
+
+def _choices(response: Dict[str, Any]) -> List[Dict[str, Any]]:
+    out = []
+    for choice in response.get("choices") or ():
+        entry = {
+            "index": choice.get("index", 0),
+            "token_ids": choice.get("token_ids"),
+            "logprobs": _choice_logprobs(choice),
+            "finish_reason": choice.get("finish_reason"),
+        }
+        if choice.get("prompt_token_ids") is not None:
+            entry["prompt_token_ids"] = choice["prompt_token_ids"]
+        out.append(entry)
+    return out
+
+
+def _prompt_token_ids(response: Dict[str, Any]) -> Optional[List[int]]:
+    # Chat responses carry them at the top level; completions per choice (one prompt each).
+    if response.get("prompt_token_ids") is not None:
+        return response["prompt_token_ids"]
+    for choice in response.get("choices") or ():
+        if choice.get("prompt_token_ids") is not None:
+            return choice["prompt_token_ids"]
+    return None
+
+
+def llm_call_attributes(record: CallRecord) -> Dict[str, Any]:
+    """The `agl.llm_call` attributes of a finished call."""
+    response = record.response or {}
+    choices = _choices(response)
+    prompt_ids = _prompt_token_ids(response)
+    usage = response.get("usage") or {}
+    input_tokens = usage.get("prompt_tokens")
+    output_tokens = usage.get("completion_tokens")
+    # Streams carry no usage unless the client asked for it; the token ids say the same.
+    if input_tokens is None and prompt_ids is not None:
+        input_tokens = len(prompt_ids)
+    if output_tokens is None and choices and all(c["token_ids"] is not None for c in choices):
+        output_tokens = sum(len(c["token_ids"]) for c in choices)
+    deployment = record.deployment
+    return {
+        "gen_ai.operation.name": record.operation,
+        "gen_ai.system": deployment.system if deployment else None,
+        "gen_ai.request.model": record.requested_model,
+        "gen_ai.response.model": response.get("model"),
+        "gen_ai.usage.input_tokens": input_tokens,
+        "gen_ai.usage.output_tokens": output_tokens,
+        "agl.request": record.request,
+        "agl.response": record.response,
+        "agl.prompt_token_ids": prompt_ids,
+        "agl.choices": choices,
+        "agl.stream": record.stream,
+        "agl.backend": deployment.label if deployment else None,
+        "agl.model_version": deployment.model_version if deployment else None,
+        "agl.latency_s": record.latency_s,
+        "agl.ttft_s": record.ttft_s,
+        "agl.error": record.error,
+        **record.extra,
+    }
+
+
+def build_llm_span(record: CallRecord, sequence_id: Optional[int] = None) -> Span:
+    """The span of a finished call; `sequence_id` None lets the store issue one."""
+    ok = record.error is None
+    return Span(
+        rollout_id=record.rollout_id,
+        attempt_id=record.attempt_id,
+        sequence_id=sequence_id,
+        name=LLM_CALL_SPAN_NAME,
+        start_time=record.start_time,
+        end_time=record.start_time + record.latency_s,
+        status=TraceStatus(status_code="OK" if ok else "ERROR", description=None if ok else record.error["message"]),
+        attributes=llm_call_attributes(record),
+    )

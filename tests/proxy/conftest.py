@@ -1,0 +1,75 @@
+"""Fixtures of the proxy tests: a fake vLLM-shaped backend on a real port, a store, a proxy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Dict, Tuple
+
+import httpx
+import pytest
+
+from agl_proxy.proxy import LLMProxy
+
+from .fake_backend import FakeBackend
+from .helpers import FlakyStore, ListStore, model_entry, serve
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+async def _make_store(tmp_path: Path) -> Any:
+    try:
+        from agl_store.sqlite import SQLiteStore  # type: ignore[import-not-found]
+    except ImportError:
+        return ListStore()
+    return SQLiteStore(str(tmp_path / "agl.db"))
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[FlakyStore]:
+    """A real store behind a switch that can take it 'down'."""
+    inner = await _make_store(tmp_path)
+    flaky = FlakyStore(inner)
+    yield flaky
+    await flaky.close()
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[Tuple[FakeBackend, str]]:
+    """A fake vLLM-shaped backend: (its state, its OpenAI base URL)."""
+    fake = FakeBackend(name="a")
+    async with serve(fake.app()) as url:
+        yield fake, url + "/v1"
+    fake.release.set()
+
+
+@pytest.fixture
+async def proxy_factory(store: FlakyStore) -> AsyncIterator[Callable[..., Any]]:
+    """Starts proxies on free ports; stops them at the end of the test."""
+    started = []
+
+    async def make(model_list: Any, **kwargs: Any) -> LLMProxy:
+        kwargs.setdefault("store", store)
+        proxy = LLMProxy(model_list=model_list, port=0, **kwargs)
+        await proxy.start()
+        started.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in started:
+        await proxy.stop()
+
+
+@pytest.fixture
+async def proxy(proxy_factory: Callable[..., Any], backend: Tuple[FakeBackend, str]) -> LLMProxy:
+    return await proxy_factory([model_entry("tiny", backend[1])])
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        yield client
+
+
+def chat_body(**extra: Any) -> Dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **extra}

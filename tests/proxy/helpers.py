@@ -1,0 +1,117 @@
+"""Test helpers: serving ASGI apps on real ports, and a store that can be made to fail."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+
+import uvicorn
+
+from agl_store.base import LightningStore
+from agl_store.errors import StoreUnavailableError
+from agl_store.models import Span
+
+
+@contextlib.asynccontextmanager
+async def serve(app: Any, port: int = 0) -> AsyncIterator[str]:
+    """Serve `app` with uvicorn on 127.0.0.1; yields `http://127.0.0.1:PORT`."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+class FlakyStore(LightningStore):
+    """Wraps a real store; while `down` is set, span calls fail like an unreachable server."""
+
+    def __init__(self, inner: LightningStore) -> None:
+        self.inner = inner
+        self.down = False
+        self.calls: List[str] = []
+
+    def _check(self, name: str) -> None:
+        self.calls.append(name)
+        if self.down:
+            raise StoreUnavailableError("store unreachable (injected)")
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        self._check("add_many_spans")
+        return await self.inner.add_many_spans(spans)
+
+    async def add_span(self, span: Span) -> Optional[Span]:
+        self._check("add_span")
+        return await self.inner.add_span(span)
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        self._check("get_next_span_sequence_id")
+        return await self.inner.get_next_span_sequence_id(rollout_id, attempt_id)
+
+    async def query_spans(self, rollout_id: str, attempt_id: Any = None, **kwargs: Any) -> Sequence[Span]:
+        return await self.inner.query_spans(rollout_id, attempt_id, **kwargs)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def model_entry(name: str, api_base: str, provider: str = "hosted_vllm", backend_model: str = "tiny", **info: Any) -> Dict[str, Any]:
+    """One LiteLLM `model_list` entry."""
+    entry: Dict[str, Any] = {"model_name": name, "litellm_params": {"model": f"{provider}/{backend_model}", "api_base": api_base}}
+    if info:
+        entry["model_info"] = info
+    return entry
+
+
+async def wait_for_spans(store: LightningStore, rollout_id: str, count: int, timeout_s: float = 10.0) -> Sequence[Span]:
+    """The rollout's spans once there are at least `count` of them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        spans = await store.query_spans(rollout_id)
+        if len(spans) >= count or loop.time() > deadline:
+            return spans
+        await asyncio.sleep(0.02)
+
+
+def pairs(spans: Sequence[Span]) -> List[Tuple[Optional[int], str]]:
+    return [(s.sequence_id, s.attributes.get("agl.backend")) for s in spans]
+
+
+class ListStore(LightningStore):
+    """Stand-in used only until `agl_store.sqlite` is importable: spans in a list."""
+
+    def __init__(self) -> None:
+        self.spans: List[Span] = []
+        self._next: Dict[str, int] = {}
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        self._next[rollout_id] = self._next.get(rollout_id, 0) + 1
+        return self._next[rollout_id]
+
+    async def add_span(self, span: Span) -> Optional[Span]:
+        if any(s.span_id == span.span_id and s.rollout_id == span.rollout_id for s in self.spans):
+            return None
+        if span.sequence_id is None:
+            span = span.model_copy(update={"sequence_id": await self.get_next_span_sequence_id(span.rollout_id, span.attempt_id)})
+        else:
+            self._next[span.rollout_id] = max(self._next.get(span.rollout_id, 0), span.sequence_id)
+        self.spans.append(span)
+        return span
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        return [s for s in [await self.add_span(span) for span in spans] if s is not None]
+
+    async def query_spans(self, rollout_id: str, attempt_id: Any = None, **kwargs: Any) -> Sequence[Span]:
+        return sorted((s for s in self.spans if s.rollout_id == rollout_id), key=lambda s: s.sequence_id or 0)
+
+    async def close(self) -> None:
+        pass

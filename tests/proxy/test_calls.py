@@ -1,0 +1,104 @@
+"""Calls through the proxy to a vLLM-shaped backend: what the client gets, what the span keeps."""
+
+from __future__ import annotations
+
+import openai
+import orjson
+
+from agl_proxy.proxy import LLMProxy
+
+from .conftest import chat_body
+from .fake_backend import WORDS, fake_token_ids, word_ids
+from .helpers import wait_for_spans
+
+
+async def test_chat_returns_backend_body_and_records_token_ids(proxy: LLMProxy, backend, store, http) -> None:
+    fake, _ = backend
+    base = proxy.as_resource().get_base_url("ro-1", "at-1")
+    response = await http.post(base + "/chat/completions", json=chat_body())
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["choices"][0]["message"]["content"] == "".join(WORDS)
+    assert body["choices"][0]["token_ids"] == word_ids(WORDS)  # vLLM's extra fields reach the client
+    forwarded = fake.requests[-1]
+    assert forwarded["return_token_ids"] is True and forwarded["model"] == "tiny"
+    assert fake.headers[-1]["x-rollout-id"] == "ro-1" and fake.headers[-1]["x-attempt-id"] == "at-1"
+
+    [span] = await wait_for_spans(store, "ro-1", 1)
+    attrs = span.attributes
+    assert span.name == "agl.llm_call" and span.attempt_id == "at-1" and span.sequence_id == 1
+    assert span.status.status_code == "OK"
+    assert attrs["agl.prompt_token_ids"] == fake_token_ids("hi")
+    assert attrs["agl.choices"] == [{"index": 0, "token_ids": word_ids(WORDS), "logprobs": None, "finish_reason": "stop"}]
+    assert attrs["agl.request"]["return_token_ids"] is True
+    assert attrs["agl.response"] == body
+    assert attrs["gen_ai.request.model"] == "tiny" and attrs["gen_ai.system"] == "vllm"
+    assert attrs["gen_ai.usage.input_tokens"] == 2 and attrs["gen_ai.usage.output_tokens"] == len(WORDS)
+    assert attrs["agl.backend"] == backend[1] and attrs["agl.stream"] is False
+    assert attrs["agl.latency_s"] > 0 and attrs["agl.error"] is None
+
+
+async def test_streamed_chat_passes_chunks_through_and_assembles_the_span(proxy: LLMProxy, store) -> None:
+    client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url("ro-s", "at-1"), api_key="unused")
+    stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True, n=2)
+    texts = {0: "", 1: ""}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    await client.close()
+    assert texts == {0: "".join(WORDS), 1: "".join(WORDS)}
+
+    [span] = await wait_for_spans(store, "ro-s", 1)
+    attrs = span.attributes
+    assert attrs["agl.stream"] is True
+    assert attrs["agl.prompt_token_ids"] == fake_token_ids("hi")
+    assert [c["token_ids"] for c in attrs["agl.choices"]] == [word_ids(WORDS), word_ids(WORDS)]
+    assert attrs["agl.response"]["choices"][1]["message"]["content"] == "".join(WORDS)
+    assert attrs["agl.response"]["object"] == "chat.completion"
+    assert attrs["gen_ai.usage.output_tokens"] == 2 * len(WORDS)
+    assert attrs["agl.ttft_s"] is not None and attrs["agl.ttft_s"] <= attrs["agl.latency_s"]
+
+
+async def test_completion_with_token_id_prompt(proxy: LLMProxy, store, http) -> None:
+    response = await http.post(
+        proxy.url + "/v1/completions",
+        json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 6},
+        headers={"x-rollout-id": "ro-c", "x-attempt-id": "at-1"},
+    )
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["prompt_token_ids"] == [5, 6, 7]
+    [span] = await wait_for_spans(store, "ro-c", 1)
+    assert span.attributes["gen_ai.operation.name"] == "text_completion"
+    assert span.attributes["agl.prompt_token_ids"] == [5, 6, 7]
+    assert span.attributes["agl.choices"][0]["token_ids"] == word_ids(WORDS)
+
+
+async def test_streamed_completion_keeps_every_token_id(proxy: LLMProxy, store, http) -> None:
+    async with http.stream(
+        "POST", proxy.as_resource().get_base_url("ro-cs", "at-1") + "/completions", json={"model": "tiny", "prompt": "abc", "stream": True}
+    ) as response:
+        raw = b"".join([chunk async for chunk in response.aiter_raw()])
+    assert raw.endswith(b"data: [DONE]\n\n")
+    [span] = await wait_for_spans(store, "ro-cs", 1)
+    assert span.attributes["agl.prompt_token_ids"] == fake_token_ids("abc")
+    assert span.attributes["agl.choices"][0]["token_ids"] == word_ids(WORDS)
+    assert span.attributes["agl.response"]["choices"][0]["text"] == "".join(WORDS)
+
+
+async def test_logprobs_are_requested_when_configured(proxy_factory, backend, store, http) -> None:
+    from .helpers import model_entry
+
+    proxy = await proxy_factory([model_entry("tiny", backend[1])], logprobs=True, sampling_overrides={"temperature": 0.0})
+    await http.post(proxy.as_resource().get_base_url("ro-l", "at-1") + "/chat/completions", json=chat_body(temperature=0.9))
+    fake, _ = backend
+    assert fake.requests[-1]["logprobs"] is True and fake.requests[-1]["temperature"] == 0.0
+    [span] = await wait_for_spans(store, "ro-l", 1)
+    assert span.attributes["agl.choices"][0]["logprobs"] == [-0.5] * len(WORDS)
+
+
+async def test_calls_without_rollout_are_served(proxy: LLMProxy, http) -> None:
+    response = await http.post(proxy.base_url + "/chat/completions", content=orjson.dumps(chat_body()))
+    assert response.status_code == 200
+    models = (await http.get(proxy.base_url + "/models")).json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
