@@ -1,0 +1,91 @@
+"""Rollout-level advantage (SPEC section 5, `algorithm.enable_rollout_level_advantage`).
+
+After aggregation one rollout may own any number of rows. Computing GRPO over rows would
+let a rollout that was split into three rows count three times in its group's mean and
+standard deviation. Instead:
+
+1. take one representative row per rollout (`index_rollouts`);
+2. compute verl's standard advantage on the representatives only (the glue in
+   `verl_batch.compute_rollout_level_advantage` calls verl's `compute_advantage`);
+3. read each representative's scalar advantage (`rollout_scalars`) and broadcast it to all
+   rows of its rollout through `response_mask` (`broadcast_to_rows`):
+   A[b, t] = a_{r(b)} · response_mask[b, t].
+
+Rows of one rollout must share one `uid` and one reward; anything else is a bug upstream
+and raises `ValueError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class RolloutIndex:
+    """Which row represents each rollout, and which rollout each row belongs to.
+
+    `representatives[k]` is the first row of the k-th rollout (rollouts in order of first
+    appearance); `row_to_rollout[b] = k` for every row b of that rollout.
+    """
+
+    rollout_ids: List[str]
+    representatives: List[int]
+    row_to_rollout: torch.Tensor
+
+
+def index_rollouts(rollout_ids: Sequence[str], uids: Sequence[str], rewards: Sequence[float]) -> RolloutIndex:
+    """Group rows by rollout, checking that each rollout's rows share one uid and one reward."""
+    if not (len(rollout_ids) == len(uids) == len(rewards)):
+        raise ValueError("rollout_ids, uids and rewards must have one entry per row")
+    position: Dict[str, int] = {}
+    representatives: List[int] = []
+    row_to_rollout: List[int] = []
+    for row, rollout_id in enumerate(rollout_ids):
+        k = position.get(rollout_id)
+        if k is None:
+            k = position[rollout_id] = len(representatives)
+            representatives.append(row)
+        else:
+            first = representatives[k]
+            if uids[row] != uids[first]:
+                raise ValueError(
+                    f"rollout {rollout_id!r} has rows in two groups (uid {uids[first]!r} and {uids[row]!r})"
+                )
+            if rewards[row] != rewards[first]:
+                raise ValueError(
+                    f"rollout {rollout_id!r} has rows with different rewards ({rewards[first]} and {rewards[row]})"
+                )
+        row_to_rollout.append(k)
+    return RolloutIndex(
+        rollout_ids=list(position),
+        representatives=representatives,
+        row_to_rollout=torch.tensor(row_to_rollout, dtype=torch.long),
+    )
+
+
+def rollout_scalars(advantages: torch.Tensor, response_mask: torch.Tensor, atol: float = 1e-5) -> torch.Tensor:
+    """The scalar advantage of each representative row, shape `[n]` from `[n, R]` tensors.
+
+    a_k = advantages[k, t] at any t with response_mask[k, t] = 1. An estimator whose
+    advantage varies along a row (GAE) has no rollout-level scalar: that raises ValueError.
+    """
+    mask = response_mask.bool()
+    if not bool(mask.any(dim=-1).all()):
+        raise ValueError("every representative row needs at least one response token with mask 1")
+    first = mask.float().argmax(dim=-1)
+    scalars = advantages[torch.arange(advantages.shape[0]), first]
+    spread = ((advantages - scalars.unsqueeze(-1)).abs() * mask).amax(dim=-1)
+    if bool((spread > atol).any()):
+        raise ValueError(
+            "rollout-level advantage needs an outcome estimator (one scalar per row, e.g. grpo); "
+            "this estimator's advantage varies along the response"
+        )
+    return scalars
+
+
+def broadcast_to_rows(scalars: torch.Tensor, index: RolloutIndex, response_mask: torch.Tensor) -> torch.Tensor:
+    """A[b, t] = scalars[row_to_rollout[b]] · response_mask[b, t], shape `[B, R]`."""
+    return scalars[index.row_to_rollout].unsqueeze(-1) * response_mask.to(scalars.dtype)

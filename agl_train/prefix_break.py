@@ -1,0 +1,137 @@
+"""Why a trajectory's token prefix broke: where the contexts diverge and the likely cause.
+
+In trajectory mode consecutive calls merge only while the next prompt starts with exactly
+the previous prompt + response ids. When it does not, the rollout is split into more rows
+than the agent had turns; the user can usually fix that in the agent, once they know why.
+The causes worth telling apart:
+
+- `template`: the chat template re-rendered earlier turns (e.g. it strips reasoning from
+  past assistant messages, or a system prompt changed), so the prompts diverge before the
+  previous response even starts.
+- `retokenized`: the agent sent the previous response back as text and the server
+  tokenized it differently (same text, other ids), so the divergence lies inside the
+  previous response.
+- `truncation`: the agent shortened its history: the new prompt is a prefix of the old
+  context, or shorter than the previous prompt.
+- `other`: none of these (e.g. nothing shared at all: another conversation).
+
+With a tokenizer the classification looks at text and special tokens; without one it uses
+the divergence position alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, List, Optional, Protocol, Sequence
+
+KIND_TEMPLATE = "template"
+KIND_RETOKENIZED = "retokenized"
+KIND_TRUNCATION = "truncation"
+KIND_OTHER = "other"
+BREAK_KINDS = (KIND_TEMPLATE, KIND_RETOKENIZED, KIND_TRUNCATION, KIND_OTHER)
+
+_WINDOW = 8
+"""Tokens shown on each side of the divergence in a break record: enough to spot a pattern."""
+
+
+class Detokenizer(Protocol):
+    """The part of a Hugging Face tokenizer the diagnosis uses."""
+
+    all_special_ids: Collection[int]
+
+    def decode(self, token_ids: List[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+@dataclass(frozen=True)
+class PrefixBreak:
+    """One place where a rollout's calls could not be merged into the same row.
+
+    `diverge_at` is the first index k where the previous context (prompt + response of the
+    previous call) and the new prompt differ (= the shorter length when one is a prefix of
+    the other). `context_window` / `prompt_window` show the tokens around k.
+    """
+
+    rollout_id: str
+    turn_index: int
+    diverge_at: int
+    kind: str
+    context_length: int
+    prompt_length: int
+    previous_prompt_length: int
+    context_window: List[int]
+    prompt_window: List[int]
+
+    def describe(self) -> str:
+        """A one-line explanation for logs."""
+        return (
+            f"rollout {self.rollout_id} call {self.turn_index}: prefix broke at token {self.diverge_at} "
+            f"({self.kind}); previous context {self.context_length} tokens "
+            f"(prompt {self.previous_prompt_length}), new prompt {self.prompt_length}; "
+            f"context around it {self.context_window}, prompt around it {self.prompt_window}"
+        )
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
+    """The first index where `a` and `b` differ; the shorter length if one is a prefix of the other."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def classify_break(
+    previous_prompt: Sequence[int],
+    previous_response: Sequence[int],
+    prompt: Sequence[int],
+    tokenizer: Optional[Detokenizer] = None,
+) -> str:
+    """The likely cause (`BREAK_KINDS`) of `prompt` not starting with `previous_prompt + previous_response`."""
+    context = list(previous_prompt) + list(previous_response)
+    k = first_divergence(context, prompt)
+    if k == 0:
+        # Not one shared token: a different conversation (a sub-agent, a fresh system prompt).
+        return KIND_OTHER
+    if k == len(prompt) < len(context) or len(prompt) < len(previous_prompt):
+        # Shorter than what the model already saw: the agent dropped part of its history.
+        return KIND_TRUNCATION
+    if tokenizer is not None:
+        return _classify_with_tokenizer(context, prompt, tokenizer)
+    return KIND_RETOKENIZED if k >= len(previous_prompt) else KIND_TEMPLATE
+
+
+def _classify_with_tokenizer(context: List[int], prompt: Sequence[int], tokenizer: Detokenizer) -> str:
+    special = set(tokenizer.all_special_ids)
+    context_specials = [t for t in context if t in special]
+    prompt_specials = [t for t in prompt if t in special][: len(context_specials)]
+    if context_specials != prompt_specials:
+        return KIND_TEMPLATE
+    context_text = tokenizer.decode(context, skip_special_tokens=False)
+    prompt_text = tokenizer.decode(list(prompt), skip_special_tokens=False)
+    if prompt_text.startswith(context_text):
+        return KIND_RETOKENIZED
+    return KIND_OTHER
+
+
+def diagnose_break(
+    rollout_id: str,
+    turn_index: int,
+    previous_prompt: Sequence[int],
+    previous_response: Sequence[int],
+    prompt: Sequence[int],
+    tokenizer: Optional[Detokenizer] = None,
+) -> PrefixBreak:
+    """A `PrefixBreak` record for call `turn_index` of a rollout, whose prompt broke the prefix."""
+    context = list(previous_prompt) + list(previous_response)
+    k = first_divergence(context, prompt)
+    return PrefixBreak(
+        rollout_id=rollout_id,
+        turn_index=turn_index,
+        diverge_at=k,
+        kind=classify_break(previous_prompt, previous_response, prompt, tokenizer),
+        context_length=len(context),
+        prompt_length=len(prompt),
+        previous_prompt_length=len(previous_prompt),
+        context_window=context[max(k - _WINDOW, 0) : k + _WINDOW],
+        prompt_window=list(prompt[max(k - _WINDOW, 0) : k + _WINDOW]),
+    )
