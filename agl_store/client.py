@@ -1,0 +1,601 @@
+"""`LightningStoreClient`: a LightningStore that talks to `agl store serve` over HTTP.
+
+One `httpx.AsyncClient` (one connection pool) per client. Network errors and 5xx answers
+are retried with capped, jittered exponential backoff; 4xx answers are not. Error bodies
+(`{"error": {"code", "message"}}`) become the same `agl_store.errors` classes the server
+raised, so code written against an embedded store handles a remote one unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypeVar
+
+import httpx
+import orjson
+from pydantic import BaseModel, TypeAdapter
+
+from .base import UNSET, FilterLogic, LightningStore, SortOrder
+from .errors import ERRORS_BY_CODE, StoreClosedError, StoreError, StoreUnavailableError
+from .models import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    NamedResources,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+    StoreStatistics,
+    Event,
+    Link,
+    OtelResource,
+    SpanContext,
+    TaskInput,
+    TraceStatus,
+    Worker,
+    WorkerStatus,
+)
+
+logger = logging.getLogger("agl_store.client")
+
+AGL_PREFIX = "/v1/agl"
+WAIT_POLL_SECONDS = 300.0
+"""Longest single long poll; matches the server's cap, longer waits poll again."""
+
+T = TypeVar("T")
+_SPANS = TypeAdapter(List[Span])
+_ROLLOUTS = TypeAdapter(List[Rollout])
+_ATTEMPTED = TypeAdapter(List[AttemptedRollout])
+_NAMED_RESOURCES = TypeAdapter(NamedResources)
+
+
+class Page(List[T]):
+    """One page of query results; `total` counts the matches before paging."""
+
+    def __init__(self, items: Sequence[T], *, total: int, limit: int, offset: int) -> None:
+        super().__init__(items)
+        self.total = total
+        self.limit = limit
+        self.offset = offset
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def _context(context: Any) -> SpanContext:
+    return SpanContext(
+        trace_id=f"{context.trace_id:032x}",
+        span_id=f"{context.span_id:016x}",
+        is_remote=bool(context.is_remote),
+        trace_state=dict(context.trace_state or {}),
+    )
+
+
+def _seconds(nanoseconds: Optional[int]) -> Optional[float]:
+    return None if nanoseconds is None else nanoseconds / 1e9
+
+
+def span_from_readable(
+    readable: Any, *, rollout_id: str, attempt_id: str, sequence_id: Optional[int] = None
+) -> Span:
+    """A store span from an `opentelemetry.sdk.trace.ReadableSpan` (tuple attributes become lists)."""
+    context = _context(readable.context)
+    parent = _context(readable.parent) if readable.parent is not None else None
+    resource = readable.resource
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=sequence_id,
+        trace_id=context.trace_id,
+        span_id=context.span_id,
+        parent_id=parent.span_id if parent else None,
+        name=readable.name,
+        status=TraceStatus(status_code=readable.status.status_code.name, description=readable.status.description),
+        attributes=_plain(dict(readable.attributes or {})),
+        events=[
+            Event(name=e.name, attributes=_plain(dict(e.attributes or {})), timestamp=_seconds(e.timestamp))
+            for e in readable.events
+        ],
+        links=[Link(context=_context(link.context), attributes=_plain(dict(link.attributes or {}))) for link in readable.links],
+        start_time=_seconds(readable.start_time),
+        end_time=_seconds(readable.end_time),
+        context=context,
+        parent=parent,
+        resource=OtelResource(
+            attributes=_plain(dict(resource.attributes)) if resource else {},
+            schema_url=(resource.schema_url or "") if resource else "",
+        ),
+    )
+
+
+def _plain(attributes: Dict[str, Any]) -> Dict[str, Any]:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in attributes.items()}
+
+
+def _rollout(data: Dict[str, Any]) -> Rollout:
+    return AttemptedRollout.model_validate(data) if "attempt" in data else Rollout.model_validate(data)
+
+
+def _error_from(response: httpx.Response) -> StoreError:
+    """The store error an error response describes (its class chosen by `error.code`)."""
+    try:
+        error = orjson.loads(response.content)["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        text = response.text[:500] or response.reason_phrase
+        return StoreError(f"HTTP {response.status_code} from {response.request.url.path}: {text}")
+    cls = ERRORS_BY_CODE.get(code, StoreError)
+    exc = cls(message)
+    if cls is StoreError:
+        exc.status_code = response.status_code
+    return exc
+
+
+class LightningStoreClient(LightningStore):
+    """A LightningStore served by `agl store serve` (or agent-lightning 0.3's server).
+
+    Open it with `await client.open()` or `async with LightningStoreClient(url) as store:`.
+    `timeout` bounds each request (long polls get their wait added); `retries` is how many
+    times a request is repeated after a network error or a 5xx before giving up with
+    `StoreUnavailableError` (network) or the server's error (5xx).
+    """
+
+    name = "LightningStoreClient"
+
+    def __init__(
+        self,
+        url: str,
+        key: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff_base: float = 0.1,
+        backoff_max: float = 2.0,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._key = key
+        self._timeout = timeout
+        self._retries = max(0, retries)
+        self._backoff_base = backoff_base
+        self._backoff_max = backoff_max
+        self._transport = transport
+        self._http: Optional[httpx.AsyncClient] = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open" if self._http else "not opened"
+        return f"LightningStoreClient({self.url!r}, {state})"
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def open(self) -> "LightningStoreClient":
+        """Create the connection pool. Idempotent; a closed client cannot be reopened."""
+        if self._closed:
+            raise StoreClosedError("this LightningStoreClient was closed; create a new one")
+        if self._http is None:
+            headers = {"authorization": f"Bearer {self._key}"} if self._key else {}
+            self._http = httpx.AsyncClient(
+                base_url=self.url,
+                headers=headers,
+                timeout=self._timeout,
+                transport=self._transport,
+                limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+            )
+        return self
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    async def __aenter__(self) -> "LightningStoreClient":
+        return await self.open()
+
+    # --- the request path ---------------------------------------------------------------
+
+    def _backoff(self, attempt: int) -> float:
+        # Full jitter: spreads out the retries of many clients hitting one restarted server.
+        return random.uniform(0, min(self._backoff_max, self._backoff_base * (2**attempt)))
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = UNSET,
+        content: Optional[bytes] = None,
+        params: Any = None,
+        timeout: Optional[float] = None,
+    ) -> httpx.Response:
+        if self._http is None:
+            await self.open()
+        assert self._http is not None
+        headers = None
+        if body is not UNSET:
+            content = orjson.dumps(body, default=_default)
+            headers = {"content-type": "application/json"}
+        last_network_error: Optional[Exception] = None
+        for attempt in range(self._retries + 1):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt - 1))
+            try:
+                response = await self._http.request(
+                    method,
+                    path,
+                    content=content,
+                    params=params,
+                    headers=headers,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.TransportError as exc:
+                last_network_error = exc
+                logger.info("store request %s %s failed (%s); attempt %d", method, path, exc, attempt + 1)
+                continue
+            if response.status_code < 500:
+                if response.status_code >= 400:
+                    raise _error_from(response)
+                return response
+            last_network_error = None
+            logger.info("store request %s %s answered %d; attempt %d", method, path, response.status_code, attempt + 1)
+        if last_network_error is not None:
+            raise StoreUnavailableError(
+                f"store at {self.url} unreachable after {self._retries + 1} attempts: {last_network_error}"
+            ) from last_network_error
+        raise _error_from(response)
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = await self._send(method, AGL_PREFIX + path, **kwargs)
+        return orjson.loads(response.content)
+
+    async def _page(self, path: str, body: Dict[str, Any], item: Type[BaseModel]) -> Page[Any]:
+        data = await self._json("POST", path, body=body)
+        items = [item.model_validate(entry) for entry in data["items"]]
+        return Page(items, total=data["total"], limit=data["limit"], offset=data["offset"])
+
+    # --- the contract ---------------------------------------------------------------------
+
+    async def statistics(self) -> StoreStatistics:
+        return StoreStatistics.model_validate(await self._json("GET", "/statistics"))
+
+    async def health(self) -> bool:
+        """True when the server answers its health check."""
+        try:
+            await self._json("GET", "/health")
+        except StoreError:
+            return False
+        return True
+
+    async def start_rollout(
+        self,
+        input: TaskInput,
+        mode: RolloutMode | None = None,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: Dict[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> AttemptedRollout:
+        body = {
+            "input": input,
+            "mode": mode,
+            "resources_id": resources_id,
+            "config": config,
+            "metadata": metadata,
+            "worker_id": worker_id,
+        }
+        return AttemptedRollout.model_validate(await self._json("POST", "/rollouts", body=body))
+
+    async def enqueue_rollout(
+        self,
+        input: TaskInput,
+        mode: RolloutMode | None = None,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: Dict[str, Any] | None = None,
+    ) -> Rollout:
+        one = {"input": input, "mode": mode, "resources_id": resources_id, "config": config, "metadata": metadata}
+        data = await self._json("POST", "/queues/rollouts/enqueue", body={"rollouts": [one]})
+        return Rollout.model_validate(data[0])
+
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        if not rollouts:
+            return []
+        data = await self._json("POST", "/queues/rollouts/enqueue", body={"rollouts": list(rollouts)})
+        return _ROLLOUTS.validate_python(data)
+
+    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+        rollouts = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id)
+        return rollouts[0] if rollouts else None
+
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: Optional[str] = None
+    ) -> Sequence[AttemptedRollout]:
+        data = await self._json("POST", "/queues/rollouts/dequeue", body={"limit": limit, "worker_id": worker_id})
+        return _ATTEMPTED.validate_python(data)
+
+    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+        data = await self._json("POST", f"/rollouts/{rollout_id}/attempts", body={"worker_id": worker_id})
+        return AttemptedRollout.model_validate(data)
+
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        input: TaskInput = UNSET,
+        mode: Optional[RolloutMode] = UNSET,
+        resources_id: Optional[str] = UNSET,
+        status: RolloutStatus = UNSET,
+        config: RolloutConfig = UNSET,
+        metadata: Optional[Dict[str, Any]] = UNSET,
+    ) -> Rollout:
+        fields = {
+            "input": input,
+            "mode": mode,
+            "resources_id": resources_id,
+            "status": status,
+            "config": config,
+            "metadata": metadata,
+        }
+        body = {name: value for name, value in fields.items() if value is not UNSET}
+        return _rollout(await self._json("POST", f"/rollouts/{rollout_id}", body=body))
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"],
+        status: AttemptStatus = UNSET,
+        worker_id: str = UNSET,
+        last_heartbeat_time: float = UNSET,
+        metadata: Optional[Dict[str, Any]] = UNSET,
+    ) -> Attempt:
+        fields = {
+            "status": status,
+            "worker_id": worker_id,
+            "last_heartbeat_time": last_heartbeat_time,
+            "metadata": metadata,
+        }
+        body = {name: value for name, value in fields.items() if value is not UNSET}
+        return Attempt.model_validate(await self._json("POST", f"/rollouts/{rollout_id}/attempts/{attempt_id}", body=body))
+
+    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Rollout]:
+        data = await self._json("GET", f"/rollouts/{rollout_id}")
+        return None if data is None else _rollout(data)
+
+    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+        data = await self._json("GET", f"/rollouts/{rollout_id}/attempts/latest")
+        return None if data is None else Attempt.model_validate(data)
+
+    async def query_rollouts(
+        self,
+        *,
+        status_in: Optional[Sequence[RolloutStatus]] = None,
+        rollout_id_in: Optional[Sequence[str]] = None,
+        rollout_id_contains: Optional[str] = None,
+        mode: Optional[RolloutMode] = None,
+        start_time_after: Optional[float] = None,
+        start_time_before: Optional[float] = None,
+        filter_logic: FilterLogic = "and",
+        sort_by: Optional[str] = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Rollout]:
+        body: Dict[str, Any] = {
+            "rollout_id_contains": rollout_id_contains,
+            "mode": mode,
+            "start_time_after": start_time_after,
+            "start_time_before": start_time_before,
+            "filter_logic": filter_logic,
+            "sort_by": sort_by,
+            "sort_order": sort_order,
+            "limit": limit,
+            "offset": offset,
+        }
+        # Absent means "no filter"; an empty list means "match nothing".
+        if status_in is not None:
+            body["status_in"] = list(status_in)
+        if rollout_id_in is not None:
+            body["rollout_id_in"] = list(rollout_id_in)
+        data = await self._json("POST", "/rollouts/search", body=body)
+        return Page([_rollout(item) for item in data["items"]], total=data["total"], limit=limit, offset=offset)
+
+    async def query_attempts(
+        self,
+        rollout_id: str,
+        *,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Attempt]:
+        body = {"sort_by": sort_by, "sort_order": sort_order, "limit": limit, "offset": offset}
+        return await self._page(f"/rollouts/{rollout_id}/attempts/search", body, Attempt)
+
+    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+        """Long-polls the server; waits longer than its cap are several polls."""
+        wanted = set(rollout_ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = WAIT_POLL_SECONDS if deadline is None else max(0.0, deadline - time.monotonic())
+            poll = min(remaining, WAIT_POLL_SECONDS)
+            data = await self._json(
+                "POST",
+                "/waits/rollouts",
+                body={"rollout_ids": rollout_ids, "timeout": poll},
+                timeout=poll + self._timeout,
+            )
+            finished = [_rollout(item) for item in data]
+            if {r.rollout_id for r in finished} >= wanted:
+                return finished
+            if deadline is not None and time.monotonic() >= deadline:
+                return finished
+
+    # --- spans ----------------------------------------------------------------------------
+
+    async def add_span(self, span: Span) -> Optional[Span]:
+        data = await self._json("POST", "/spans", body=span)
+        return None if data is None else Span.model_validate(data)
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        """All spans in one request and one transaction on the server."""
+        if not spans:
+            return []
+        response = await self._send(
+            "POST", AGL_PREFIX + "/spans/batch", content=_SPANS.dump_json(list(spans)), params=None
+        )
+        return _SPANS.validate_json(response.content)
+
+    async def add_otel_span(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        readable_span: Any,
+        sequence_id: int | None = None,
+    ) -> Optional[Span]:
+        span = span_from_readable(readable_span, rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=sequence_id)
+        return await self.add_span(span)
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        data = await self._json("POST", "/spans/next", body={"rollout_id": rollout_id, "attempt_id": attempt_id})
+        return int(data["sequence_id"])
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+        if not rollout_attempt_ids:
+            return []
+        body = {"rollout_attempt_ids": [list(pair) for pair in rollout_attempt_ids]}
+        return list((await self._json("POST", "/spans/next/many", body=body))["sequence_ids"])
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        trace_id: Optional[str] = None,
+        trace_id_contains: Optional[str] = None,
+        span_id: Optional[str] = None,
+        span_id_contains: Optional[str] = None,
+        parent_id: Optional[str] = None,
+        parent_id_contains: Optional[str] = None,
+        name: Optional[str] = None,
+        name_contains: Optional[str] = None,
+        filter_logic: FilterLogic = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: SortOrder = "asc",
+    ) -> Sequence[Span]:
+        body = {
+            "rollout_id": rollout_id,
+            "attempt_id": attempt_id,
+            "trace_id": trace_id,
+            "trace_id_contains": trace_id_contains,
+            "span_id": span_id,
+            "span_id_contains": span_id_contains,
+            "parent_id": parent_id,
+            "parent_id_contains": parent_id_contains,
+            "name": name,
+            "name_contains": name_contains,
+            "filter_logic": filter_logic,
+            "limit": limit,
+            "offset": offset,
+            "sort_by": sort_by,
+            "sort_order": sort_order,
+        }
+        data = await self._json("POST", "/spans/search", body=body)
+        return Page(_SPANS.validate_python(data["items"]), total=data["total"], limit=limit, offset=offset)
+
+    # --- resources ------------------------------------------------------------------------
+
+    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
+        body = _NAMED_RESOURCES.dump_python(resources, mode="json")
+        return ResourcesUpdate.model_validate(await self._json("POST", "/resources", body=body))
+
+    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
+        body = _NAMED_RESOURCES.dump_python(resources, mode="json")
+        return ResourcesUpdate.model_validate(await self._json("POST", f"/resources/{resources_id}", body=body))
+
+    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+        data = await self._json("GET", f"/resources/{resources_id}")
+        return None if data is None else ResourcesUpdate.model_validate(data)
+
+    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+        data = await self._json("GET", "/resources/latest")
+        return None if data is None else ResourcesUpdate.model_validate(data)
+
+    async def query_resources(
+        self,
+        *,
+        resources_id: Optional[str] = None,
+        resources_id_contains: Optional[str] = None,
+        sort_by: Optional[str] = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[ResourcesUpdate]:
+        params: Dict[str, Any] = {"limit": limit, "offset": offset, "sort_order": sort_order}
+        for field, value in (
+            ("resources_id", resources_id),
+            ("resources_id_contains", resources_id_contains),
+            ("sort_by", sort_by),
+        ):
+            if value is not None:
+                params[field] = value
+        data = await self._json("GET", "/resources", params=params)
+        items = [ResourcesUpdate.model_validate(item) for item in data["items"]]
+        return Page(items, total=data["total"], limit=limit, offset=offset)
+
+    # --- workers --------------------------------------------------------------------------
+
+    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] = UNSET) -> Worker:
+        body = {} if heartbeat_stats is UNSET else {"heartbeat_stats": heartbeat_stats}
+        return Worker.model_validate(await self._json("POST", f"/workers/{worker_id}", body=body))
+
+    async def query_workers(
+        self,
+        *,
+        status_in: Optional[Sequence[WorkerStatus]] = None,
+        worker_id_contains: Optional[str] = None,
+        filter_logic: FilterLogic = "and",
+        sort_by: Optional[str] = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> Sequence[Worker]:
+        body: Dict[str, Any] = {
+            "worker_id_contains": worker_id_contains,
+            "filter_logic": filter_logic,
+            "sort_by": sort_by,
+            "sort_order": sort_order,
+            "limit": limit,
+            "offset": offset,
+        }
+        if status_in is not None:
+            body["status_in"] = list(status_in)
+        return await self._page("/workers/search", body, Worker)
+
+    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+        data = await self._json("GET", f"/workers/{worker_id}")
+        return None if data is None else Worker.model_validate(data)
+
+    # --- retention ------------------------------------------------------------------------
+
+    async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
+        if not rollout_ids:
+            return 0
+        return int((await self._json("POST", "/rollouts/delete", body={"rollout_ids": list(rollout_ids)}))["deleted"])
+
+    async def expire_rollouts(self, older_than_seconds: float) -> int:
+        data = await self._json("POST", "/rollouts/expire", body={"older_than_seconds": older_than_seconds})
+        return int(data["deleted"])

@@ -1,0 +1,60 @@
+"""Resource sets: add, replace under an id, read by id or the latest, query."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from pydantic import TypeAdapter
+from starlette.requests import Request
+from starlette.routing import Route
+
+from ...models import NamedResources, ResourcesUpdate
+from ..schemas import ResourcesQuery, check_page, page_of
+from ..wire import endpoint, store_of, validate_json, validate_query
+
+NAMED_RESOURCES = TypeAdapter(NamedResources)
+
+
+async def add_resources(request: Request) -> Any:
+    return await store_of(request).add_resources(validate_json(NAMED_RESOURCES, await request.body()))
+
+
+async def update_resources(request: Request) -> Any:
+    resources = validate_json(NAMED_RESOURCES, await request.body())
+    return await store_of(request).update_resources(request.path_params["resources_id"], resources)
+
+
+async def get_resources(request: Request) -> Any:
+    return await store_of(request).get_resources_by_id(request.path_params["resources_id"])
+
+
+async def latest_resources(request: Request) -> Any:
+    return await store_of(request).get_latest_resources()
+
+
+async def _query(request: Request, query: ResourcesQuery) -> Any:
+    check_page(query, ResourcesUpdate)
+    items = await store_of(request).query_resources(
+        resources_id=query.resources_id,
+        resources_id_contains=query.resources_id_contains,
+        sort_by=query.sort_by,
+        sort_order=query.sort_order,
+        limit=query.limit,
+        offset=query.offset,
+    )
+    return page_of(items, query)
+
+
+async def query_resources(request: Request) -> Any:
+    return await _query(request, validate_query(ResourcesQuery, request))
+
+
+def routes(prefix: str) -> List[Route]:
+    base = prefix + "/resources"
+    return [
+        endpoint(base, add_resources, methods=["POST"], status_code=201),
+        endpoint(base, query_resources, methods=["GET"]),
+        endpoint(base + "/latest", latest_resources, methods=["GET"]),
+        endpoint(base + "/{resources_id}", get_resources, methods=["GET"]),
+        endpoint(base + "/{resources_id}", update_resources, methods=["POST"]),
+    ]

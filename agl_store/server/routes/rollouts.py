@@ -1,0 +1,110 @@
+"""Rollouts: start (bypassing the queue), query, read, update, delete and expire."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from starlette.requests import Request
+from starlette.routing import Route
+
+from ...base import UNSET
+from ...models import Rollout
+from ..schemas import (
+    DeleteRolloutsBody,
+    ExpireRolloutsBody,
+    RolloutQuery,
+    StartRolloutBody,
+    UpdateRolloutBody,
+    check_page,
+    page_of,
+    set_or_unset,
+)
+from ..wire import endpoint, store_of, validate_model, validate_query
+
+
+async def start_rollout(request: Request) -> Any:
+    body = validate_model(StartRolloutBody, await request.body())
+    return await store_of(request).start_rollout(
+        input=body.input,
+        mode=body.mode,
+        resources_id=body.resources_id,
+        config=body.config,
+        metadata=body.metadata,
+        worker_id=body.worker_id,
+    )
+
+
+async def _query(request: Request, query: RolloutQuery, *, from_body: bool) -> Any:
+    check_page(query, Rollout)
+    fields = query.model_fields_set
+    # The search route tells "no filter" (field absent) from "match nothing" ([]).
+    items = await store_of(request).query_rollouts(
+        status_in=query.status_in if not from_body or "status_in" in fields else None,
+        rollout_id_in=query.rollout_id_in if not from_body or "rollout_id_in" in fields else None,
+        rollout_id_contains=query.rollout_id_contains,
+        mode=query.mode,
+        start_time_after=query.start_time_after,
+        start_time_before=query.start_time_before,
+        filter_logic=query.filter_logic,
+        sort_by=query.sort_by,
+        sort_order=query.sort_order,
+        limit=query.limit,
+        offset=query.offset,
+    )
+    return page_of(items, query)
+
+
+async def query_rollouts(request: Request) -> Any:
+    query = validate_query(RolloutQuery, request, list_fields=("status_in", "rollout_id_in"))
+    return await _query(request, query, from_body=False)
+
+
+async def search_rollouts(request: Request) -> Any:
+    query = validate_model(RolloutQuery, await request.body(), allow_empty=True)
+    return await _query(request, query, from_body=True)
+
+
+async def get_rollout(request: Request) -> Any:
+    return await store_of(request).get_rollout_by_id(request.path_params["rollout_id"])
+
+
+async def update_rollout(request: Request) -> Any:
+    body = validate_model(UpdateRolloutBody, await request.body())
+    return await store_of(request).update_rollout(
+        request.path_params["rollout_id"],
+        input=set_or_unset(body, "input", UNSET),
+        mode=set_or_unset(body, "mode", UNSET),
+        resources_id=set_or_unset(body, "resources_id", UNSET),
+        status=set_or_unset(body, "status", UNSET, nullable=False),
+        config=set_or_unset(body, "config", UNSET, nullable=False),
+        metadata=set_or_unset(body, "metadata", UNSET),
+    )
+
+
+async def delete_rollout(request: Request) -> Any:
+    deleted = await store_of(request).delete_rollouts([request.path_params["rollout_id"]])
+    return {"deleted": deleted}
+
+
+async def delete_rollouts(request: Request) -> Any:
+    body = validate_model(DeleteRolloutsBody, await request.body())
+    return {"deleted": await store_of(request).delete_rollouts(body.rollout_ids)}
+
+
+async def expire_rollouts(request: Request) -> Any:
+    body = validate_model(ExpireRolloutsBody, await request.body())
+    return {"deleted": await store_of(request).expire_rollouts(body.older_than_seconds)}
+
+
+def routes(prefix: str) -> List[Route]:
+    base = prefix + "/rollouts"
+    return [
+        endpoint(base, start_rollout, methods=["POST"], status_code=201),
+        endpoint(base, query_rollouts, methods=["GET"]),
+        endpoint(base + "/search", search_rollouts, methods=["POST"]),
+        endpoint(base + "/delete", delete_rollouts, methods=["POST"]),
+        endpoint(base + "/expire", expire_rollouts, methods=["POST"]),
+        endpoint(base + "/{rollout_id}", get_rollout, methods=["GET"]),
+        endpoint(base + "/{rollout_id}", update_rollout, methods=["POST"]),
+        endpoint(base + "/{rollout_id}", delete_rollout, methods=["DELETE"]),
+    ]

@@ -1,0 +1,84 @@
+"""Spans: add one, add a batch in one transaction, query, and issue sequence numbers."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from pydantic import TypeAdapter
+from starlette.requests import Request
+from starlette.routing import Route
+
+from ...models import Span
+from ..metrics import metrics_of
+from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, SpanQuery, check_page, page_of
+from ..wire import endpoint, store_of, validate_json, validate_model, validate_query
+
+SPAN_LIST = TypeAdapter(List[Span])
+
+
+async def add_span(request: Request) -> Any:
+    span = validate_model(Span, await request.body())
+    stored = await store_of(request).add_span(span)
+    if stored is not None:
+        metrics_of(request).spans_ingested(1)
+    return stored
+
+
+async def add_many_spans(request: Request) -> Any:
+    spans = validate_json(SPAN_LIST, await request.body())
+    stored = await store_of(request).add_many_spans(spans) if spans else []
+    metrics_of(request).spans_ingested(len(stored))
+    return list(stored)
+
+
+async def _query(request: Request, query: SpanQuery) -> Any:
+    check_page(query, Span)
+    items = await store_of(request).query_spans(
+        query.rollout_id,
+        query.attempt_id,
+        trace_id=query.trace_id,
+        trace_id_contains=query.trace_id_contains,
+        span_id=query.span_id,
+        span_id_contains=query.span_id_contains,
+        parent_id=query.parent_id,
+        parent_id_contains=query.parent_id_contains,
+        name=query.name,
+        name_contains=query.name_contains,
+        filter_logic=query.filter_logic,
+        sort_by=query.sort_by,
+        sort_order=query.sort_order,
+        limit=query.limit,
+        offset=query.offset,
+    )
+    return page_of(items, query)
+
+
+async def query_spans(request: Request) -> Any:
+    return await _query(request, validate_query(SpanQuery, request))
+
+
+async def search_spans(request: Request) -> Any:
+    return await _query(request, validate_model(SpanQuery, await request.body()))
+
+
+async def next_sequence_id(request: Request) -> Any:
+    body = validate_model(NextSequenceIdBody, await request.body())
+    return {"sequence_id": await store_of(request).get_next_span_sequence_id(body.rollout_id, body.attempt_id)}
+
+
+async def many_sequence_ids(request: Request) -> Any:
+    body = validate_model(ManySequenceIdsBody, await request.body())
+    ids = await store_of(request).get_many_span_sequence_ids(body.rollout_attempt_ids) if body.rollout_attempt_ids else []
+    return {"sequence_ids": list(ids)}
+
+
+def routes(prefix: str) -> List[Route]:
+    base = prefix + "/spans"
+    return [
+        endpoint(base, add_span, methods=["POST"], status_code=201),
+        endpoint(base, query_spans, methods=["GET"]),
+        endpoint(base + "/batch", add_many_spans, methods=["POST"], status_code=201),
+        endpoint(base + "/search", search_spans, methods=["POST"]),
+        endpoint(base + "/next", next_sequence_id, methods=["POST"]),
+        endpoint(base + "/next/many", many_sequence_ids, methods=["POST"]),
+    ]

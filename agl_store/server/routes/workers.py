@@ -1,0 +1,58 @@
+"""Workers: heartbeat (creating the worker on first sight), read, query."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from starlette.requests import Request
+from starlette.routing import Route
+
+from ...base import UNSET
+from ...models import Worker
+from ..schemas import UpdateWorkerBody, WorkerQuery, check_page, page_of, set_or_unset
+from ..wire import endpoint, store_of, validate_model, validate_query
+
+
+async def _query(request: Request, query: WorkerQuery, *, from_body: bool) -> Any:
+    check_page(query, Worker)
+    items = await store_of(request).query_workers(
+        status_in=query.status_in if not from_body or "status_in" in query.model_fields_set else None,
+        worker_id_contains=query.worker_id_contains,
+        filter_logic=query.filter_logic,
+        sort_by=query.sort_by,
+        sort_order=query.sort_order,
+        limit=query.limit,
+        offset=query.offset,
+    )
+    return page_of(items, query)
+
+
+async def query_workers(request: Request) -> Any:
+    return await _query(request, validate_query(WorkerQuery, request, list_fields=("status_in",)), from_body=False)
+
+
+async def search_workers(request: Request) -> Any:
+    query = validate_model(WorkerQuery, await request.body(), allow_empty=True)
+    return await _query(request, query, from_body=True)
+
+
+async def get_worker(request: Request) -> Any:
+    return await store_of(request).get_worker_by_id(request.path_params["worker_id"])
+
+
+async def update_worker(request: Request) -> Any:
+    body = validate_model(UpdateWorkerBody, await request.body(), allow_empty=True)
+    return await store_of(request).update_worker(
+        request.path_params["worker_id"],
+        heartbeat_stats=set_or_unset(body, "heartbeat_stats", UNSET, nullable=False),
+    )
+
+
+def routes(prefix: str) -> List[Route]:
+    base = prefix + "/workers"
+    return [
+        endpoint(base, query_workers, methods=["GET"]),
+        endpoint(base + "/search", search_workers, methods=["POST"]),
+        endpoint(base + "/{worker_id}", get_worker, methods=["GET"]),
+        endpoint(base + "/{worker_id}", update_worker, methods=["POST"]),
+    ]

@@ -1,0 +1,171 @@
+"""Request bodies and query strings of the store routes.
+
+Names, fields and defaults match the agent-lightning 0.3 store server, so the bodies its
+client sends validate here unchanged; the models after `# --- agl additions` are ours.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Tuple, Type
+
+from pydantic import BaseModel, Field
+
+from ..errors import InvalidInputError
+from ..models import (
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    TaskInput,
+    WorkerStatus,
+)
+
+SortOrder = Literal["asc", "desc"]
+FilterLogic = Literal["and", "or"]
+
+
+class StartRolloutBody(BaseModel):
+    input: TaskInput
+    mode: Optional[RolloutMode] = None
+    resources_id: Optional[str] = None
+    config: Optional[RolloutConfig] = None
+    metadata: Optional[Dict[str, Any]] = None
+    worker_id: Optional[str] = None
+
+
+class WorkerIdBody(BaseModel):
+    worker_id: Optional[str] = None
+
+
+class EnqueueManyBody(BaseModel):
+    rollouts: List[EnqueueRolloutRequest]
+
+
+class DequeueManyBody(BaseModel):
+    limit: int = 1
+    worker_id: Optional[str] = None
+
+
+class Page(BaseModel):
+    limit: int = -1
+    offset: int = 0
+    sort_by: Optional[str] = None
+    sort_order: SortOrder = "asc"
+
+
+class RolloutQuery(Page):
+    status_in: Optional[List[RolloutStatus]] = None
+    rollout_id_in: Optional[List[str]] = None
+    rollout_id_contains: Optional[str] = None
+    mode: Optional[RolloutMode] = None
+    start_time_after: Optional[float] = None
+    start_time_before: Optional[float] = None
+    filter_logic: FilterLogic = "and"
+
+
+class AttemptQuery(Page):
+    sort_by: Optional[str] = "sequence_id"
+
+
+class ResourcesQuery(Page):
+    resources_id: Optional[str] = None
+    resources_id_contains: Optional[str] = None
+
+
+class WorkerQuery(Page):
+    status_in: Optional[List[WorkerStatus]] = None
+    worker_id_contains: Optional[str] = None
+    filter_logic: FilterLogic = "and"
+
+
+class SpanQuery(Page):
+    rollout_id: str
+    attempt_id: Optional[str] = None
+    trace_id: Optional[str] = None
+    trace_id_contains: Optional[str] = None
+    span_id: Optional[str] = None
+    span_id_contains: Optional[str] = None
+    parent_id: Optional[str] = None
+    parent_id_contains: Optional[str] = None
+    name: Optional[str] = None
+    name_contains: Optional[str] = None
+    filter_logic: FilterLogic = "and"
+    sort_by: Optional[str] = "sequence_id"
+
+
+class WaitBody(BaseModel):
+    rollout_ids: List[str]
+    timeout: Optional[float] = Field(default=None, ge=0)
+
+
+class NextSequenceIdBody(BaseModel):
+    rollout_id: str
+    attempt_id: str
+
+
+class UpdateRolloutBody(BaseModel):
+    input: Optional[TaskInput] = None
+    mode: Optional[RolloutMode] = None
+    resources_id: Optional[str] = None
+    status: Optional[RolloutStatus] = None
+    config: Optional[RolloutConfig] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+
+class UpdateAttemptBody(BaseModel):
+    status: Optional[AttemptStatus] = None
+    worker_id: Optional[str] = None
+    last_heartbeat_time: Optional[float] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+
+class UpdateWorkerBody(BaseModel):
+    heartbeat_stats: Optional[Dict[str, Any]] = None
+
+
+# --- agl additions ---------------------------------------------------------------------
+
+
+class ManySequenceIdsBody(BaseModel):
+    rollout_attempt_ids: List[Tuple[str, str]]
+
+
+class DeleteRolloutsBody(BaseModel):
+    rollout_ids: List[str]
+
+
+class ExpireRolloutsBody(BaseModel):
+    older_than_seconds: float = Field(ge=0)
+
+
+def check_page(query: Page, item_model: Type[BaseModel]) -> None:
+    """Reject paging that agent-lightning 0.3 rejects, with the same messages."""
+    if query.sort_by is not None and query.sort_by not in item_model.model_fields:
+        allowed = ", ".join(item_model.model_fields)
+        raise InvalidInputError(f"Invalid sort_by: {query.sort_by}, allowed fields are: {allowed}")
+    if query.limit == 0 or query.limit < -1:
+        raise InvalidInputError("Limit must be greater than 0 or -1 for no limit")
+    if query.offset < 0:
+        raise InvalidInputError("Offset must be greater than or equal to 0")
+
+
+def page_of(items: Any, query: Page) -> Dict[str, Any]:
+    """The PaginatedResult wire shape: items, limit, offset, total (matches before paging)."""
+    total = getattr(items, "total", None)
+    return {
+        "items": list(items),
+        "limit": query.limit,
+        "offset": query.offset,
+        "total": len(items) if total is None else total,
+    }
+
+
+def set_or_unset(body: BaseModel, field: str, unset: Any, *, nullable: bool = True) -> Any:
+    """The field's value when the body names it, else `unset`; null only where allowed."""
+    if field not in body.model_fields_set:
+        return unset
+    value = getattr(body, field)
+    if value is None and not nullable:
+        raise InvalidInputError(f"{field} is invalid; it cannot be a null value.")
+    return value

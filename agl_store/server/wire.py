@@ -1,0 +1,139 @@
+"""Bytes in, bytes out: request parsing, response encoding and the one JSON error shape.
+
+Every handler goes through `endpoint()`, so a store error, a validation error or a bug all
+leave the server as `{"error": {"code", "message"}, "detail": message}` with the error's
+HTTP status. `detail` is there because agent-lightning 0.3 clients read it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable, Mapping, Sequence, Type, TypeVar
+
+import orjson
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..base import LightningStore
+from ..errors import InvalidInputError, StoreError
+
+logger = logging.getLogger("agl_store.server")
+
+JSON_MEDIA_TYPE = "application/json"
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[Request], Awaitable[Any]]
+
+
+def _default(value: Any) -> Any:
+    # orjson calls this only for types it does not know; ours are pydantic models.
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def encode(value: Any) -> bytes:
+    """Serialise a response value (models, lists of models, plain JSON) to JSON bytes."""
+    return orjson.dumps(value, default=_default)
+
+
+def json_response(value: Any, status_code: int = 200) -> Response:
+    """A JSON response whose body is already encoded by orjson."""
+    return Response(encode(value), status_code=status_code, media_type=JSON_MEDIA_TYPE)
+
+
+def error_body(code: str, message: str) -> bytes:
+    """The error shape of every store route."""
+    return orjson.dumps({"error": {"code": code, "message": message}, "detail": message})
+
+
+def error_response(error: StoreError) -> Response:
+    return Response(error_body(error.code, error.message), status_code=error.status_code, media_type=JSON_MEDIA_TYPE)
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """`field.path: what is wrong` for each problem (the first five), joined by '; '."""
+    parts = []
+    for item in exc.errors(include_url=False)[:5]:
+        if item["type"] == "json_invalid":
+            parts.append(f"malformed JSON body: {item.get('ctx', {}).get('error', item['msg'])}")
+            continue
+        location = ".".join(str(p) for p in item["loc"]) or "body"
+        parts.append(f"{location}: {item['msg']}")
+    more = len(exc.errors()) - 5
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+def validate_json(adapter: TypeAdapter[T], body: bytes) -> T:
+    """Parse and validate a JSON body in one pass; problems become InvalidInputError."""
+    try:
+        return adapter.validate_json(body)
+    except ValidationError as exc:
+        raise InvalidInputError(describe_validation_error(exc)) from None
+
+
+def validate_model(model: Type[M], body: bytes, *, allow_empty: bool = False) -> M:
+    """Like `validate_json` for a model; an empty body is the model's defaults when allowed."""
+    if not body.strip() or body.strip() == b"null":
+        if allow_empty:
+            return model()
+        raise InvalidInputError("request body is empty; expected a JSON object")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise InvalidInputError(describe_validation_error(exc)) from None
+
+
+def validate_query(model: Type[M], request: Request, list_fields: Sequence[str] = ()) -> M:
+    """Validate query parameters against a model; `list_fields` take repeated keys."""
+    params = request.query_params
+    data: dict[str, Any] = {}
+    for key in params.keys():
+        data[key] = params.getlist(key) if key in list_fields else params[key]
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInputError(describe_validation_error(exc)) from None
+
+
+def endpoint(path: str, handler: Handler, *, methods: Sequence[str], status_code: int = 200) -> Route:
+    """A route whose handler returns a JSON-able value (or a ready Response).
+
+    Store errors and validation errors become their 4xx; anything else is a bug, logged
+    once with its traceback, and answered with a 500 that names the exception type.
+    """
+
+    async def run(request: Request) -> Response:
+        try:
+            result = await handler(request)
+        except StoreError as exc:
+            return error_response(exc)
+        except ValidationError as exc:
+            return error_response(InvalidInputError(describe_validation_error(exc)))
+        except Exception as exc:  # noqa: BLE001 - the server must answer, not die
+            logger.exception("%s %s failed", request.method, path)
+            return error_response(StoreError(f"internal server error: {type(exc).__name__}: {exc}"))
+        if isinstance(result, Response):
+            return result
+        return json_response(result, status_code)
+
+    run.__name__ = getattr(handler, "__name__", "endpoint")
+    return Route(path, run, methods=list(methods))
+
+
+def state(request: Request) -> Mapping[str, Any]:
+    """The lifespan state (the store, the metrics) of the app serving this request."""
+    value: Mapping[str, Any] = request.scope["state"]
+    return value
+
+
+def store_of(request: Request) -> LightningStore:
+    """The store the app opened in its lifespan."""
+    store: LightningStore = request.scope["state"]["store"]
+    return store
