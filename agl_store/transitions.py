@@ -1,0 +1,101 @@
+"""The status rules of rollouts, attempts and workers, in one place (SPEC section 2).
+
+Pure functions over status strings: every backend asks these tables whether a move is
+legal and what an attempt's status means for its rollout and its worker, so the rules
+cannot drift between code paths.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .errors import ConflictError, InvalidInputError
+from .models import (
+    ATTEMPT_STATUSES,
+    ROLLOUT_STATUSES,
+    TERMINAL_ROLLOUT_STATUSES,
+    AttemptStatus,
+    RolloutConfig,
+    RolloutStatus,
+    WorkerStatus,
+)
+
+_UNFINISHED_TARGETS = frozenset({"preparing", "running", "succeeded", "failed", "cancelled", "queuing", "requeuing"})
+
+ROLLOUT_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "queuing": _UNFINISHED_TARGETS - {"queuing"},
+    "requeuing": _UNFINISHED_TARGETS - {"requeuing"},
+    "preparing": _UNFINISHED_TARGETS - {"preparing"},
+    # `preparing` again: a manual retry (start_attempt) of a running rollout.
+    "running": _UNFINISHED_TARGETS - {"running"},
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+"""Legal rollout status moves, besides staying put. Finished rollouts never move."""
+
+ATTEMPT_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "preparing": frozenset({"running", "succeeded", "failed", "unresponsive", "timeout"}),
+    "running": frozenset({"succeeded", "failed", "unresponsive", "timeout"}),
+    # An attempt judged unresponsive may still be alive: a late span revives it, a late
+    # final report is accepted (agent-lightning does the same).
+    "unresponsive": frozenset({"running", "succeeded", "failed", "timeout"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "timeout": frozenset(),
+}
+"""Legal attempt status moves, besides staying put."""
+
+ATTEMPT_END_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "unresponsive", "timeout"})
+"""Attempt statuses that set `end_time` (an unresponsive attempt that revives clears it)."""
+
+RETRYABLE_ATTEMPT_STATUSES: frozenset[str] = frozenset({"failed", "timeout", "unresponsive"})
+
+
+def check_rollout_status(value: object, field: str = "status") -> RolloutStatus:
+    """`value` if it is a rollout status, else InvalidInputError naming `field`."""
+    if value not in ROLLOUT_STATUSES:
+        raise InvalidInputError(f"{field}: unknown rollout status {value!r}; expected one of {list(ROLLOUT_STATUSES)}")
+    return value  # type: ignore[return-value]
+
+
+def check_attempt_status(value: object, field: str = "status") -> AttemptStatus:
+    """`value` if it is an attempt status, else InvalidInputError naming `field`."""
+    if value not in ATTEMPT_STATUSES:
+        raise InvalidInputError(f"{field}: unknown attempt status {value!r}; expected one of {list(ATTEMPT_STATUSES)}")
+    return value  # type: ignore[return-value]
+
+
+def check_rollout_move(rollout_id: str, old: str, new: str) -> None:
+    """Raise ConflictError unless a rollout may go from `old` to `new`."""
+    if old != new and new not in ROLLOUT_TRANSITIONS[old]:
+        why = "it is finished" if old in TERMINAL_ROLLOUT_STATUSES else "that move is not allowed"
+        raise ConflictError(f"rollout {rollout_id} cannot go from {old!r} to {new!r}: {why}")
+
+
+def check_attempt_move(rollout_id: str, attempt_id: str, old: str, new: str) -> None:
+    """Raise ConflictError unless an attempt may go from `old` to `new`."""
+    if old != new and new not in ATTEMPT_TRANSITIONS[old]:
+        raise ConflictError(f"attempt {attempt_id} of rollout {rollout_id} cannot go from {old!r} to {new!r}")
+
+
+def rollout_status_from_attempt(attempt_status: str, attempt_sequence_id: int, config: RolloutConfig) -> RolloutStatus:
+    """The rollout status implied by its latest attempt's status.
+
+    A failed, timed-out or unresponsive attempt requeues the rollout when that status is in
+    `config.retry_condition` and fewer than `config.max_attempts` attempts were made.
+    """
+    if attempt_status in RETRYABLE_ATTEMPT_STATUSES:
+        if attempt_status in config.retry_condition and attempt_sequence_id < config.max_attempts:
+            return "requeuing"
+        return "failed"
+    return attempt_status  # type: ignore[return-value]  # preparing / running / succeeded
+
+
+def worker_status_for_attempt(attempt_status: str) -> WorkerStatus:
+    """What an attempt's status says about the worker running it (agent-lightning's rule)."""
+    if attempt_status in ("succeeded", "failed"):
+        return "idle"
+    if attempt_status in ("timeout", "unresponsive"):
+        return "unknown"
+    return "busy"

@@ -1,0 +1,46 @@
+"""Open a LightningStore from a URL: the one place that maps schemes to backends.
+
+- `sqlite:///relative/path.db`, `sqlite:////absolute/path.db` (SQLAlchemy's convention:
+  the path is everything after `sqlite:///`): an SQLiteStore on that file;
+- `memory://` (also `sqlite://` and `sqlite:///:memory:`): an in-memory SQLiteStore;
+- `http://host:port`, `https://...`: a LightningStoreClient of a served store.
+"""
+
+from __future__ import annotations
+
+from .base import LightningStore
+from .errors import InvalidInputError
+
+_SQLITE_PREFIX = "sqlite:///"
+_MEMORY_URLS = frozenset({"memory://", "memory:", "sqlite://", "sqlite:///:memory:"})
+
+
+async def open_store(url: str, *, key: str | None = None) -> LightningStore:
+    """Create and open the store `url` names; the caller closes it (or uses `async with`).
+
+    `key` is the bearer key of a served store; embedded stores ignore it.
+    Raises InvalidInputError for a URL whose scheme is not one of the above.
+    """
+    from .sqlite import SQLiteStore
+
+    if url in _MEMORY_URLS:
+        return await SQLiteStore(":memory:").open()
+    if url.startswith(_SQLITE_PREFIX):
+        path = url[len(_SQLITE_PREFIX) :]
+        if not path:
+            raise InvalidInputError(f"store URL {url!r} names no file; use sqlite:///path/to/store.db")
+        return await SQLiteStore(path).open()
+    scheme = url.split("://", 1)[0] if "://" in url else None
+    if scheme in ("http", "https"):
+        from .client import LightningStoreClient  # written separately; imported only when used
+
+        client = LightningStoreClient(url, key=key)
+        await client.open()
+        return client
+    if scheme is None:
+        raise InvalidInputError(
+            f"store URL {url!r} has no scheme; use sqlite:///path.db, memory:// or http://host:port"
+        )
+    raise InvalidInputError(
+        f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///path.db, memory:// or http://host:port"
+    )

@@ -1,0 +1,1 @@
+"""Tests of agl_store."""

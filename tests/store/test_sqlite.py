@@ -1,0 +1,190 @@
+"""What only the SQLite backend promises: files that persist, a migrated schema, several
+processes on one file, acknowledged writes that survive a killed process, store URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from agl_store import LLM, InvalidInputError, RolloutConfig, Span, StoreClosedError
+from agl_store.sqlite import SQLiteStore
+from agl_store.sqlite_schema import MIGRATIONS, apply_migrations
+from agl_store.urls import open_store
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_reopening_a_file_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    async with SQLiteStore(path) as store:
+        resources = await store.add_resources({"llm": LLM(endpoint="http://x/v1", model="m")})
+        running = await store.start_rollout(input={"q": 1}, config=RolloutConfig(max_attempts=2), worker_id="w")
+        span = await store.add_span(
+            Span(rollout_id=running.rollout_id, attempt_id=running.attempt.attempt_id, name="c", attributes={"ids": list(range(50))})
+        )
+        queued = [await store.enqueue_rollout(input=i) for i in range(2)]
+
+    async with SQLiteStore(path) as store:
+        again = await store.get_rollout_by_id(running.rollout_id)
+        assert again is not None and again.status == "running" and again.resources_id == resources.resources_id
+        assert (await store.query_spans(running.rollout_id)) == [span]
+        assert await store.get_next_span_sequence_id(running.rollout_id, running.attempt.attempt_id) == 2
+        assert (await store.get_latest_resources()) == resources
+        assert (await store.get_worker_by_id("w")).status == "busy"
+        assert [(await store.dequeue_rollout()).rollout_id for _ in queued] == [r.rollout_id for r in queued]
+        stats = await store.statistics()
+        assert stats.total_spans == 1 and stats.database_bytes and stats.database_bytes > 0
+
+
+async def test_memory_store_starts_empty_every_time() -> None:
+    async with SQLiteStore(":memory:") as store:
+        await store.enqueue_rollout(input=1)
+    async with SQLiteStore() as store:
+        stats = await store.statistics()
+        assert stats.total_rollouts == 0 and stats.database_bytes is None
+
+
+def test_schema_is_migrated_once_and_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "schema.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert apply_migrations(conn) == [name for name, _ in MIGRATIONS]
+        assert apply_migrations(conn) == []  # a second process opening the file changes nothing
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+        # A later release appends a migration: existing files pick it up, in order.
+        later = (*MIGRATIONS, ("9999_add_notes", ("ALTER TABLE rollouts ADD COLUMN notes TEXT",)))
+        assert apply_migrations(conn, later) == ["9999_add_notes"]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(later)
+        names = [row[0] for row in conn.execute("SELECT name FROM schema_migrations ORDER BY rowid")]
+        assert names == [name for name, _ in later]
+    finally:
+        conn.close()
+
+
+async def test_file_store_uses_wal_and_foreign_keys(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "wal.db"):
+        conn = sqlite3.connect(tmp_path / "wal.db")
+        try:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert {row[1] for row in conn.execute("PRAGMA index_list(spans)")} >= {"spans_by_sequence", "spans_identity"}
+        finally:
+            conn.close()
+
+
+async def test_lifecycle_errors_and_urls(tmp_path: Path) -> None:
+    fresh = SQLiteStore(tmp_path / "never-opened.db")
+    with pytest.raises(StoreClosedError, match="not open"):
+        await fresh.enqueue_rollout(input=1)
+
+    store = await open_store(f"sqlite:///{tmp_path / 'url.db'}")
+    await store.enqueue_rollout(input=1)
+    await store.close()
+    await store.close()  # closing twice is fine
+    with pytest.raises(StoreClosedError):
+        await store.query_rollouts()
+    with pytest.raises(StoreClosedError):
+        await store.open()
+    assert (tmp_path / "url.db").exists()
+
+    memory = await open_store("memory://")
+    assert isinstance(memory, SQLiteStore) and memory.in_memory
+    await memory.close()
+    with pytest.raises(InvalidInputError, match="ftp"):
+        await open_store("ftp://example.com/store")
+
+
+# --- several processes on one file -------------------------------------------------------------
+
+WORKER_SCRIPT = """
+import asyncio, json, sys
+from agl_store import Span
+from agl_store.sqlite import SQLiteStore
+
+async def main(path, rollout_id, attempt_id, rounds):
+    seqs, claimed = [], []
+    async with SQLiteStore(path, watchdog_interval=0.05) as store:
+        for i in range(rounds):
+            seqs.append(await store.get_next_span_sequence_id(rollout_id, attempt_id))
+            stored = await store.add_span(Span(rollout_id=rollout_id, attempt_id=attempt_id, name="p"))
+            seqs.append(stored.sequence_id)
+            rollout = await store.dequeue_rollout()
+            if rollout is not None:
+                claimed.append(rollout.rollout_id)
+    print(json.dumps({"seqs": seqs, "claimed": claimed}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+"""
+
+
+async def run_python(*args: str) -> asyncio.subprocess.Process:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-c", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+
+
+async def test_two_processes_share_sequence_ids_and_the_queue(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared.db")
+    async with SQLiteStore(path) as store:
+        target = await store.start_rollout(input="shared")
+        queued = [r.rollout_id for r in await store.enqueue_many_rollouts([{"input": i} for i in range(60)])]
+
+        processes = [
+            await run_python(WORKER_SCRIPT, path, target.rollout_id, target.attempt.attempt_id, "40") for _ in range(2)
+        ]
+        results = []
+        for process in processes:
+            out, err = await process.communicate()
+            assert process.returncode == 0, err.decode()
+            results.append(json.loads(out))
+
+        all_seqs: List[int] = []
+        for result in results:
+            assert result["seqs"] == sorted(result["seqs"]) and len(set(result["seqs"])) == len(result["seqs"])
+            all_seqs += result["seqs"]
+        assert len(set(all_seqs)) == len(all_seqs) == 160  # unique across processes
+
+        claimed = results[0]["claimed"] + results[1]["claimed"]
+        assert len(claimed) == len(set(claimed)) == 60  # nobody got a rollout twice
+        assert set(claimed) == set(queued)
+        for result in results:  # each process saw the queue in FIFO order
+            assert result["claimed"] == sorted(result["claimed"], key=queued.index)
+
+        spans = await store.query_spans(target.rollout_id)
+        assert len(spans) == 80 and len({s.sequence_id for s in spans}) == 80
+
+
+KILLED_WRITER_SCRIPT = """
+import asyncio, sys
+from agl_store.sqlite import SQLiteStore
+
+async def main(path):
+    async with SQLiteStore(path) as store:
+        while True:
+            rollout = await store.enqueue_rollout(input="durable")
+            print(rollout.rollout_id, flush=True)  # acknowledged: the commit returned
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_acknowledged_writes_survive_a_killed_process(tmp_path: Path) -> None:
+    path = str(tmp_path / "killed.db")
+    process = await run_python(KILLED_WRITER_SCRIPT, path)
+    assert process.stdout is not None
+    acknowledged = [(await process.stdout.readline()).decode().strip() for _ in range(30)]
+    process.send_signal(signal.SIGKILL)
+    await process.wait()
+
+    async with SQLiteStore(path) as store:
+        found = await store.query_rollouts(rollout_id_in=acknowledged)
+        assert {r.rollout_id for r in found} == set(acknowledged)
