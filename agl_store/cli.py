@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
 import sys
 from importlib.metadata import entry_points
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from .server import DEFAULT_MAX_BODY_BYTES, create_app
 
@@ -105,7 +107,10 @@ async def _serve_async(args: argparse.Namespace) -> int:
         log_level="warning",
         timeout_graceful_shutdown=5,
     )
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, server.request_exit)
     announce = asyncio.create_task(_announce_when_started(server, f"http://{host}:{port}", url, bool(args.key)))
     try:
         await server.serve(sockets=[sock])
@@ -116,6 +121,26 @@ async def _serve_async(args: argparse.Namespace) -> int:
     return 0 if server.started else 1
 
 
+def _server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus its signal handling: uvicorn re-raises the signal after
+        shutting down, which would kill the process before the store is closed."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+        def request_exit(self) -> None:
+            # A second signal while draining skips the graceful wait.
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+    return Server
+
+
 async def _announce_when_started(server: Any, address: str, url: str, keyed: bool) -> None:
     while not server.started:
         await asyncio.sleep(0.01)
@@ -124,4 +149,7 @@ async def _announce_when_started(server: Any, address: str, url: str, keyed: boo
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, so its functions are the ones entry points name.
+    from agl_store.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,105 @@
+"""Run `agl store serve` as a real subprocess on 127.0.0.1 for tests.
+
+    async with start_store_server(tmp_path / "store.db") as store:
+        await store.enqueue_rollout(input={"q": 1})   # a LightningStoreClient
+
+`StoreServerProcess` is the lower-level handle for tests that kill and restart the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator, List, Optional
+
+from agl_store.client import LightningStoreClient
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class StoreServerProcess:
+    """One `python -m agl_store.cli store serve` subprocess on a free port."""
+
+    def __init__(self, db: str | Path, key: Optional[str] = None, extra_args: List[str] | None = None) -> None:
+        self.db = str(db)
+        self.key = key
+        self.extra_args = list(extra_args or [])
+        self.url = ""
+        self.output: List[str] = []
+        self._process: Optional[asyncio.subprocess.Process] = None
+        self._reader: Optional[asyncio.Task[None]] = None
+
+    async def start(self) -> str:
+        """Start the server, wait until it answers /health, and return its base URL."""
+        args = [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", self.db, "--port", "0"]
+        if self.key:
+            args += ["--key", self.key]
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self._process = await asyncio.create_subprocess_exec(
+            *args, *self.extra_args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
+        )
+        announced = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.create_task(self._read_output(announced))
+        try:
+            self.url = await asyncio.wait_for(announced, START_TIMEOUT_S)
+        except (asyncio.TimeoutError, RuntimeError) as exc:
+            await self.kill()
+            raise RuntimeError(f"store server did not start: {exc}; output:\n" + "\n".join(self.output)) from exc
+        async with LightningStoreClient(self.url, timeout=5.0, retries=20, backoff_max=0.2) as probe:
+            if not await probe.health():
+                raise RuntimeError("store server announced itself but /health failed")
+        return self.url
+
+    async def _read_output(self, announced: "asyncio.Future[str]") -> None:
+        assert self._process is not None and self._process.stdout is not None
+        async for raw in self._process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.output.append(line)
+            if not announced.done() and "listening on " in line:
+                announced.set_result(line.split("listening on ", 1)[1].split()[0])
+        if not announced.done():
+            announced.set_exception(RuntimeError(f"server exited with code {await self._process.wait()}"))
+
+    async def stop(self) -> int:
+        """Stop gracefully (SIGTERM) and return the exit code."""
+        return await self._end(signal.SIGTERM)
+
+    async def kill(self) -> int:
+        """SIGKILL: the server gets no chance to flush or close anything."""
+        return await self._end(signal.SIGKILL)
+
+    async def _end(self, sig: int) -> int:
+        process = self._process
+        if process is None:
+            return 0
+        if process.returncode is None:
+            process.send_signal(sig)
+            try:
+                await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                process.kill()
+                await process.wait()
+        if self._reader is not None:
+            await self._reader
+        self._process = None
+        return process.returncode if process.returncode is not None else 0
+
+
+@asynccontextmanager
+async def start_store_server(db_path: str | Path, key: Optional[str] = None) -> AsyncIterator[LightningStoreClient]:
+    """Start a real store server on `db_path` and yield an opened client; stop both after."""
+    server = StoreServerProcess(db_path, key=key)
+    await server.start()
+    client = LightningStoreClient(server.url, key=key)
+    await client.open()
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.stop()

@@ -1,0 +1,91 @@
+"""The `agl` command line: `agl store serve`, and command groups discovered as plugins."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agl_store import cli
+from agl_store.client import LightningStoreClient
+
+from .http_server import StoreServerProcess
+
+
+def test_db_paths_become_sqlite_urls_and_urls_pass_through() -> None:
+    assert cli.db_url("runs/agl.db") == "sqlite:///runs/agl.db"
+    assert cli.db_url("/abs/agl.db") == "sqlite:////abs/agl.db"
+    assert cli.db_url("memory://") == "memory://"
+
+
+def test_store_serve_defaults() -> None:
+    args = cli.build_parser().parse_args(["store", "serve"])
+    assert (args.db, args.host, args.port, args.key) == ("agl.db", "127.0.0.1", 4747, None)
+
+
+def test_command_groups_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+
+    def add_demo(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+        demo = subparsers.add_parser("demo")
+        demo.set_defaults(run=lambda args: seen.append("ran") or 0)
+
+    class FakeEntryPoint:  # what importlib.metadata yields for a plugin
+        name = "demo"
+
+        def load(self) -> object:
+            return add_demo
+
+    monkeypatch.setattr(cli, "entry_points", lambda group: [FakeEntryPoint()] if group == "agl.commands" else [])
+    assert cli.main(["demo"]) == 0
+    assert seen == ["ran"]
+
+
+def test_agl_help_lists_store(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "agl_store.cli", "--help"], capture_output=True, text=True, check=True)
+    assert "store" in done.stdout
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(tmp_path / "x.db"), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
+async def test_serve_prints_one_line_at_start_and_stop_and_keeps_data(tmp_path: Path) -> None:
+    db = tmp_path / "nested" / "agl.db"
+    server = StoreServerProcess(db)
+    url = await server.start()
+    async with LightningStoreClient(url) as store:
+        rollout = await store.enqueue_rollout(input={"hello": "world"})
+    assert await server.stop() == 0
+    assert server.output[0] == f"agl store serve: listening on {url} (store sqlite:///{db}, no key)"
+    assert server.output[-1] == "agl store serve: stopped"
+    assert db.exists()
+
+    again = StoreServerProcess(f"sqlite:///{db}")
+    async with LightningStoreClient(await again.start()) as store:
+        assert (await store.get_rollout_by_id(rollout.rollout_id)) == rollout
+    await again.stop()
+
+
+async def test_serve_in_memory(tmp_path: Path) -> None:
+    server = StoreServerProcess("memory://", key="k")
+    async with LightningStoreClient(await server.start(), key="k") as store:
+        assert (await store.statistics()).database_bytes is None
+    await server.stop()
+    assert "bearer key required" in server.output[0]

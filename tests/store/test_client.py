@@ -1,0 +1,198 @@
+"""LightningStoreClient: retries, error mapping and lifecycle.
+
+The store behaviour itself is covered by the contract suite, which runs over HTTP through
+this client. Here a hand-written ASGI server injects faults (5xx, 4xx, refused connections)
+so retries can be counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator, List, Tuple
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+
+from agl_store import ConflictError, NotFoundError, StoreClosedError, StoreError, StoreUnavailableError
+from agl_store.client import LightningStoreClient
+from agl_store.models import EnqueueRolloutRequest, Span
+
+from .http_server import start_store_server
+
+STATISTICS = {
+    "name": "fault",
+    "total_rollouts": 0,
+    "total_attempts": 0,
+    "total_spans": 0,
+    "total_resources": 0,
+    "total_workers": 0,
+}
+Answer = Tuple[int, bytes]
+
+
+class FaultServer:
+    """An ASGI app that plays back a script of (status, body) answers, then repeats the last."""
+
+    def __init__(self, script: List[Answer]) -> None:
+        self.script = list(script)
+        self.requests: List[str] = []
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        self.requests.append(f"{scope['method']} {scope['path']}")
+        status, body = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def error(code: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"code": code, "message": message}, "detail": message})
+
+
+@asynccontextmanager
+async def serving(app: FaultServer, sock: socket.socket | None = None) -> AsyncIterator[str]:
+    """Serve `app` with uvicorn on 127.0.0.1 inside this event loop."""
+    if sock is None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield "http://127.0.0.1:%d" % sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        await task
+
+
+def fast_client(url: str, retries: int = 3) -> LightningStoreClient:
+    return LightningStoreClient(url, retries=retries, backoff_base=0.001, backoff_max=0.01, timeout=5.0)
+
+
+async def test_a_5xx_is_retried_until_the_server_recovers() -> None:
+    app = FaultServer([(503, error("store_closed", "restarting")), (500, b"oops"), (200, orjson.dumps(STATISTICS))])
+    async with serving(app) as url, fast_client(url) as client:
+        stats = await client.statistics()
+    assert stats.name == "fault"
+    assert app.requests == ["GET /v1/agl/statistics"] * 3
+
+
+async def test_a_4xx_is_not_retried_and_keeps_its_error_class() -> None:
+    app = FaultServer([(404, error("not_found", "rollout ro-x not found"))])
+    async with serving(app) as url, fast_client(url) as client:
+        with pytest.raises(NotFoundError, match="rollout ro-x not found"):
+            await client.get_latest_attempt("ro-x")
+    assert len(app.requests) == 1
+
+
+async def test_error_codes_map_back_to_store_error_classes() -> None:
+    app = FaultServer([(409, error("conflict", "rollout is finished")), (418, b"{\"error\": {\"code\": \"teapot\", \"message\": \"short and stout\"}}")])
+    async with serving(app) as url, fast_client(url) as client:
+        with pytest.raises(ConflictError, match="rollout is finished"):
+            await client.update_rollout("ro-1", status="running")
+        with pytest.raises(StoreError, match="short and stout") as unknown:
+            await client.get_rollout_by_id("ro-1")
+    assert type(unknown.value) is StoreError
+    assert unknown.value.status_code == 418
+
+
+async def test_5xx_after_the_last_retry_raises_the_servers_error() -> None:
+    app = FaultServer([(500, error("store_error", "internal server error: RuntimeError: disk"))])
+    async with serving(app) as url, fast_client(url, retries=2) as client:
+        with pytest.raises(StoreError, match="disk"):
+            await client.statistics()
+    assert len(app.requests) == 3
+
+
+async def test_connection_refused_is_retried_then_reported_as_unavailable() -> None:
+    with socket.socket() as reserved:
+        reserved.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        url = "http://127.0.0.1:%d" % reserved.getsockname()[1]
+        async with fast_client(url, retries=2) as client:
+            with pytest.raises(StoreUnavailableError, match="after 3 attempts"):
+                await client.statistics()
+
+
+class CountingTransport(httpx.AsyncHTTPTransport):
+    """Real transport that signals when a connection attempt has failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except httpx.ConnectError:
+            self.failed.set()
+            raise
+
+
+async def test_a_server_that_comes_up_during_the_retries_is_reached() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = "http://127.0.0.1:%d" % sock.getsockname()[1]
+    transport = CountingTransport()
+    client = LightningStoreClient(url, retries=1000, backoff_base=0.001, backoff_max=0.02, transport=transport)
+    async with client:
+        call = asyncio.create_task(client.statistics())
+        await transport.failed.wait()
+        async with serving(FaultServer([(200, orjson.dumps(STATISTICS))]), sock):
+            assert (await call).name == "fault"
+
+
+async def test_a_closed_client_refuses_work() -> None:
+    client = LightningStoreClient("http://127.0.0.1:9")
+    await client.open()
+    await client.close()
+    with pytest.raises(StoreClosedError):
+        await client.statistics()
+
+
+async def test_the_bearer_key_is_sent(tmp_path: Path) -> None:
+    async with start_store_server(tmp_path / "store.db", key="k1") as store:
+        assert (await store.statistics()).total_rollouts == 0
+        async with LightningStoreClient(store.url, key="wrong") as intruder:
+            with pytest.raises(StoreError, match="wrong bearer key") as denied:
+                await intruder.statistics()
+        assert denied.value.status_code == 401
+
+
+async def test_add_many_spans_is_one_request_and_returns_sequence_ids(tmp_path: Path) -> None:
+    async with start_store_server(tmp_path / "store.db") as store:
+        attempted = await store.start_rollout(input={"task": 1})
+        spans = [
+            Span(rollout_id=attempted.rollout_id, attempt_id=attempted.attempt.attempt_id, name=f"s{i}")
+            for i in range(50)
+        ]
+        stored = await store.add_many_spans(spans)
+        assert [s.name for s in stored] == [f"s{i}" for i in range(50)]
+        assert [s.sequence_id for s in stored] == sorted(s.sequence_id for s in stored)
+        queried = await store.query_spans(attempted.rollout_id, limit=10)
+        assert len(queried) == 10
+        assert getattr(queried, "total") == 50
+
+
+async def test_wait_for_rollouts_long_polls_until_they_finish(tmp_path: Path) -> None:
+    async with start_store_server(tmp_path / "store.db") as store:
+        (first, second) = await store.enqueue_many_rollouts(
+            [EnqueueRolloutRequest(input={"i": 1}), EnqueueRolloutRequest(input={"i": 2})]
+        )
+        ids = [first.rollout_id, second.rollout_id]
+        assert await store.wait_for_rollouts(rollout_ids=ids, timeout=0.05) == []
+        waiting = asyncio.create_task(store.wait_for_rollouts(rollout_ids=ids, timeout=60))
+        await store.update_rollout(first.rollout_id, status="cancelled")
+        await store.update_rollout(second.rollout_id, status="cancelled")
+        finished = await waiting
+        assert sorted(r.rollout_id for r in finished) == sorted(ids)
+        assert {r.status for r in finished} == {"cancelled"}

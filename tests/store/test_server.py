@@ -1,0 +1,265 @@
+"""The store server over real HTTP: agent-lightning 0.3 wire compatibility, bad input,
+auth and metrics. One `agl store serve` subprocess serves the whole module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, AsyncIterator, Dict
+
+import httpx
+import pytest
+
+from agl_store.client import LightningStoreClient
+from agl_store.models import Span
+
+from .http_server import StoreServerProcess
+
+KEY = "test-key"
+MAX_BODY_BYTES = 1_000_000
+
+
+@pytest.fixture(scope="module")
+async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StoreServerProcess]:
+    db = tmp_path_factory.mktemp("server") / "store.db"
+    process = StoreServerProcess(db, key=KEY, extra_args=["--max-body-bytes", str(MAX_BODY_BYTES)])
+    await process.start()
+    yield process
+    await process.stop()
+
+
+@pytest.fixture
+async def http(server: StoreServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    """A raw HTTP client with the key, for sending exact bodies."""
+    async with httpx.AsyncClient(base_url=server.url + "/v1/agl", headers={"authorization": f"Bearer {KEY}"}) as client:
+        yield client
+
+
+@pytest.fixture
+async def store(server: StoreServerProcess) -> AsyncIterator[LightningStoreClient]:
+    async with LightningStoreClient(server.url, key=KEY) as client:
+        yield client
+
+
+def error_of(response: httpx.Response) -> Dict[str, Any]:
+    body = response.json()
+    assert body["detail"] == body["error"]["message"]  # agent-lightning clients read `detail`
+    return dict(body["error"])
+
+
+# --- agent-lightning 0.3 wire compatibility: the bodies its LightningStoreClient sends ------
+
+
+async def test_agent_lightning_rollout_lifecycle(http: httpx.AsyncClient) -> None:
+    enqueued = await http.post(
+        "/queues/rollouts/enqueue",
+        json={"rollouts": [{"input": {"q": "2+2"}, "mode": "train", "resources_id": None, "config": None, "metadata": None}]},
+    )
+    assert enqueued.status_code == 201
+    (rollout,) = enqueued.json()
+    assert rollout["status"] == "queuing" and rollout["input"] == {"q": "2+2"}
+
+    dequeued = await http.post("/queues/rollouts/dequeue", json={"limit": 1, "worker_id": "worker-1"})
+    assert dequeued.status_code == 200
+    claimed = next(item for item in dequeued.json() if item["rollout_id"] == rollout["rollout_id"])
+    attempt = claimed["attempt"]
+    assert attempt["sequence_id"] == 1 and attempt["worker_id"] == "worker-1"
+
+    rollout_id, attempt_id = rollout["rollout_id"], attempt["attempt_id"]
+    issued = await http.post("/spans/next", json={"rollout_id": rollout_id, "attempt_id": attempt_id})
+    assert issued.status_code == 200 and issued.json()["sequence_id"] >= 1
+
+    span = {
+        "rollout_id": rollout_id,
+        "attempt_id": attempt_id,
+        "sequence_id": issued.json()["sequence_id"],
+        "trace_id": "0af7651916cd43dd8448eb211c80319c",
+        "span_id": "b7ad6b7169203331",
+        "parent_id": None,
+        "name": "openai.chat",
+        "status": {"status_code": "OK", "description": None},
+        "attributes": {"gen_ai.request.model": "m"},
+        "events": [],
+        "links": [],
+        "start_time": 1.0,
+        "end_time": 2.0,
+        "context": {"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331", "is_remote": False, "trace_state": {}},
+        "parent": None,
+        "resource": {"attributes": {"service.name": "agent"}, "schema_url": ""},
+    }
+    added = await http.post("/spans", json=span)
+    assert added.status_code == 201 and added.json()["sequence_id"] == span["sequence_id"]
+
+    spans = await http.post(
+        "/spans/search",
+        json={"rollout_id": rollout_id, "limit": -1, "offset": 0, "attempt_id": attempt_id, "filter_logic": "and",
+              "sort_by": "sequence_id", "sort_order": "asc"},
+    )
+    page = spans.json()
+    assert (page["total"], page["limit"], page["offset"]) == (1, -1, 0)
+    assert page["items"][0]["span_id"] == "b7ad6b7169203331"
+
+    latest = await http.get(f"/rollouts/{rollout_id}/attempts/latest")
+    assert latest.json()["attempt_id"] == attempt_id and latest.json()["status"] == "running"
+
+    attempts = await http.post(
+        f"/rollouts/{rollout_id}/attempts/search", json={"limit": -1, "offset": 0, "sort_by": "sequence_id", "sort_order": "asc"}
+    )
+    assert [a["attempt_id"] for a in attempts.json()["items"]] == [attempt_id]
+
+    done = await http.post(f"/rollouts/{rollout_id}/attempts/{attempt_id}", json={"status": "succeeded"})
+    assert done.status_code == 200 and done.json()["status"] == "succeeded"
+
+    waited = await http.post("/waits/rollouts", json={"rollout_ids": [rollout_id], "timeout": 0.1})
+    assert [r["status"] for r in waited.json()] == ["succeeded"]
+
+    found = await http.post(
+        "/rollouts/search", json={"limit": -1, "offset": 0, "rollout_id_in": [rollout_id], "filter_logic": "and"}
+    )
+    assert found.json()["total"] == 1 and found.json()["items"][0]["attempt"]["status"] == "succeeded"
+
+
+async def test_agent_lightning_start_rollout_resources_and_workers(http: httpx.AsyncClient) -> None:
+    resources = await http.post(
+        "/resources",
+        json={"main_llm": {"resource_type": "llm", "endpoint": "http://llm/v1", "model": "m", "api_key": None,
+                           "sampling_parameters": {"temperature": 0.7}}},
+    )
+    assert resources.status_code == 201
+    resources_id = resources.json()["resources_id"]
+    assert (await http.get("/resources/latest")).json()["resources_id"] == resources_id
+    listed = await http.get("/resources", params=[("limit", -1), ("offset", 0), ("resources_id", resources_id)])
+    assert [r["resources_id"] for r in listed.json()["items"]] == [resources_id]
+
+    started = await http.post(
+        "/rollouts",
+        json={"input": "task", "mode": None, "resources_id": None, "config": None, "metadata": None, "worker_id": "w-2"},
+    )
+    assert started.status_code == 201
+    assert started.json()["status"] == "preparing" and started.json()["resources_id"] == resources_id
+
+    retried = await http.post(f"/rollouts/{started.json()['rollout_id']}/attempts", json={"worker_id": "w-2"})
+    assert retried.status_code == 201 and retried.json()["attempt"]["sequence_id"] == 2
+
+    worker = await http.post("/workers/w-9", json={"heartbeat_stats": {"gpu": 0.5}})
+    assert worker.status_code == 200 and worker.json()["heartbeat_stats"] == {"gpu": 0.5}
+    assert (await http.get("/workers/w-9")).json()["worker_id"] == "w-9"
+    searched = await http.post("/workers/search", json={"worker_id_contains": "w-9", "filter_logic": "and"})
+    assert searched.json()["total"] == 1
+
+    stats = (await http.get("/statistics")).json()
+    assert stats["total_rollouts"] >= 1 and "rollouts_by_status" in stats
+
+
+async def test_missing_objects_read_as_null_like_agent_lightning(http: httpx.AsyncClient) -> None:
+    for path in ("/rollouts/ro-missing", "/resources/rs-missing", "/workers/w-missing"):
+        answer = await http.get(path)
+        assert (answer.status_code, answer.json()) == (200, None)
+    assert (await http.post("/queues/rollouts/dequeue", json={"limit": 0})).json() == []
+
+
+# --- bad input: the right 4xx, a message naming the problem, and the store unchanged --------
+
+
+async def unchanged_after(store: LightningStoreClient, http: httpx.AsyncClient, method: str, path: str, **request: Any) -> httpx.Response:
+    before = (await store.statistics()).model_dump(exclude={"uptime", "database_bytes"})
+    answer = await http.request(method, path, **request)
+    after = (await store.statistics()).model_dump(exclude={"uptime", "database_bytes"})
+    assert after == before
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "request_args", "status", "code", "message"),
+    [
+        ("POST", "/spans", {"content": b'{"rollout_id": "r",'}, 400, "invalid_input", "malformed JSON body"),
+        ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": "x"}}, 400, "invalid_input", "rollouts: Input should be a valid array"),
+        ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": [{"input": 1, "mode": "play"}]}}, 400, "invalid_input", "rollouts.0.mode"),
+        ("POST", "/queues/rollouts/enqueue", {"content": b""}, 400, "invalid_input", "request body is empty"),
+        ("POST", "/spans", {"json": {"rollout_id": "r", "attempt_id": "a"}}, 400, "invalid_input", "name: Field required"),
+        ("POST", "/spans/batch", {"json": [{"rollout_id": "r", "attempt_id": "a", "name": "ok"}, {"rollout_id": "r"}]}, 400, "invalid_input", "1.attempt_id"),
+        ("POST", "/rollouts/search", {"json": {"limit": 0}}, 400, "invalid_input", "Limit must be greater than 0"),
+        ("POST", "/rollouts/search", {"json": {"sort_by": "nonsense"}}, 400, "invalid_input", "Invalid sort_by: nonsense"),
+        ("GET", "/rollouts", {"params": {"status_in": "finished"}}, 400, "invalid_input", "status_in.0"),
+        ("POST", "/waits/rollouts", {"json": {"rollout_ids": ["x"], "timeout": -1}}, 400, "invalid_input", "timeout"),
+        ("POST", "/rollouts/ro-missing", {"json": {"status": "running"}}, 404, "not_found", "ro-missing"),
+        ("GET", "/rollouts/ro-missing/attempts/latest", {}, 404, "not_found", "ro-missing"),
+        ("POST", "/spans/next", {"json": {"rollout_id": "ro-missing", "attempt_id": "at-x"}}, 404, "not_found", "ro-missing"),
+        ("POST", "/spans", {"content": b"x" * (MAX_BODY_BYTES + 1)}, 413, "payload_too_large", "over the limit"),
+    ],
+)
+async def test_bad_requests(
+    store: LightningStoreClient,
+    http: httpx.AsyncClient,
+    method: str,
+    path: str,
+    request_args: Dict[str, Any],
+    status: int,
+    code: str,
+    message: str,
+) -> None:
+    answer = await unchanged_after(store, http, method, path, **request_args)
+    assert answer.status_code == status, answer.text
+    error = error_of(answer)
+    assert error["code"] == code
+    assert message in error["message"]
+
+
+async def test_bad_status_values_name_the_field_and_change_nothing(store: LightningStoreClient, http: httpx.AsyncClient) -> None:
+    rollout = await store.enqueue_rollout(input={"x": 1})
+    for body, message in (({"status": "finished"}, "status: Input should be"), ({"status": None}, "status is invalid")):
+        answer = await unchanged_after(store, http, "POST", f"/rollouts/{rollout.rollout_id}", json=body)
+        assert answer.status_code == 400
+        assert message in error_of(answer)["message"]
+    assert (await store.get_rollout_by_id(rollout.rollout_id)) == rollout
+
+
+async def test_a_finished_rollout_cannot_be_reopened_or_deleted_while_running(store: LightningStoreClient, http: httpx.AsyncClient) -> None:
+    running = await store.start_rollout(input=1)
+    answer = await unchanged_after(store, http, "POST", "/rollouts/delete", json={"rollout_ids": [running.rollout_id]})
+    assert answer.status_code == 409 and error_of(answer)["code"] == "conflict"
+    await store.update_rollout(running.rollout_id, status="cancelled")
+    answer = await unchanged_after(store, http, "POST", f"/rollouts/{running.rollout_id}", json={"status": "running"})
+    assert answer.status_code == 409
+    assert (await http.post("/rollouts/delete", json={"rollout_ids": [running.rollout_id]})).json() == {"deleted": 1}
+    assert await store.get_rollout_by_id(running.rollout_id) is None
+
+
+# --- auth -------------------------------------------------------------------------------
+
+
+async def test_the_bearer_key_guards_everything_but_health(server: StoreServerProcess) -> None:
+    async with httpx.AsyncClient(base_url=server.url) as anonymous:
+        missing = await anonymous.get("/v1/agl/statistics")
+        assert missing.status_code == 401 and "missing bearer key" in error_of(missing)["message"]
+        wrong = await anonymous.get("/v1/agl/statistics", headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "wrong bearer key" in error_of(wrong)["message"]
+        for path in ("/health", "/v1/agl/health"):
+            assert (await anonymous.get(path)).json() == {"status": "ok"}
+        assert (await anonymous.post("/v1/traces", content=b"")).status_code == 401
+        good = await anonymous.get("/v1/agl/statistics", headers={"authorization": f"Bearer {KEY}"})
+        assert good.status_code == 200
+
+
+# --- metrics ----------------------------------------------------------------------------
+
+
+async def test_metrics_count_requests_per_route_template_spans_and_rollouts(
+    server: StoreServerProcess, store: LightningStoreClient, http: httpx.AsyncClient
+) -> None:
+    attempted = await store.start_rollout(input={"m": 1})
+    await store.get_rollout_by_id(attempted.rollout_id)
+    await store.add_many_spans(
+        [Span(rollout_id=attempted.rollout_id, attempt_id=attempted.attempt.attempt_id, name=f"s{i}") for i in range(3)]
+    )
+    page = await http.get(server.url + "/metrics")  # at the root, not under /v1/agl
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/plain")
+    text = page.text
+    assert 'agl_store_http_requests_total{route="/v1/agl/rollouts/{rollout_id}",method="GET",status="200"}' in text
+    assert attempted.rollout_id not in text  # ids never become label values
+    assert 'agl_store_http_request_duration_seconds_bucket{route="/v1/agl/spans/batch",method="POST",le="+Inf"}' in text
+    ingested = next(line for line in text.splitlines() if line.startswith("agl_store_spans_ingested_total "))
+    assert int(ingested.split()[1]) >= 3
+    assert 'agl_store_rollouts{status="running"}' in text
+    size = next(line for line in text.splitlines() if line.startswith("agl_store_database_bytes "))
+    assert float(size.split()[1]) > 0
