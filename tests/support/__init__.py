@@ -1,0 +1,1 @@
+"""Shared test infrastructure: the tiny model and the vLLM server fixture."""

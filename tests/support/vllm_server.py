@@ -1,0 +1,162 @@
+"""Run vLLM's OpenAI-compatible server on the tiny model as a subprocess on 127.0.0.1.
+
+One server costs about a minute of start-up and most of a CPU core while it generates, so the test suite
+shares one per session (``tests/conftest.py``). Usable outside pytest too::
+
+    with running_vllm_server(build_tiny_model(), log_path=Path("vllm.log")) as server:
+        print(server.base_url)  # http://127.0.0.1:PORT/v1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .tiny_model import DEFAULT_DIR, SERVED_MODEL_NAME, is_built
+
+START_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 30.0
+# Flags checked on a 2-core CPU machine: float32 because CPU kernels want it, eager because graph capture
+# is slow and pointless here, a 64 MiB KV cache so start-up does not reserve most of the RAM.
+VLLM_FLAGS = (
+    "--enforce-eager",
+    "--dtype", "float32",
+    "--max-model-len", "512",
+    "--kv-cache-memory-bytes", str(64 * 1024 * 1024),
+    "--max-num-seqs", "8",
+    "--seed", "0",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser", "hermes",
+)  # fmt: skip
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server exited or did not become ready; the message ends with its log tail."""
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    """A running tiny vLLM server: what a test needs to talk to it."""
+
+    base_url: str  # http://127.0.0.1:PORT/v1
+    model: str  # the served model name, to put in requests
+    model_path: Path
+    tokenizer_path: Path
+    log_path: Path
+    pid: int
+
+    @property
+    def root_url(self) -> str:
+        """The server without the ``/v1`` suffix (for ``/health``, ``/tokenize``, ...)."""
+        return self.base_url.removesuffix("/v1")
+
+
+def build_tiny_model(outdir: Path = DEFAULT_DIR) -> Path:
+    """Build the tiny model if needed, in a subprocess so that torch and transformers stay out of the caller."""
+    if not is_built(outdir):
+        subprocess.run([sys.executable, "-m", "tests.support.tiny_model", str(outdir)], check=True, cwd=_repo_root())
+    return outdir
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_vllm_server(
+    model_path: Path,
+    *,
+    log_path: Path,
+    served_model_name: str = SERVED_MODEL_NAME,
+    start_timeout_s: float = START_TIMEOUT_S,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[VLLMServer]:
+    """Start vLLM on ``model_path``, wait until it serves ``/v1/models``, yield it, then stop it.
+
+    Raises VLLMServerError (with the log tail) if the server dies or is not ready within ``start_timeout_s``.
+    """
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_path),
+        "--served-model-name", served_model_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        *VLLM_FLAGS,
+        *extra_args,
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        # A new session makes the server and the engine processes it forks one process group to stop.
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = VLLMServer(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        model=served_model_name,
+        model_path=model_path,
+        tokenizer_path=model_path,
+        log_path=log_path,
+        pid=process.pid,
+    )
+    try:
+        _wait_until_ready(process, server, start_timeout_s)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _wait_until_ready(process: subprocess.Popen[bytes], server: VLLMServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise VLLMServerError(f"vLLM exited with code {process.returncode}\n{log_tail(server.log_path)}")
+        try:
+            with urllib.request.urlopen(f"{server.base_url}/models", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1.0)
+    raise VLLMServerError(f"vLLM not ready after {timeout_s:.0f} s\n{log_tail(server.log_path)}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group (vLLM shuts its engine down on it), SIGKILL if it hangs."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    # Engine processes may outlive the API server by a moment; make sure none is left.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def log_tail(log_path: Path, lines: int = 60) -> str:
+    """The last ``lines`` lines of the server log, for error messages."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(no log: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
