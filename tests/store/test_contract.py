@@ -20,6 +20,7 @@ from agl_store import (
     EnqueueRolloutRequest,
     InvalidInputError,
     NotFoundError,
+    PromptTemplate,
     ProxyLLM,
     RolloutConfig,
     Span,
@@ -491,7 +492,7 @@ async def test_resources_are_versioned_and_the_last_write_is_latest(store: Light
     assert (await store.get_resources_by_id(second.resources_id)).resources["main_llm"].resource_type == "proxy_llm"
     assert await store.get_resources_by_id("rs-missing") is None
 
-    created = await store.update_resources("rs-named", {"prompt": {"resource_type": "prompt_template", "template": "{q}"}})
+    created = await store.update_resources("rs-named", {"prompt": PromptTemplate(template="{q}")})
     assert created.version == 1 and (await store.get_latest_resources()).resources_id == "rs-named"
     page = await store.query_resources(sort_by="version", sort_order="desc", limit=1)
     assert page[0].resources_id == first.resources_id and page.total >= 3
