@@ -1,0 +1,55 @@
+"""Spans and traces as the proxy writes them (docs/spans.md), built by hand for the tests."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from agl_store.models import Span, reward_span
+from agl_train.spans import LLMCall, RolloutTrace
+
+
+def llm_call_span(
+    prompt: Sequence[int],
+    *responses: Sequence[int],
+    sequence_id: Optional[int] = None,
+    rollout_id: str = "ro-1",
+    attempt_id: str = "at-1",
+    logprobs: bool = True,
+    error: bool = False,
+) -> Span:
+    """An `agl.llm_call` span with one choice per `responses` entry (logprob −0.5 per token)."""
+    choices = [
+        {
+            "index": i,
+            "token_ids": list(r),
+            "logprobs": [-0.5] * len(r) if logprobs else None,
+            "finish_reason": "stop",
+        }
+        for i, r in enumerate(responses)
+    ]
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "agl.prompt_token_ids": list(prompt),
+        "agl.choices": choices,
+        "agl.error": {"type": "server_error", "message": "boom", "status_code": 500} if error else None,
+    }
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=sequence_id,
+        name="agl.llm_call",
+        status={"status_code": "ERROR" if error else "OK"},
+        attributes=attributes,
+    )
+
+
+def reward(value: float, sequence_id: Optional[int] = None, rollout_id: str = "ro-1", attempt_id: str = "at-1") -> Span:
+    return reward_span(rollout_id, attempt_id, value, sequence_id=sequence_id)
+
+
+def call(prompt: Sequence[int], response: Sequence[int], logprobs: Optional[List[float]] = None) -> LLMCall:
+    return LLMCall(prompt_ids=list(prompt), response_ids=list(response), logprobs=logprobs)
+
+
+def trace(rollout_id: str, calls: Sequence[LLMCall], reward_value: float = 1.0, uid: str = "g") -> RolloutTrace:
+    return RolloutTrace(rollout_id=rollout_id, uid=uid, calls=list(calls), reward=reward_value)
