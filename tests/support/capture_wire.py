@@ -115,7 +115,8 @@ def _examples(model: str) -> Iterator[tuple[str, str, str, Any, bool]]:
     yield "Completions, token-id prompt", "POST", "/v1/completions", ids_prompt, False
     batch = {**completion, "prompt": [[1, 228, 107], [550, 344]], "max_tokens": 2, "return_token_ids": True}
     yield "Completions, a batch of two token-id prompts", "POST", "/v1/completions", batch, False
-    stream_completion = {**completion, "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
+    usage_option = {"stream": True, "stream_options": {"include_usage": True}}
+    stream_completion = {**completion, "return_token_ids": True, **usage_option}
     yield "Completions, streamed", "POST", "/v1/completions", stream_completion, True
     n2 = {**chat, "n": 2, "temperature": 1.0, "seed": 7, "max_tokens": 3}
     yield "Chat, `n=2`", "POST", "/v1/chat/completions", n2, False

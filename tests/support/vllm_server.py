@@ -1,7 +1,8 @@
 """Run vLLM's OpenAI-compatible server on the tiny model as a subprocess on 127.0.0.1.
 
 One server costs about a minute of start-up and most of a CPU core while it generates, so the test suite
-shares one per session (``tests/conftest.py``). Usable outside pytest too::
+shares one per session (``tests/conftest.py``). ``python -m tests.support.vllm_server`` serves it until
+Ctrl-C or SIGTERM. From code::
 
     with running_vllm_server(build_tiny_model(), log_path=Path("vllm.log")) as server:
         print(server.base_url)  # http://127.0.0.1:PORT/v1
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -52,13 +54,21 @@ class VLLMServer:
     model: str  # the served model name, to put in requests
     model_path: Path
     tokenizer_path: Path
-    log_path: Path
-    pid: int
+    log_path: Path | None  # None for a server this process did not start
+    pid: int | None
 
     @property
     def root_url(self) -> str:
         """The server without the ``/v1`` suffix (for ``/health``, ``/tokenize``, ...)."""
         return self.base_url.removesuffix("/v1")
+
+
+def external_vllm_server(base_url: str, model_path: Path, model: str = SERVED_MODEL_NAME) -> VLLMServer:
+    """Describe a tiny vLLM started elsewhere (it must serve ``model_path`` under ``model``)."""
+    base_url = base_url.rstrip("/")
+    if not base_url.endswith("/v1"):
+        base_url += "/v1"
+    return VLLMServer(base_url, model, model_path, model_path, log_path=None, pid=None)
 
 
 def build_tiny_model(outdir: Path = DEFAULT_DIR) -> Path:
@@ -160,3 +170,19 @@ def log_tail(log_path: Path, lines: int = 60) -> str:
 
 def _repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+def main() -> int:
+    """Serve the tiny model until interrupted (for AGL_TEST_VLLM_BASE_URL while iterating on tests)."""
+    log_path = Path(tempfile.gettempdir()) / f"agl-tiny-vllm-{os.getpid()}.log"
+    # The server runs in its own session, so it must be stopped by us: turn SIGTERM into a clean exit.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with running_vllm_server(build_tiny_model(), log_path=log_path) as server:
+        print(f"export AGL_TEST_VLLM_BASE_URL={server.base_url}  # log: {log_path}; Ctrl-C stops it", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Fixtures shared by the whole suite: the tiny vLLM server (one per session, started lazily) and its tokenizer.
+
+A test that talks to vLLM asks for ``vllm_server`` and is marked ``@pytest.mark.vllm``::
+
+    @pytest.mark.vllm
+    def test_chat(vllm_server):
+        httpx.post(f"{vllm_server.base_url}/chat/completions", json={"model": vllm_server.model, ...})
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.tiny_model import DEFAULT_DIR
+from tests.support.vllm_server import VLLMServer, build_tiny_model, external_vllm_server, running_vllm_server
+
+# LiteLLM fetches its model cost map from the internet at import time unless told not to.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# Set to the base URL of a tiny vLLM you started yourself (python -m tests.support.vllm_server) to skip the
+# minute of start-up on every run while iterating.
+EXTERNAL_VLLM_ENV = "AGL_TEST_VLLM_BASE_URL"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the vLLM server, so ``-m "not vllm"`` deselects it even if the mark was forgotten."""
+    for item in items:
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.vllm)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    """Directory of the tiny Qwen2 model (built on first use, cached under .cache/tiny-qwen2)."""
+    return build_tiny_model(DEFAULT_DIR)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    request: pytest.FixtureRequest, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VLLMServer]:
+    """One vLLM OpenAI server on the tiny model for the whole session, stopped at the end."""
+    external = os.environ.get(EXTERNAL_VLLM_ENV)
+    if external:
+        yield external_vllm_server(external, tiny_model_path)
+        return
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with running_vllm_server(tiny_model_path, log_path=log_path) as server:
+        _announce(request.config, f"[vllm] tiny vLLM serving {server.model} at {server.base_url} (log: {log_path})")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_path: Path) -> Any:
+    """The tiny model's tokenizer (a transformers fast tokenizer with the Qwen2.5-style chat template)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def _announce(config: pytest.Config, line: str) -> None:
+    """Print one line past pytest's output capture, so a slow start-up is explained."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
