@@ -53,7 +53,6 @@ T = TypeVar("T")
 _SPANS = TypeAdapter(List[Span])
 _ROLLOUTS = TypeAdapter(List[Rollout])
 _ATTEMPTED = TypeAdapter(List[AttemptedRollout])
-_NAMED_RESOURCES = TypeAdapter(NamedResources)
 
 
 class Page(List[T]):
@@ -519,12 +518,12 @@ class LightningStoreClient(LightningStore):
     # --- resources ------------------------------------------------------------------------
 
     async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
-        body = _NAMED_RESOURCES.dump_python(resources, mode="json")
-        return ResourcesUpdate.model_validate(await self._json("POST", "/resources", body=body))
+        # Models or plain dicts: the server validates either.
+        return ResourcesUpdate.model_validate(await self._json("POST", "/resources", body=resources))
 
     async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
-        body = _NAMED_RESOURCES.dump_python(resources, mode="json")
-        return ResourcesUpdate.model_validate(await self._json("POST", f"/resources/{resources_id}", body=body))
+        data = await self._json("POST", f"/resources/{resources_id}", body=resources)
+        return ResourcesUpdate.model_validate(data)
 
     async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
         data = await self._json("GET", f"/resources/{resources_id}")

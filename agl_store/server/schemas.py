@@ -140,14 +140,14 @@ class ExpireRolloutsBody(BaseModel):
 
 
 def check_page(query: Page, item_model: Type[BaseModel]) -> None:
-    """Reject paging that agent-lightning 0.3 rejects, with the same messages."""
+    """Reject paging that agent-lightning 0.3 rejects, naming the field."""
     if query.sort_by is not None and query.sort_by not in item_model.model_fields:
         allowed = ", ".join(item_model.model_fields)
-        raise InvalidInputError(f"Invalid sort_by: {query.sort_by}, allowed fields are: {allowed}")
+        raise InvalidInputError(f"sort_by: invalid field {query.sort_by!r}; allowed fields are: {allowed}")
     if query.limit == 0 or query.limit < -1:
-        raise InvalidInputError("Limit must be greater than 0 or -1 for no limit")
+        raise InvalidInputError(f"limit must be greater than 0, or -1 for no limit; got {query.limit}")
     if query.offset < 0:
-        raise InvalidInputError("Offset must be greater than or equal to 0")
+        raise InvalidInputError(f"offset must be greater than or equal to 0; got {query.offset}")
 
 
 def page_of(items: Any, query: Page) -> Dict[str, Any]:
