@@ -4,34 +4,38 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Dict, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Tuple
 
 import httpx
 import pytest
 
 from agl_proxy.proxy import LLMProxy
+from agl_store.sqlite import SQLiteStore
 
 from .fake_backend import FakeBackend
-from .helpers import FlakyStore, ListStore, model_entry, serve
+from .helpers import FlakyStore, model_entry, serve
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
-async def _make_store(tmp_path: Path) -> Any:
-    try:
-        from agl_store.sqlite import SQLiteStore  # type: ignore[import-not-found]
-    except ImportError:
-        return ListStore()
-    return SQLiteStore(str(tmp_path / "agl.db"))
-
-
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[FlakyStore]:
-    """A real store behind a switch that can take it 'down'."""
-    inner = await _make_store(tmp_path)
+    """A real SQLite store behind a switch that can take it 'down'."""
+    inner = await SQLiteStore(tmp_path / "agl.db").open()
     flaky = FlakyStore(inner)
     yield flaky
     await flaky.close()
+
+
+@pytest.fixture
+def new_rollout(store: FlakyStore) -> Callable[[], Awaitable[Tuple[str, str]]]:
+    """Starts a rollout in the store; returns (rollout_id, attempt_id)."""
+
+    async def make() -> Tuple[str, str]:
+        rollout = await store.inner.start_rollout(input={"task": "test"})
+        return rollout.rollout_id, rollout.attempt.attempt_id
+
+    return make
 
 
 @pytest.fixture
@@ -40,7 +44,7 @@ async def backend() -> AsyncIterator[Tuple[FakeBackend, str]]:
     fake = FakeBackend(name="a")
     async with serve(fake.app()) as url:
         yield fake, url + "/v1"
-    fake.release.set()
+        fake.release.set()  # let hung calls end, or the server waits for them forever
 
 
 @pytest.fixture

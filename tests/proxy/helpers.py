@@ -85,33 +85,3 @@ async def wait_for_spans(store: LightningStore, rollout_id: str, count: int, tim
 def pairs(spans: Sequence[Span]) -> List[Tuple[Optional[int], str]]:
     return [(s.sequence_id, s.attributes.get("agl.backend")) for s in spans]
 
-
-class ListStore(LightningStore):
-    """Stand-in used only until `agl_store.sqlite` is importable: spans in a list."""
-
-    def __init__(self) -> None:
-        self.spans: List[Span] = []
-        self._next: Dict[str, int] = {}
-
-    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
-        self._next[rollout_id] = self._next.get(rollout_id, 0) + 1
-        return self._next[rollout_id]
-
-    async def add_span(self, span: Span) -> Optional[Span]:
-        if any(s.span_id == span.span_id and s.rollout_id == span.rollout_id for s in self.spans):
-            return None
-        if span.sequence_id is None:
-            span = span.model_copy(update={"sequence_id": await self.get_next_span_sequence_id(span.rollout_id, span.attempt_id)})
-        else:
-            self._next[span.rollout_id] = max(self._next.get(span.rollout_id, 0), span.sequence_id)
-        self.spans.append(span)
-        return span
-
-    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
-        return [s for s in [await self.add_span(span) for span in spans] if s is not None]
-
-    async def query_spans(self, rollout_id: str, attempt_id: Any = None, **kwargs: Any) -> Sequence[Span]:
-        return sorted((s for s in self.spans if s.rollout_id == rollout_id), key=lambda s: s.sequence_id or 0)
-
-    async def close(self) -> None:
-        pass

@@ -12,9 +12,10 @@ from .fake_backend import WORDS, fake_token_ids, word_ids
 from .helpers import wait_for_spans
 
 
-async def test_chat_returns_backend_body_and_records_token_ids(proxy: LLMProxy, backend, store, http) -> None:
+async def test_chat_returns_backend_body_and_records_token_ids(new_rollout, proxy: LLMProxy, backend, store, http) -> None:
+    ids = await new_rollout()
     fake, _ = backend
-    base = proxy.as_resource().get_base_url("ro-1", "at-1")
+    base = proxy.as_resource().get_base_url(*ids)
     response = await http.post(base + "/chat/completions", json=chat_body())
 
     assert response.status_code == 200
@@ -23,11 +24,11 @@ async def test_chat_returns_backend_body_and_records_token_ids(proxy: LLMProxy, 
     assert body["choices"][0]["token_ids"] == word_ids(WORDS)  # vLLM's extra fields reach the client
     forwarded = fake.requests[-1]
     assert forwarded["return_token_ids"] is True and forwarded["model"] == "tiny"
-    assert fake.headers[-1]["x-rollout-id"] == "ro-1" and fake.headers[-1]["x-attempt-id"] == "at-1"
+    assert fake.headers[-1]["x-rollout-id"] == ids[0] and fake.headers[-1]["x-attempt-id"] == ids[1]
 
-    [span] = await wait_for_spans(store, "ro-1", 1)
+    [span] = await wait_for_spans(store, ids[0], 1)
     attrs = span.attributes
-    assert span.name == "agl.llm_call" and span.attempt_id == "at-1" and span.sequence_id == 1
+    assert span.name == "agl.llm_call" and span.attempt_id == ids[1] and span.sequence_id == 1
     assert span.status.status_code == "OK"
     assert attrs["agl.prompt_token_ids"] == fake_token_ids("hi")
     assert attrs["agl.choices"] == [{"index": 0, "token_ids": word_ids(WORDS), "logprobs": None, "finish_reason": "stop"}]
@@ -39,8 +40,9 @@ async def test_chat_returns_backend_body_and_records_token_ids(proxy: LLMProxy, 
     assert attrs["agl.latency_s"] > 0 and attrs["agl.error"] is None
 
 
-async def test_streamed_chat_passes_chunks_through_and_assembles_the_span(proxy: LLMProxy, store) -> None:
-    client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url("ro-s", "at-1"), api_key="unused")
+async def test_streamed_chat_passes_chunks_through_and_assembles_the_span(new_rollout, proxy: LLMProxy, store) -> None:
+    ids = await new_rollout()
+    client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="unused")
     stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True, n=2)
     texts = {0: "", 1: ""}
     async for chunk in stream:
@@ -49,7 +51,7 @@ async def test_streamed_chat_passes_chunks_through_and_assembles_the_span(proxy:
     await client.close()
     assert texts == {0: "".join(WORDS), 1: "".join(WORDS)}
 
-    [span] = await wait_for_spans(store, "ro-s", 1)
+    [span] = await wait_for_spans(store, ids[0], 1)
     attrs = span.attributes
     assert attrs["agl.stream"] is True
     assert attrs["agl.prompt_token_ids"] == fake_token_ids("hi")
@@ -60,40 +62,43 @@ async def test_streamed_chat_passes_chunks_through_and_assembles_the_span(proxy:
     assert attrs["agl.ttft_s"] is not None and attrs["agl.ttft_s"] <= attrs["agl.latency_s"]
 
 
-async def test_completion_with_token_id_prompt(proxy: LLMProxy, store, http) -> None:
+async def test_completion_with_token_id_prompt(new_rollout, proxy: LLMProxy, store, http) -> None:
+    ids = await new_rollout()
     response = await http.post(
         proxy.url + "/v1/completions",
         json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 6},
-        headers={"x-rollout-id": "ro-c", "x-attempt-id": "at-1"},
+        headers={"x-rollout-id": ids[0], "x-attempt-id": ids[1]},
     )
     assert response.status_code == 200
     assert response.json()["choices"][0]["prompt_token_ids"] == [5, 6, 7]
-    [span] = await wait_for_spans(store, "ro-c", 1)
+    [span] = await wait_for_spans(store, ids[0], 1)
     assert span.attributes["gen_ai.operation.name"] == "text_completion"
     assert span.attributes["agl.prompt_token_ids"] == [5, 6, 7]
     assert span.attributes["agl.choices"][0]["token_ids"] == word_ids(WORDS)
 
 
-async def test_streamed_completion_keeps_every_token_id(proxy: LLMProxy, store, http) -> None:
+async def test_streamed_completion_keeps_every_token_id(new_rollout, proxy: LLMProxy, store, http) -> None:
+    ids = await new_rollout()
     async with http.stream(
-        "POST", proxy.as_resource().get_base_url("ro-cs", "at-1") + "/completions", json={"model": "tiny", "prompt": "abc", "stream": True}
+        "POST", proxy.as_resource().get_base_url(*ids) + "/completions", json={"model": "tiny", "prompt": "abc", "stream": True}
     ) as response:
         raw = b"".join([chunk async for chunk in response.aiter_raw()])
     assert raw.endswith(b"data: [DONE]\n\n")
-    [span] = await wait_for_spans(store, "ro-cs", 1)
+    [span] = await wait_for_spans(store, ids[0], 1)
     assert span.attributes["agl.prompt_token_ids"] == fake_token_ids("abc")
     assert span.attributes["agl.choices"][0]["token_ids"] == word_ids(WORDS)
     assert span.attributes["agl.response"]["choices"][0]["text"] == "".join(WORDS)
 
 
-async def test_logprobs_are_requested_when_configured(proxy_factory, backend, store, http) -> None:
+async def test_logprobs_are_requested_when_configured(new_rollout, proxy_factory, backend, store, http) -> None:
+    ids = await new_rollout()
     from .helpers import model_entry
 
     proxy = await proxy_factory([model_entry("tiny", backend[1])], logprobs=True, sampling_overrides={"temperature": 0.0})
-    await http.post(proxy.as_resource().get_base_url("ro-l", "at-1") + "/chat/completions", json=chat_body(temperature=0.9))
+    await http.post(proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body(temperature=0.9))
     fake, _ = backend
     assert fake.requests[-1]["logprobs"] is True and fake.requests[-1]["temperature"] == 0.0
-    [span] = await wait_for_spans(store, "ro-l", 1)
+    [span] = await wait_for_spans(store, ids[0], 1)
     assert span.attributes["agl.choices"][0]["logprobs"] == [-0.5] * len(WORDS)
 
 
