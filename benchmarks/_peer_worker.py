@@ -18,14 +18,11 @@ import contextlib
 import json
 import logging
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
-from typing import Any, AsyncIterator, Dict, Iterator, List
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 import _workload as wl
+from _serving import served
 
 # agentlightning imports litellm, which otherwise spends the first seconds of the run (and
 # a core) retrying a download of its cost map from a host this machine cannot reach.
@@ -52,55 +49,20 @@ def log(message: str) -> None:
     print(f"peer: {message}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.asynccontextmanager
-async def in_process_store() -> AsyncIterator[Any]:
-    yield InMemoryLightningStore(thread_safe=True)
-
-
-@contextlib.contextmanager
-def peer_server() -> Iterator[str]:
-    """0.3's `agl store` on a free 127.0.0.1 port, in its own process; yields its URL."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentlightning.cli.store", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+def peer_server() -> Any:
+    """0.3's `agl store` (in-memory store, `asyncio` launch mode: one process) on a free
+    127.0.0.1 port; a context manager yielding (url, pid)."""
+    return served(
+        lambda port: [sys.executable, "-m", "agentlightning.cli.store", "--host", "127.0.0.1", "--port", str(port),
+                      "--log-level", "WARNING"],
+        SERVER_START_TIMEOUT_S,
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"peer store server exited with {proc.returncode} before it was healthy")
-            try:
-                with urllib.request.urlopen(url + "/v1/agl/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"peer store server not healthy after {SERVER_START_TIMEOUT_S:.0f}s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
-def http_store_factory(url: str) -> Any:
+def http_client_factory(url: str) -> Callable[[], Any]:
     @contextlib.asynccontextmanager
     async def client() -> AsyncIterator[Any]:
-        # No retries: a failing request should fail the run, not be hidden in its time.
+        # No retries: a failing request should fail the run, not hide inside its time.
         store = LightningStoreClient(url, retry_delays=(), health_retry_delays=())
         try:
             yield store
@@ -110,21 +72,25 @@ def http_store_factory(url: str) -> Any:
     return client
 
 
-async def run(counts: wl.Counts, transports: List[str]) -> Dict[str, Any]:
+async def run(counts: wl.Counts, transports: List[str], only: Optional[List[str]]) -> Dict[str, Any]:
     kit = PeerKit()
     payloads = wl.payload_pool()
     results: Dict[str, Any] = {}
     if "inproc" in transports:
-        for name, scenario in wl.span_scenarios().items():
-            key = f"inproc.{name}"
-            results[key] = await wl.measure(key, scenario, in_process_store, kit, payloads, counts, log)
+        # One store per scenario, shared by its runs (as agl's side shares one SQLite file).
+        for name, scenario in wl.select(wl.span_scenarios(), only).items():
+            store = InMemoryLightningStore(thread_safe=True)
+
+            @contextlib.asynccontextmanager
+            async def same_store(store: Any = store) -> AsyncIterator[Any]:
+                yield store
+
+            bench = wl.Bench(kit=kit, payloads=payloads, counts=counts, connect=same_store)
+            results.update(await wl.measure_all("inproc", {name: scenario}, bench, log))
     if "http" in transports:
-        with peer_server() as url:
-            factory = http_store_factory(url)
-            scenarios = {**wl.span_scenarios(), "runners": wl.runner_scenario()}
-            for name, scenario in scenarios.items():
-                key = f"http.{name}"
-                results[key] = await wl.measure(key, scenario, factory, kit, payloads, counts, log)
+        with peer_server() as (url, pid):
+            bench = wl.Bench(kit=kit, payloads=payloads, counts=counts, connect=http_client_factory(url), server_pid=pid)
+            results.update(await wl.measure_all("http", wl.select(wl.http_scenarios(), only), bench, log))
     return results
 
 
@@ -132,6 +98,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--counts", default="{}", help="JSON object of _workload.Counts fields")
     parser.add_argument("--transports", default="inproc,http")
+    parser.add_argument("--only", default="", help="comma list of scenario names (default: all)")
     args = parser.parse_args()
     # 0.3 logs every request at INFO; that would cost the peer time agl does not spend.
     logging.basicConfig(level=logging.WARNING)
@@ -139,7 +106,7 @@ def main() -> int:
     import agentlightning
 
     log(f"agentlightning {getattr(agentlightning, '__version__', '?')} on Python {sys.version.split()[0]}")
-    results = asyncio.run(run(counts, args.transports.split(",")))
+    results = asyncio.run(run(counts, args.transports.split(","), [n for n in args.only.split(",") if n] or None))
     print(json.dumps(results))
     return 0
 

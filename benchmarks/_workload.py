@@ -5,18 +5,21 @@ One implementation runs against both stores, so the numbers compare like with li
 0.3's from the peer's own interpreter. Hence stdlib only, and the two stores differ only
 through a `StoreKit` (how to build a span and an enqueue request from plain dicts).
 
-Every loop is bounded by a count, never by a clock; a scenario returns one number per run.
+Every loop is bounded by a count, never by a clock; a scenario returns a few numbers per
+run (a rate or latencies, and the server's CPU per operation when it is served).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import random
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Protocol, Sequence
+from typing import Any, AsyncContextManager, Awaitable, Callable, Dict, Iterable, List, Optional, Protocol, Sequence
 
 SPANS_PER_ROLLOUT = 100
 """The rollout size of the span scenarios and of the `query_spans` scenario."""
@@ -203,6 +206,57 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+def process_cpu_seconds(pid: int) -> Optional[float]:
+    """User + system CPU seconds process `pid` has used (Linux /proc), or None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Everything a scenario needs besides the store handle it is given."""
+
+    kit: StoreKit
+    payloads: List[Dict[str, Any]]
+    counts: Counts
+    connect: Callable[[], AsyncContextManager[Any]]
+    """Opens another handle on the same store (a separate client, as another runner has)."""
+    server_pid: Optional[int] = None
+    """The HTTP server's process, whose CPU time is charged to each timed section."""
+
+
+class _Clock:
+    """Wall time of a timed section and the CPU it cost, here and in the server.
+
+    CPU per operation is the noise-robust number on a shared machine: the wall-clock rate
+    moves with whatever else runs, CPU seconds per operation much less. `load_ms_per_op`
+    is this process (the load generator and client; the whole store when in process),
+    `server_ms_per_op` the HTTP server's process.
+    """
+
+    def __init__(self, bench: Bench) -> None:
+        self._pid = bench.server_pid
+        self._server0 = self._server_cpu()
+        self._load0 = time.process_time()
+        self._t0 = time.perf_counter()
+
+    def _server_cpu(self) -> Optional[float]:
+        return process_cpu_seconds(self._pid) if self._pid is not None else None
+
+    def result(self, ops: int) -> Dict[str, float]:
+        """{"rate": ops/s, "load_ms_per_op": ..., "server_ms_per_op": ... (served only)}."""
+        elapsed = time.perf_counter() - self._t0
+        out = {"rate": ops / elapsed, "load_ms_per_op": (time.process_time() - self._load0) * 1000.0 / ops}
+        server1 = self._server_cpu()
+        if self._server0 is not None and server1 is not None:
+            out["server_ms_per_op"] = (server1 - self._server0) * 1000.0 / ops
+        return out
+
+
 async def _pool(items: Iterable[Any], concurrency: int, fn: Callable[[Any], Awaitable[Any]]) -> None:
     """Run `fn` over `items` with at most `concurrency` calls in flight."""
     it = iter(items)
@@ -215,21 +269,18 @@ async def _pool(items: Iterable[Any], concurrency: int, fn: Callable[[Any], Awai
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _start_rollouts(store: Any, n: int) -> List[Any]:
-    return [await store.start_rollout(input={"question": f"q{i}"}) for i in range(n)]
-
-
-async def _span_objects(store: Any, kit: StoreKit, payloads: List[Dict[str, Any]], n_spans: int) -> List[List[Any]]:
-    """Spans for `n_spans` LLM calls, grouped by rollout, SPANS_PER_ROLLOUT to a rollout."""
+async def _span_groups(store: Any, bench: Bench, n_spans: int) -> List[List[Any]]:
+    """Span objects for `n_spans` LLM calls, SPANS_PER_ROLLOUT to a started rollout."""
     groups: List[List[Any]] = []
-    rollouts = await _start_rollouts(store, -(-n_spans // SPANS_PER_ROLLOUT))
     made = 0
-    for rollout in rollouts:
+    while made < n_spans:
+        rollout = await store.start_rollout(input={"question": f"q{made}"})
         size = min(SPANS_PER_ROLLOUT, n_spans - made)
         attempt_id = rollout.attempt.attempt_id
+        payloads = bench.payloads
         groups.append(
             [
-                kit.span(span_fields(payloads[(made + i) % len(payloads)], rollout.rollout_id, attempt_id, i + 1))
+                bench.kit.span(span_fields(payloads[(made + i) % len(payloads)], rollout.rollout_id, attempt_id, i + 1))
                 for i in range(size)
             ]
         )
@@ -237,146 +288,140 @@ async def _span_objects(store: Any, kit: StoreKit, payloads: List[Dict[str, Any]
     return groups
 
 
-async def add_span_rate(store: Any, kit: StoreKit, payloads: List[Dict[str, Any]], n_spans: int, concurrency: int) -> float:
-    """Spans/s of `add_span`, one span per call, `concurrency` calls in flight."""
-    spans = [s for group in await _span_objects(store, kit, payloads, n_spans) for s in group]
-    started = time.perf_counter()
+async def add_span_rate(store: Any, bench: Bench, n_spans: int, concurrency: int) -> Dict[str, float]:
+    """Spans/s of `add_span`, one span per call, `concurrency` calls in flight on one handle
+    (as in a proxy exporting the spans of concurrent LLM calls)."""
+    spans = [s for group in await _span_groups(store, bench, n_spans) for s in group]
+    clock = _Clock(bench)
     await _pool(spans, concurrency, store.add_span)
-    return len(spans) / (time.perf_counter() - started)
+    return clock.result(len(spans))
 
 
-async def add_many_rate(
-    store: Any, kit: StoreKit, payloads: List[Dict[str, Any]], n_spans: int, batch: int, concurrency: int
-) -> float:
-    """Spans/s of `add_many_spans` with batches of `batch` spans of one rollout."""
-    groups = await _span_objects(store, kit, payloads, n_spans)
+async def add_many_rate(store: Any, bench: Bench, n_spans: int, concurrency: int) -> Dict[str, float]:
+    """Spans/s of `add_many_spans` with batches of `counts.batch_size` spans of one rollout."""
+    batch = bench.counts.batch_size
+    groups = await _span_groups(store, bench, n_spans)
     batches = [g[i : i + batch] for g in groups for i in range(0, len(g), batch)]
-    started = time.perf_counter()
+    clock = _Clock(bench)
     await _pool(batches, concurrency, store.add_many_spans)
-    return n_spans / (time.perf_counter() - started)
+    return clock.result(n_spans)
 
 
-async def query_spans_latency(store: Any, kit: StoreKit, payloads: List[Dict[str, Any]], n_queries: int) -> Dict[str, float]:
+async def query_spans_latency(store: Any, bench: Bench) -> Dict[str, float]:
     """Median and p90 milliseconds of `query_spans` for one rollout of SPANS_PER_ROLLOUT spans."""
-    (group,) = await _span_objects(store, kit, payloads, SPANS_PER_ROLLOUT)
+    (group,) = await _span_groups(store, bench, SPANS_PER_ROLLOUT)
     await store.add_many_spans(group)
     rollout_id = group[0].rollout_id
     latencies: List[float] = []
-    for _ in range(n_queries):
+    clock = _Clock(bench)
+    for _ in range(bench.counts.queries):
         started = time.perf_counter()
         spans = await store.query_spans(rollout_id)
         latencies.append((time.perf_counter() - started) * 1000.0)
         if len(spans) != SPANS_PER_ROLLOUT:
             raise AssertionError(f"query_spans returned {len(spans)} spans, expected {SPANS_PER_ROLLOUT}")
-    return {"median": statistics.median(latencies), "p90": percentile(latencies, 90)}
+    out = clock.result(len(latencies))
+    out.pop("rate")
+    return {"median": statistics.median(latencies), "p90": percentile(latencies, 90), **out}
 
 
-async def queue_cycle_rate(store: Any, n_cycles: int) -> float:
+async def queue_cycle_rate(store: Any, bench: Bench) -> Dict[str, float]:
     """Cycles/s of enqueue_rollout → dequeue_rollout → update_attempt(succeeded), one at a time."""
-    started = time.perf_counter()
+    n_cycles = bench.counts.cycles
+    clock = _Clock(bench)
     for i in range(n_cycles):
         await store.enqueue_rollout(input={"question": f"c{i}"})
         claimed = await store.dequeue_rollout(worker_id="bench-worker")
         if claimed is None:
             raise AssertionError("dequeue_rollout returned None right after an enqueue")
         await store.update_attempt(claimed.rollout_id, claimed.attempt.attempt_id, status="succeeded")
-    return n_cycles / (time.perf_counter() - started)
+    return clock.result(n_cycles)
 
 
-async def runners_rate(
-    store: Any, kit: StoreKit, payloads: List[Dict[str, Any]], n_rollouts: int, n_runners: int
-) -> float:
-    """Rollouts/s with `n_runners` concurrent runners, each looping: dequeue a rollout,
-    add SPANS_PER_RUNNER_ROLLOUT spans one call at a time, mark the attempt succeeded."""
-    await store.enqueue_many_rollouts([kit.enqueue_request({"question": f"r{i}"}) for i in range(n_rollouts)])
+async def runners_rate(store: Any, bench: Bench) -> Dict[str, float]:
+    """Rollouts/s of `counts.runners` concurrent runners, each with its own store handle
+    (runners are separate processes in real use), each looping: dequeue a rollout, add
+    SPANS_PER_RUNNER_ROLLOUT spans one call at a time, mark the attempt succeeded."""
+    n_rollouts, n_runners = bench.counts.runner_rollouts, bench.counts.runners
+    await store.enqueue_many_rollouts([bench.kit.enqueue_request({"question": f"r{i}"}) for i in range(n_rollouts)])
     done = 0
 
-    async def runner(index: int) -> None:
+    async def runner(handle: Any, index: int) -> None:
         nonlocal done
         worker_id = f"runner-{index}"
         # Bounded: each pass consumes one of the n_rollouts queued rollouts or ends the loop.
         for _ in range(n_rollouts):
-            claimed = await store.dequeue_rollout(worker_id=worker_id)
+            claimed = await handle.dequeue_rollout(worker_id=worker_id)
             if claimed is None:
                 return
             attempt_id = claimed.attempt.attempt_id
             for seq in range(1, SPANS_PER_RUNNER_ROLLOUT + 1):
-                fields = span_fields(payloads[seq % len(payloads)], claimed.rollout_id, attempt_id, seq)
-                await store.add_span(kit.span(fields))
-            await store.update_attempt(claimed.rollout_id, attempt_id, status="succeeded")
+                fields = span_fields(bench.payloads[seq % len(bench.payloads)], claimed.rollout_id, attempt_id, seq)
+                await handle.add_span(bench.kit.span(fields))
+            await handle.update_attempt(claimed.rollout_id, attempt_id, status="succeeded")
             done += 1
 
-    started = time.perf_counter()
-    await asyncio.gather(*(runner(i) for i in range(n_runners)))
-    elapsed = time.perf_counter() - started
+    async with contextlib.AsyncExitStack() as stack:
+        handles = [await stack.enter_async_context(bench.connect()) for _ in range(n_runners)]
+        clock = _Clock(bench)
+        await asyncio.gather(*(runner(handle, i) for i, handle in enumerate(handles)))
+        result = clock.result(done)
     if done != n_rollouts:
         raise AssertionError(f"runners finished {done} rollouts, expected {n_rollouts}")
-    return done / elapsed
+    return result
 
 
 # --- the scenario table ---------------------------------------------------------------
 
-Scenario = Callable[[Any, StoreKit, List[Dict[str, Any]], Counts], Awaitable[Any]]
+Scenario = Callable[[Any, Bench], Awaitable[Dict[str, float]]]
 
 
 def span_scenarios() -> Dict[str, Scenario]:
-    """Scenarios of the span path, keyed by metric name (prefixed by the transport)."""
+    """Scenarios of the span and queue paths, keyed by metric name (the transport prefixes it)."""
     return {
-        "add_span_c1": lambda s, k, p, c: add_span_rate(s, k, p, c.single_spans, 1),
-        "add_span_c16": lambda s, k, p, c: add_span_rate(s, k, p, c.single_spans_c16, 16),
-        "add_many_c1": lambda s, k, p, c: add_many_rate(s, k, p, c.batch_spans, c.batch_size, 1),
-        "add_many_c16": lambda s, k, p, c: add_many_rate(s, k, p, c.batch_spans_c16, c.batch_size, 16),
-        "query_spans_ms": lambda s, k, p, c: query_spans_latency(s, k, p, c.queries),
-        "queue_cycles": lambda s, k, p, c: queue_cycle_rate(s, c.cycles),
+        "add_span_c1": lambda s, b: add_span_rate(s, b, b.counts.single_spans, 1),
+        "add_span_c16": lambda s, b: add_span_rate(s, b, b.counts.single_spans_c16, 16),
+        "add_many_c1": lambda s, b: add_many_rate(s, b, b.counts.batch_spans, 1),
+        "add_many_c16": lambda s, b: add_many_rate(s, b, b.counts.batch_spans_c16, 16),
+        "query_spans_ms": query_spans_latency,
+        "queue_cycles": queue_cycle_rate,
     }
 
 
-def runner_scenario() -> Scenario:
-    return lambda s, k, p, c: runners_rate(s, k, p, c.runner_rollouts, c.runners)
+def http_scenarios() -> Dict[str, Scenario]:
+    """The span scenarios plus the 100-runner workload, which only makes sense served."""
+    return {**span_scenarios(), "runners": runners_rate}
 
 
-def median_of_runs(runs: List[Any]) -> Any:
-    """The median over runs: of numbers, or field by field of dicts of numbers."""
-    if isinstance(runs[0], dict):
-        return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-    return statistics.median(runs)
+def select(scenarios: Dict[str, Scenario], only: Optional[Sequence[str]]) -> Dict[str, Scenario]:
+    """The scenarios named in `only` (all when None); an unknown name is an error."""
+    if only is None:
+        return scenarios
+    known = set(http_scenarios())
+    unknown = sorted(set(only) - known)
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {unknown}; known: {sorted(known)}")
+    return {name: fn for name, fn in scenarios.items() if name in only}
 
 
-async def measure(
-    name: str,
-    scenario: Scenario,
-    store_factory: Callable[[], Any],
-    kit: StoreKit,
-    payloads: List[Dict[str, Any]],
-    counts: Counts,
-    log: Callable[[str], None],
-    fresh_store: bool = False,
-) -> Dict[str, Any]:
-    """Run `scenario` `counts.repeats` times; {"value": median, "runs": [...]}.
+async def measure(name: str, scenario: Scenario, bench: Bench, log: Callable[[str], None]) -> Dict[str, Any]:
+    """Run `scenario` `counts.repeats` times on one store handle.
 
-    `store_factory` returns an async context manager yielding the store; with
-    `fresh_store` each run gets a new one (the runner scenario needs an empty queue).
+    Returns {"value": {field: median over runs}, "runs": [each run's fields]}.
     """
-    runs: List[Any] = []
-    store_cm: Optional[Any] = None
-    store: Any = None
-    try:
-        for attempt in range(counts.repeats):
-            if store is None or fresh_store:
-                if store_cm is not None:
-                    await store_cm.__aexit__(None, None, None)
-                store_cm = store_factory()
-                store = await store_cm.__aenter__()
-            value = await scenario(store, kit, payloads, counts)
-            runs.append(value)
-            log(f"{name} run {attempt + 1}/{counts.repeats}: {_fmt(value)}")
-    finally:
-        if store_cm is not None:
-            await store_cm.__aexit__(None, None, None)
-    return {"value": median_of_runs(runs), "runs": runs}
+    runs: List[Dict[str, float]] = []
+    async with bench.connect() as store:
+        for attempt in range(bench.counts.repeats):
+            fields = await scenario(store, bench)
+            runs.append(fields)
+            shown = ", ".join(f"{k}={v:.2f}" for k, v in fields.items())
+            log(f"{name} run {attempt + 1}/{bench.counts.repeats}: {shown}")
+    value = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    return {"value": value, "runs": runs}
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={v:.2f}" for k, v in value.items())
-    return f"{value:.1f}"
+async def measure_all(
+    prefix: str, scenarios: Dict[str, Scenario], bench: Bench, log: Callable[[str], None]
+) -> Dict[str, Any]:
+    """`measure` each scenario; results keyed `prefix.name` (the same keys on both sides)."""
+    return {f"{prefix}.{name}": await measure(f"{prefix}.{name}", fn, bench, log) for name, fn in scenarios.items()}

@@ -21,12 +21,10 @@ import contextlib
 import json
 import os
 import platform
-import socket
+import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional
@@ -37,6 +35,7 @@ sys.path.insert(1, str(BENCH_DIR.parent))
 
 import _peers  # noqa: E402
 import _workload as wl  # noqa: E402
+from _serving import served  # noqa: E402
 
 from agl_store.models import EnqueueRolloutRequest, Span  # noqa: E402
 
@@ -52,14 +51,12 @@ class Metric:
     unit: str
     higher_is_better: bool = True
     target: Optional[float] = None
-    field: Optional[str] = None  # for scenarios that return several numbers
+    field: str = "rate"
+    """Which of the scenario's numbers (`rate`, `median`, `p90`) the line shows."""
 
-    def value(self, results: Dict[str, Any]) -> Optional[float]:
+    def value(self, results: Dict[str, Any], field: Optional[str] = None) -> Optional[float]:
         entry = results.get(self.key)
-        if entry is None:
-            return None
-        value = entry["value"]
-        return value[self.field] if self.field else value
+        return None if entry is None else entry["value"].get(field or self.field)
 
     def meets(self, value: float) -> bool:
         assert self.target is not None
@@ -100,13 +97,8 @@ class AglKit:
         return EnqueueRolloutRequest(input=input)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def sqlite_store_factory(db_path: Path) -> Callable[[], Any]:
+    """Opens the SQLite store on `db_path` for the length of an `async with`."""
     from agl_store.urls import open_store
 
     @contextlib.asynccontextmanager
@@ -120,7 +112,8 @@ def sqlite_store_factory(db_path: Path) -> Callable[[], Any]:
     return factory
 
 
-def http_store_factory(url: str) -> Callable[[], Any]:
+def http_client_factory(url: str) -> Callable[[], Any]:
+    """Opens a new `LightningStoreClient` of the server at `url` for an `async with`."""
     from agl_store.client import LightningStoreClient
 
     @contextlib.asynccontextmanager
@@ -132,61 +125,62 @@ def http_store_factory(url: str) -> Callable[[], Any]:
     return factory
 
 
-@contextlib.contextmanager
-def agl_server(db_path: Path, log_path: Path) -> Iterator[tuple[str, int]]:
-    """`agl store serve` on SQLite at a free 127.0.0.1 port, in its own process.
+def agl_server(db_path: Path, log_path: Path) -> Any:
+    """`agl store serve` on SQLite at a free 127.0.0.1 port, in its own process; a context
+    manager yielding (url, pid), the pid being what a profiler attaches to."""
+    return served(
+        lambda port: [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(db_path),
+                      "--host", "127.0.0.1", "--port", str(port)],
+        SERVER_START_TIMEOUT_S,
+        log_path,
+        cwd=BENCH_DIR.parent,  # `-m agl_store.cli` resolves in the repository, installed or not
+    )
 
-    Yields (url, pid); the pid is what a profiler attaches to.
+
+@contextlib.contextmanager
+def py_spy(pid: int, out: Optional[Path], log: Callable[[str], None]) -> Iterator[None]:
+    """Sample process `pid` with py-spy while the block runs (nothing when `out` is None).
+
+    The format follows the suffix: `.txt` collapsed stacks (greppable), `.json`
+    speedscope, anything else an SVG flame graph.
     """
-    port = free_port()
-    cmd = [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(db_path),
-           "--host", "127.0.0.1", "--port", str(port)]
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(BENCH_DIR.parent))
-    url = f"http://127.0.0.1:{port}"
+    if out is None:
+        yield
+        return
+    fmt = {".txt": "raw", ".json": "speedscope"}.get(out.suffix, "flamegraph")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    proc = subprocess.Popen([str(spy), "record", "--pid", str(pid), "--format", fmt, "--output", str(out),
+                             "--rate", "200", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"agl store server exited {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/v1/agl/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"agl store server not healthy after {SERVER_START_TIMEOUT_S:.0f}s")
-            time.sleep(0.1)
-        yield url, proc.pid
+        yield
     finally:
-        proc.terminate()
+        # SIGINT is py-spy's "stop and write the profile".
+        proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=15)
+            _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            _, err = proc.communicate()
+        log(f"py-spy of the server ({fmt}) -> {out}" if out.exists() else f"py-spy failed: {err.decode()[-500:]}")
 
 
-async def run_agl(counts: wl.Counts, transports: List[str], workdir: Path, log: Callable[[str], None],
-                  on_server: Callable[[int], None] = lambda pid: None) -> Dict[str, Any]:
-    """Every scenario against agl's store; results keyed like the peer worker's."""
+async def run_agl(counts: wl.Counts, transports: List[str], only: Optional[List[str]], workdir: Path,
+                  log: Callable[[str], None], profile_server: Optional[Path] = None) -> Dict[str, Any]:
+    """The scenarios (all, or those named in `only`) against agl's store; results keyed
+    like the peer worker's."""
     kit = AglKit()
     payloads = wl.payload_pool()
     results: Dict[str, Any] = {}
     if "inproc" in transports:
-        for name, scenario in wl.span_scenarios().items():
-            key = f"inproc.{name}"
-            factory = sqlite_store_factory(workdir / f"inproc-{name}.db")
-            results[key] = await wl.measure(key, scenario, factory, kit, payloads, counts, log)
+        for name, scenario in wl.select(wl.span_scenarios(), only).items():
+            connect = sqlite_store_factory(workdir / f"inproc-{name}.db")
+            bench = wl.Bench(kit=kit, payloads=payloads, counts=counts, connect=connect)
+            results.update(await wl.measure_all("inproc", {name: scenario}, bench, log))
     if "http" in transports:
-        with agl_server(workdir / "http.db", workdir / "server.log") as (url, pid):
-            on_server(pid)
-            factory = http_store_factory(url)
-            scenarios = {**wl.span_scenarios(), "runners": wl.runner_scenario()}
-            for name, scenario in scenarios.items():
-                key = f"http.{name}"
-                results[key] = await wl.measure(key, scenario, factory, kit, payloads, counts, log)
+        with agl_server(workdir / "http.db", workdir / "server.log") as (url, pid), py_spy(pid, profile_server, log):
+            bench = wl.Bench(kit=kit, payloads=payloads, counts=counts, connect=http_client_factory(url), server_pid=pid)
+            results.update(await wl.measure_all("http", wl.select(wl.http_scenarios(), only), bench, log))
     return results
 
 
@@ -201,8 +195,10 @@ def _num(value: Optional[float]) -> str:
 
 def render_table(lines: List[Metric], agl: Dict[str, Any], peer: Dict[str, Any]) -> str:
     """The comparison as a fixed-width table; ratio is agl/peer (>1 is better for rates,
-    <1 for latencies)."""
-    header = ("metric", "unit", "agl", "peer 0.3", "agl/peer", "target")
+    <1 for latencies). The `cpu ms/op` columns are CPU milliseconds per operation of the
+    load generator (client; the whole store when in process) and of the HTTP server."""
+    header = ("metric", "unit", "agl", "peer 0.3", "agl/peer", "target",
+              "cpu ms/op agl: load", "server", "peer: load", "server")
     rows = [header]
     for metric in lines:
         ours, theirs = metric.value(agl), metric.value(peer)
@@ -212,7 +208,9 @@ def render_table(lines: List[Metric], agl: Dict[str, Any], peer: Dict[str, Any])
             sign = ">=" if metric.higher_is_better else "<"
             verdict = "" if ours is None else (" ok" if metric.meets(ours) else " MISS")
             target = f"{sign}{_num(metric.target)}{verdict}"
-        rows.append((metric.label, metric.unit, _num(ours), _num(theirs), ratio, target))
+        cpu = [metric.value(side, f) for side in (agl, peer) for f in ("load_ms_per_op", "server_ms_per_op")]
+        cpu_cells = ["-" if c is None or metric.field == "p90" else f"{c:.2f}" for c in cpu]
+        rows.append((metric.label, metric.unit, _num(ours), _num(theirs), ratio, target, *cpu_cells))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     out = []
     for n, row in enumerate(rows):
@@ -229,7 +227,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-peer", action="store_true", help="measure agl only")
     parser.add_argument("--repeats", type=int, help="runs per scenario (default 3, --quick 1)")
     parser.add_argument("--transports", default="inproc,http", help="comma list of: inproc, http")
+    parser.add_argument("--only", help="comma list of scenarios to run, e.g. add_many_c1,runners (default: all)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--profile-server", type=Path, help="py-spy the agl HTTP server into this file (.txt/.json/.svg)")
     parser.add_argument("--peer-cache", type=Path, default=_peers.DEFAULT_CACHE_DIR, help="where the peer venv lives")
     args = parser.parse_args(argv)
 
@@ -237,6 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.repeats:
         counts = wl.Counts(**{**asdict(counts), "repeats": args.repeats})
     transports = [t for t in args.transports.split(",") if t]
+    only = [name for name in args.only.split(",") if name] if args.only else None
 
     def log(message: str) -> None:
         print(message, flush=True)
@@ -247,7 +248,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     log("agl: measuring")
     with tempfile.TemporaryDirectory(prefix="agl-store-bench-") as tmp:
-        agl_results = asyncio.run(run_agl(counts, transports, Path(tmp), lambda m: log(f"  agl: {m}")))
+        agl_results = asyncio.run(run_agl(counts, transports, only, Path(tmp), lambda m: log(f"  agl: {m}"), args.profile_server))
 
     peer_results: Dict[str, Any] = {}
     peer_note = "skipped (--no-peer)"
@@ -260,7 +261,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             log(f"peer: measuring agentlightning {peer.version}")
             try:
                 peer_results = _peers.run_peer_worker(
-                    peer, ["--counts", json.dumps(asdict(counts)), "--transports", ",".join(transports)], log
+                    peer, ["--counts", json.dumps(asdict(counts)), "--transports", ",".join(transports), "--only", args.only or ""], log
                 )
                 peer_note = f"agentlightning {peer.version}"
             except RuntimeError as exc:
@@ -270,8 +271,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     lines = metrics(counts.batch_size)
     print()
     print(render_table(lines, agl_results, peer_results))
-    print(f"\npeer: {peer_note}. medians of {counts.repeats} run(s); in-process agl = SQLite file, "
-          "peer = its in-memory store; HTTP = server in its own process.")
+    print(f"\npeer: {peer_note}. Medians of {counts.repeats} run(s). agl/peer above 1 is better for rates, "
+          "below 1 for ms.\nIn process: agl = SQLite file, peer = its in-memory store. HTTP: server in its own process.")
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
