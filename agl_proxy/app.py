@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, AsyncIterator, List, Optional
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 import orjson
 from starlette.applications import Starlette
@@ -18,7 +18,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
-from .auth import BearerKeyMiddleware
+from .auth import OPEN_PATHS, BearerKeyMiddleware
 from .calls import LLMCallEndpoint
 from .errors import BadRequestError, ProxyError
 from .gateway import Gateway
@@ -120,17 +120,21 @@ def create_app(gateway: Gateway, *, key: Optional[str] = None, store_app: Option
     """The proxy's ASGI app over `gateway`; `key` turns on bearer auth (all routes but /health)."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await gateway.open()
-        try:
-            yield
-        finally:
-            await gateway.close()
+    async def lifespan(app: Starlette) -> AsyncIterator[Dict[str, Any]]:
+        async with contextlib.AsyncExitStack() as stack:
+            state: Dict[str, Any] = {}
+            # A mounted app's lifespan does not run by itself; its routes need its state.
+            inner = getattr(getattr(store_app, "router", None), "lifespan_context", None)
+            if inner is not None:
+                state.update(await stack.enter_async_context(inner(store_app)) or {})
+            await gateway.open()
+            stack.push_async_callback(gateway.close)
+            yield state
 
     routes = _call_routes(gateway) + _admin_routes(gateway)
     if store_app is not None:
         routes.append(Mount("/", app=store_app))
     app: ASGIApp = Starlette(routes=routes, lifespan=lifespan)
     if key:
-        app = BearerKeyMiddleware(app, key)
+        app = BearerKeyMiddleware(app, key, open_paths=OPEN_PATHS | {"/v1/agl/health"})
     return app

@@ -1,0 +1,108 @@
+"""`agl proxy serve`: the proxy on the command line.
+
+Registered through the `agl.commands` entry point group; `agl_store.cli.main` calls
+`add_proxy_commands` with its subparsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any, Dict, List, Optional
+
+from .proxy import DEFAULT_PORT, LLMProxy
+
+
+def add_proxy_commands(subparsers: Any) -> None:
+    """Add `agl proxy serve` to the top-level subparsers."""
+    proxy = subparsers.add_parser("proxy", help="the LLM proxy (OpenAI-compatible, records token-level spans)")
+    commands = proxy.add_subparsers(dest="proxy_command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="serve the proxy (and, by default, an embedded store on the same port)")
+    backends = serve.add_mutually_exclusive_group(required=True)
+    backends.add_argument("--config", help="a YAML file with LiteLLM's `model_list`")
+    backends.add_argument(
+        "--backend", action="append", metavar="URL", help="an OpenAI-compatible (vLLM) base URL; repeat for replicas"
+    )
+    serve.add_argument("--model", help="with --backend: the model name clients use (and vLLM serves)")
+    serve.add_argument("--backend-model", help="with --backend: the name vLLM serves, when it differs from --model")
+    stores = serve.add_mutually_exclusive_group()
+    stores.add_argument("--store-url", help="a store server (http://host:4747) instead of the embedded store")
+    stores.add_argument("--db", default="agl.db", help="embedded store: SQLite file path or store URL (default agl.db)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    serve.add_argument("--key", default=None, help="bearer key required by the proxy (and the embedded store)")
+    serve.add_argument("--store-key", default=None, help="bearer key of the --store-url server (default: --key)")
+    serve.add_argument("--logprobs", action="store_true", help="ask backends for the sampled tokens' logprobs")
+    serve.set_defaults(run=_serve)
+
+
+def model_list_from_args(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """The LiteLLM `model_list` that `--config` or `--backend/--model` describe."""
+    if args.config:
+        import yaml
+
+        with open(args.config, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle) or {}
+        model_list = config.get("model_list") if isinstance(config, dict) else None
+        if not isinstance(model_list, list):
+            raise ValueError(f"{args.config} has no `model_list:` list (LiteLLM's config format)")
+        return model_list
+    if not args.model:
+        raise ValueError("--backend needs --model NAME (the model name vLLM serves)")
+    entries = []
+    for url in args.backend:
+        url = url.rstrip("/")
+        if not url.endswith("/v1"):
+            url += "/v1"
+        params = {"model": f"hosted_vllm/{args.backend_model or args.model}", "api_base": url}
+        entries.append({"model_name": args.model, "litellm_params": params})
+    return entries
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        model_list = model_list_from_args(args)
+    except (OSError, ValueError) as exc:
+        print(f"agl proxy serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(_serve_async(args, model_list))
+    return uvloop.run(_serve_async(args, model_list))
+
+
+async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]]) -> int:
+    from agl_store.cli import db_url
+    from agl_store.urls import open_store
+
+    store_url = args.store_url or db_url(args.db)
+    store = await open_store(store_url, key=args.store_key or args.key)
+    store_app: Optional[Any] = None
+    if not args.store_url:
+        from agl_store.server import create_app as create_store_app
+
+        store_app = create_store_app(store, key=args.key, manage_store=False)
+    proxy = LLMProxy(model_list, store, host=args.host, port=args.port, key=args.key, logprobs=args.logprobs, store_app=store_app)
+    try:
+        await proxy.start()
+    except (RuntimeError, OSError) as exc:
+        await store.close()
+        print(f"agl proxy serve: cannot listen on {args.host}:{args.port}: {exc.__cause__ or exc}", file=sys.stderr)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    models = ", ".join(proxy.gateway.registry.model_names)
+    where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
+    print(f"agl proxy serve: listening on {proxy.url} (models: {models}; {where}; {'bearer key required' if args.key else 'no key'})", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await proxy.stop()
+        await store.close()
+    print("agl proxy serve: stopped", flush=True)
+    return 0

@@ -1,0 +1,84 @@
+"""`agl proxy serve` as a user runs it: one port for the proxy and its embedded store."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from agl_store.client import LightningStoreClient
+
+from .helpers import model_entry, wait_for_spans
+
+# The installed `agl` script, as users run it (its entry points come from the install).
+AGL = str(Path(sys.executable).parent / "agl")
+
+
+async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+    process = await asyncio.create_subprocess_exec(
+        AGL, "proxy", "serve", "--port", "0", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 60)
+    match = re.search(rb"listening on (http://\S+)", line)
+    if match is None:
+        process.kill()
+        rest = await process.stdout.read()
+        pytest.fail(f"agl proxy serve did not start: {(line + rest).decode()}")
+    return process, match.group(1).decode()
+
+
+async def _stop(process: asyncio.subprocess.Process) -> bytes:
+    process.send_signal(signal.SIGTERM)
+    assert process.stdout is not None
+    out = await asyncio.wait_for(process.stdout.read(), 30)
+    assert await process.wait() == 0
+    return out
+
+
+async def test_serve_with_backend_and_embedded_store(backend, tmp_path: Path) -> None:
+    _, url = backend
+    process, proxy_url = await _start("--backend", url, "--model", "tiny", "--db", str(tmp_path / "agl.db"), "--key", "k")
+    try:
+        store = LightningStoreClient(proxy_url, key="k")
+        await store.open()
+        rollout = await store.start_rollout(input={"q": 1})
+        base = f"{proxy_url}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}/v1"
+        client = openai.AsyncOpenAI(base_url=base, api_key="k")
+        reply = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+        assert reply.choices[0].message.content
+        [span] = await wait_for_spans(store, rollout.rollout_id, 1)
+        assert span.attributes["agl.choices"][0]["token_ids"]
+        await store.close()
+    finally:
+        assert b"stopped" in await _stop(process)
+
+
+async def test_serve_with_config_file(backend, tmp_path: Path) -> None:
+    config = tmp_path / "proxy.yaml"
+    config.write_text(yaml.safe_dump({"model_list": [model_entry("tiny", backend[1])]}))
+    process, proxy_url = await _start("--config", str(config), "--db", "memory://")
+    try:
+        client = openai.AsyncOpenAI(base_url=proxy_url + "/v1", api_key="none")
+        models = await client.models.list()
+        await client.close()
+        assert [m.id for m in models.data] == ["tiny"]
+    finally:
+        await _stop(process)
+
+
+async def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.yaml"
+    config.write_text("litellm_settings: {}\n")
+    process = await asyncio.create_subprocess_exec(
+        AGL, "proxy", "serve", "--config", str(config), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await process.communicate()
+    assert process.returncode == 2 and b"no `model_list:`" in err
