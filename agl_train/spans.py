@@ -73,7 +73,8 @@ def _sorted_by_sequence(spans: Iterable[Span]) -> List[Span]:
 def _int_list(value: Any) -> Optional[List[int]]:
     if not isinstance(value, list) or not value:
         return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    # `map(type, ...)` runs in C: the check costs little next to reading an 8k-token span.
+    if not set(map(type, value)) <= {int}:
         return None
     return value
 
@@ -83,9 +84,12 @@ def _logprob_list(value: Any, n_tokens: int) -> Optional[List[float]]:
     # position, so it is dropped rather than padded.
     if not isinstance(value, list) or len(value) != n_tokens:
         return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+    types = set(map(type, value))
+    if types <= {float}:
+        return value
+    if not types <= {float, int}:
         return None
-    return [float(v) for v in value]
+    return list(map(float, value))
 
 
 def calls_from_spans(spans: Iterable[Span]) -> Tuple[List[LLMCall], Dict[str, int]]:

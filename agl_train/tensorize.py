@@ -7,25 +7,12 @@ The reward sits on the last valid response token of `token_level_scores`.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence
 
 import numpy as np
 import torch
 
 from .aggregate import Limits, Row
-
-
-def _left_pad(ids: Sequence[int], length: int, pad: int) -> Tuple[List[int], List[int]]:
-    # Over-long prompts keep their last tokens: the ones nearest the response. Such rows are
-    # marked `is_drop` and never trained on; this only gives them a shape.
-    ids = list(ids[-length:])
-    n_pad = length - len(ids)
-    return [pad] * n_pad + ids, [0] * n_pad + [1] * len(ids)
-
-
-def _right_pad(values: Sequence, length: int, pad) -> List:
-    values = list(values[:length])
-    return values + [pad] * (length - len(values))
 
 
 def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> Dict[str, torch.Tensor]:
@@ -35,47 +22,48 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> D
     `response_mask`, `token_level_scores` (float32: reward at index len(response) - 1),
     `is_drop_mask` (bool, `[B]`), and `rollout_log_probs` (float32) when every row has logprobs.
     `position_ids[b, t] = max(cumsum(attention_mask[b])[t] - 1, 0)`.
+    Over-long prompts keep their last P tokens (the ones nearest the response); such rows
+    are marked `is_drop` and never trained on, this only gives them a shape.
     """
     if not rows:
         raise ValueError("cannot build a training batch from zero rows")
-    p_len, r_len = limits.max_prompt_length, limits.max_response_length
-    prompts, prompt_attention, responses, response_attention, masks = [], [], [], [], []
-    for row in rows:
+    n, p_len, r_len = len(rows), limits.max_prompt_length, limits.max_response_length
+    # Filled row by row through numpy slices: converting nested Python lists with
+    # torch.tensor costs ~10x more on 8k-token rows.
+    prompts = np.full((n, p_len), pad_token_id, dtype=np.int64)
+    responses = np.full((n, r_len), pad_token_id, dtype=np.int64)
+    attention = np.zeros((n, p_len + r_len), dtype=np.int64)
+    response_mask = np.zeros((n, r_len), dtype=np.int64)
+    scores = np.zeros((n, r_len), dtype=np.float32)
+    with_logprobs = all(row.logprobs is not None for row in rows)
+    logprobs = np.zeros((n, r_len), dtype=np.float32) if with_logprobs else None
+    for b, row in enumerate(rows):
         if not row.response_ids:
             raise ValueError(f"row {row.rollout_id}/{row.turn_index} has no response tokens")
-        ids, attention = _left_pad(row.prompt_ids, p_len, pad_token_id)
-        prompts.append(ids)
-        prompt_attention.append(attention)
-        responses.append(_right_pad(row.response_ids, r_len, pad_token_id))
+        prompt = row.prompt_ids[-p_len:]
         n_response = min(len(row.response_ids), r_len)
-        response_attention.append([1] * n_response + [0] * (r_len - n_response))
-        masks.append(_right_pad(row.response_mask, r_len, 0))
+        prompts[b, p_len - len(prompt) :] = prompt
+        responses[b, :n_response] = row.response_ids[:n_response]
+        attention[b, p_len - len(prompt) : p_len + n_response] = 1
+        response_mask[b, :n_response] = row.response_mask[:n_response]
+        scores[b, n_response - 1] = row.reward
+        if logprobs is not None:
+            logprobs[b, :n_response] = row.logprobs[:n_response]
 
-    prompts_t = torch.tensor(prompts, dtype=torch.long)
-    responses_t = torch.tensor(responses, dtype=torch.long)
-    attention_mask = torch.cat(
-        [torch.tensor(prompt_attention, dtype=torch.long), torch.tensor(response_attention, dtype=torch.long)], dim=-1
-    )
-    position_ids = torch.clamp(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
-
-    scores = torch.zeros((len(rows), r_len), dtype=torch.float32)
-    last = torch.tensor([min(len(row.response_ids), r_len) - 1 for row in rows])
-    scores[torch.arange(len(rows)), last] = torch.tensor([row.reward for row in rows], dtype=torch.float32)
-
+    prompts_t, responses_t = torch.from_numpy(prompts), torch.from_numpy(responses)
+    attention_mask = torch.from_numpy(attention)
     tensors = {
         "prompts": prompts_t,
         "responses": responses_t,
         "input_ids": torch.cat([prompts_t, responses_t], dim=-1),
         "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "response_mask": torch.tensor(masks, dtype=torch.long),
-        "token_level_scores": scores,
+        "position_ids": torch.clamp(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
+        "response_mask": torch.from_numpy(response_mask),
+        "token_level_scores": torch.from_numpy(scores),
         "is_drop_mask": torch.tensor([row.is_drop for row in rows], dtype=torch.bool),
     }
-    if all(row.logprobs is not None for row in rows):
-        tensors["rollout_log_probs"] = torch.tensor(
-            [_right_pad(row.logprobs, r_len, 0.0) for row in rows], dtype=torch.float32
-        )
+    if logprobs is not None:
+        tensors["rollout_log_probs"] = torch.from_numpy(logprobs)
     return tensors
 
 
