@@ -2,97 +2,121 @@
 
 Token ids dominate a span's size, and as JSON text they take about 2.4 times the bytes of
 a binary int32 array. `pack_attributes` moves every list of at least `MIN_PACKED_LENGTH`
-ints (bools excluded), at any depth, into one little-endian int32 blob and leaves a small
-placeholder in the JSON; `unpack_attributes` puts plain lists back, so readers get exactly
-what was stored. Lists with a value outside int32 stay JSON.
+ints (bools excluded), at any depth, into one little-endian int32 blob; `unpack_attributes`
+puts plain lists back, so readers get exactly what was stored. Lists with a value outside
+int32 stay JSON.
 
-Placeholders are one-key objects whose key starts with NUL, which JSON from the wild does
-not use; an object that does use such a key is escaped, so any value round-trips.
+The blob starts with an index, one line of JSON `[[path, offset, count], ...]` naming where
+each array sits (a path is a list of object keys and list indexes), then the int32 data.
+The JSON text keeps `null` at those places. Reading therefore visits only the packed
+arrays, not every value, and no in-band marker can collide with user data.
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import orjson
 
 MIN_PACKED_LENGTH = 8
-"""Shorter int lists stay JSON: a placeholder would not be smaller."""
+"""Shorter int lists stay JSON: packing would not make them smaller."""
 
-_INTS_KEY = "\x00ints"  # {"\x00ints": [offset, count]}: count ints of the blob from offset
-_ESCAPE_KEY = "\x00dict"  # {"\x00dict": {...}}: an object whose own keys start with NUL
+Path = Tuple[Union[str, int], ...]
+_CONTAINERS = frozenset({dict, list, tuple})
+_INT_ONLY = {int}
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def pack_attributes(attributes: Dict[str, Any]) -> Tuple[bytes, Optional[bytes]]:
-    """Encode attributes as (JSON skeleton, int32 blob).
+    """Encode attributes as (JSON text, blob).
 
-    The blob is None when the skeleton is the plain JSON of `attributes`, so reading it
-    back needs no walk. Raises TypeError (from orjson) for values that are not JSON.
+    The blob is None when nothing was packed: the text is then the plain JSON. Raises
+    TypeError (from orjson) for values that are not JSON, such as ints beyond 64 bits.
     """
-    ints = array("i")
-    state = _PackState(ints)
-    skeleton = state.pack(attributes)
-    if not state.changed:
+    found: List[Tuple[Path, Any]] = []
+    _find_int_lists(attributes, (), found)
+    if not found:
         return orjson.dumps(attributes), None
+
+    ints = array("i")
+    index: List[Tuple[Path, int, int]] = []
+    placed: Dict[int, Tuple[int, int]] = {}  # id(list) -> (offset, count): one list named twice is stored once
+    for path, (values, converted) in found:
+        where = placed.get(id(values))
+        if where is None:
+            where = placed[id(values)] = (len(ints), len(converted))
+            ints.extend(converted)
+        index.append((path, *where))
     if not _LITTLE_ENDIAN:
         ints.byteswap()
-    return orjson.dumps(skeleton), ints.tobytes()
+    skeleton = _without(attributes, [path for path, _ in found])
+    return orjson.dumps(skeleton), orjson.dumps(index) + b"\n" + ints.tobytes()
 
 
-def unpack_attributes(skeleton: bytes, blob: Optional[bytes]) -> Dict[str, Any]:
+def unpack_attributes(text: bytes, blob: Optional[bytes]) -> Dict[str, Any]:
     """Decode what `pack_attributes` produced: int arrays come back as lists of ints."""
-    value = orjson.loads(skeleton)
+    value = orjson.loads(text)
     if blob is None:
         return value
+    # orjson writes newlines inside strings as \n, so the first raw newline ends the index.
+    split = blob.index(b"\n")
     ints = array("i")
-    ints.frombytes(blob)
+    ints.frombytes(blob[split + 1 :])
     if not _LITTLE_ENDIAN:
         ints.byteswap()
-    return _unpack(value, ints)
-
-
-class _PackState:
-    """One packing pass: the blob being filled and whether any placeholder was written."""
-
-    def __init__(self, ints: array) -> None:
-        self.ints = ints
-        self.changed = False
-
-    def pack(self, value: Any) -> Any:
-        kind = type(value)
-        if kind is dict:
-            packed = {key: self.pack(item) for key, item in value.items()}
-            if any(type(key) is str and key.startswith("\x00") for key in value):
-                self.changed = True
-                return {_ESCAPE_KEY: packed}
-            return packed
-        if kind is list or kind is tuple:
-            if len(value) >= MIN_PACKED_LENGTH and type(value[0]) is int and set(map(type, value)) == {int}:
-                try:
-                    converted = array("i", value)
-                except OverflowError:
-                    return list(value)
-                self.changed = True
-                offset = len(self.ints)
-                self.ints.extend(converted)
-                return {_INTS_KEY: [offset, len(converted)]}
-            return [self.pack(item) for item in value]
-        return value
-
-
-def _unpack(value: Any, ints: array) -> Any:
-    kind = type(value)
-    if kind is dict:
-        if len(value) == 1:
-            if _INTS_KEY in value:
-                offset, count = value[_INTS_KEY]
-                return ints[offset : offset + count].tolist()
-            if _ESCAPE_KEY in value:
-                return {key: _unpack(item, ints) for key, item in value[_ESCAPE_KEY].items()}
-        return {key: _unpack(item, ints) for key, item in value.items()}
-    if kind is list:
-        return [_unpack(item, ints) for item in value]
+    for path, offset, count in orjson.loads(blob[:split]):
+        parent = value
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = ints[offset : offset + count].tolist()
     return value
+
+
+def _packable(values: Any, found: List[Tuple[Path, Any]]) -> Optional[array]:
+    """`values` as an int32 array, or None when it must stay JSON."""
+    if len(values) < MIN_PACKED_LENGTH or type(values[0]) is not int:
+        return None
+    for _, (seen, converted) in found:  # the proxy names one id list twice: convert it once
+        if seen is values:
+            return converted
+    if set(map(type, values)) != _INT_ONLY:
+        return None  # not only ints (bools are not ints here)
+    try:
+        return array("i", values)
+    except OverflowError:
+        return None  # beyond int32: JSON keeps it exact
+
+
+def _find_int_lists(container: Any, path: Path, found: List[Tuple[Path, Any]]) -> None:
+    """Append (path, (list, int32 array)) for every packable list inside `container`."""
+    items = container.items() if type(container) is dict else enumerate(container)
+    for key, item in items:
+        kind = type(item)
+        if kind is dict:
+            _find_int_lists(item, (*path, key), found)
+        elif kind is list or kind is tuple:
+            converted = _packable(item, found)
+            if converted is not None:
+                found.append(((*path, key), (item, converted)))
+            elif not _CONTAINERS.isdisjoint(set(map(type, item))):
+                _find_int_lists(item, (*path, key), found)
+
+
+def _without(attributes: Dict[str, Any], paths: List[Path]) -> Dict[str, Any]:
+    """A copy of `attributes` with None at each path; only containers on a path are copied."""
+    root: Dict[str, Any] = dict(attributes)
+    copies: Dict[Tuple[Any, ...], Any] = {(): root}
+    for path in paths:
+        original: Any = attributes
+        copy: Any = root
+        for depth, key in enumerate(path[:-1], start=1):
+            original = original[key]
+            child = copies.get(path[:depth])
+            if child is None:
+                child = copies[path[:depth]] = dict(original) if type(original) is dict else list(original)
+                copy[key] = child
+            copy = child
+        copy[path[-1]] = None
+    return root
