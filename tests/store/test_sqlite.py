@@ -188,3 +188,33 @@ async def test_acknowledged_writes_survive_a_killed_process(tmp_path: Path) -> N
     async with SQLiteStore(path) as store:
         found = await store.query_rollouts(rollout_id_in=acknowledged)
         assert {r.rollout_id for r in found} == set(acknowledged)
+
+
+async def test_watchdogs_of_two_stores_on_one_file_act_once(tmp_path: Path) -> None:
+    path = tmp_path / "two-watchdogs.db"
+    async with SQLiteStore(path, watchdog_interval=0.02) as first, SQLiteStore(path, watchdog_interval=0.02) as second:
+        config = RolloutConfig(unresponsive_seconds=0.1, max_attempts=3, retry_condition=["unresponsive"])
+        started = await first.start_rollout(input="quiet", config=config)
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while (await second.get_rollout_by_id(started.rollout_id)).status != "requeuing":
+            assert asyncio.get_running_loop().time() < deadline, "no watchdog marked the attempt"
+            await asyncio.sleep(0.02)
+
+        retry = await second.dequeue_rollout()
+        assert retry is not None and retry.attempt.sequence_id == 2
+        assert await first.dequeue_rollout() is None  # requeued once, not once per watchdog
+
+
+async def test_wait_for_rollouts_notices_another_process_finishing(tmp_path: Path) -> None:
+    path = tmp_path / "waiting.db"
+    async with SQLiteStore(path, poll_interval=0.05) as waiter, SQLiteStore(path) as worker:
+        started = await worker.start_rollout(input="x")
+        waiting = asyncio.create_task(waiter.wait_for_rollouts(rollout_ids=[started.rollout_id], timeout=30))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+
+        await worker.update_attempt(started.rollout_id, "latest", status="succeeded")
+
+        (finished,) = await waiting
+        assert finished.status == "succeeded"
