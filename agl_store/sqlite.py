@@ -1318,17 +1318,10 @@ def _add_spans(txn: _Txn, encoded: List[_EncodedSpan]) -> List[Span]:
             rows.append(e.row)
             issued.append(None)
 
-    before = conn.execute("SELECT coalesce(max(pk), 0) FROM spans").fetchone()[0]
-    inserted = conn.executemany(_INSERT_SPAN, rows).rowcount
-    keep = [True] * len(rows)
-    if inserted != len(rows):
-        # Some were duplicates: the rows that went in are exactly those past `before`.
-        new_keys = set(conn.execute("SELECT rollout_id, attempt_id, span_id FROM spans WHERE pk > ?", (before,)))
-        seen = set()
-        for i, row in enumerate(rows):
-            key = (row[0], row[1], row[4])
-            keep[i] = key in new_keys and key not in seen
-            seen.add(key)
+    if len(rows) == 1:
+        keep = [conn.execute(_INSERT_SPAN, rows[0]).rowcount == 1]
+    else:
+        keep = _insert_many(conn, rows)
 
     stored = []
     touched = set()
@@ -1341,6 +1334,22 @@ def _add_spans(txn: _Txn, encoded: List[_EncodedSpan]) -> List[Span]:
         if pair in states:
             _on_heartbeat(txn, pair, states[pair])
     return stored
+
+
+def _insert_many(conn: sqlite3.Connection, rows: List[tuple]) -> List[bool]:
+    """Insert span rows in one statement; which of them went in (duplicates are ignored)."""
+    before = conn.execute("SELECT coalesce(max(pk), 0) FROM spans").fetchone()[0]
+    if conn.executemany(_INSERT_SPAN, rows).rowcount == len(rows):
+        return [True] * len(rows)
+    # Some were duplicates: the rows that went in are exactly those past `before`, as we
+    # hold the write lock.
+    new_keys = set(conn.execute("SELECT rollout_id, attempt_id, span_id FROM spans WHERE pk > ?", (before,)))
+    keep, seen = [], set()
+    for row in rows:
+        key = (row[0], row[1], row[4])
+        keep.append(key in new_keys and key not in seen)
+        seen.add(key)
+    return keep
 
 
 def _on_heartbeat(txn: _Txn, pair: Tuple[str, str], state: Tuple[str, str, bool]) -> None:
