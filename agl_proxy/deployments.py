@@ -37,6 +37,8 @@ class Deployment:
     request_defaults: Mapping[str, Any] = field(default_factory=dict)
     """Extra `litellm_params` (e.g. `temperature`), applied to every request of this deployment."""
     litellm_params: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    use_litellm: bool = False
+    """`model_info.agl_passthrough: false`: serve an OpenAI-compatible backend through LiteLLM anyway."""
 
     @property
     def key(self) -> str:
@@ -46,7 +48,7 @@ class Deployment:
     @property
     def passthrough(self) -> bool:
         """True when agl forwards the call itself instead of going through LiteLLM."""
-        return self.provider in OPENAI_COMPATIBLE_PROVIDERS and bool(self.api_base)
+        return self.provider in OPENAI_COMPATIBLE_PROVIDERS and bool(self.api_base) and not self.use_litellm
 
     @property
     def is_vllm(self) -> bool:
@@ -92,6 +94,7 @@ def parse_deployment(entry: Mapping[str, Any]) -> Deployment:
         model_version=None if version is None else str(version),
         request_defaults={k: v for k, v in params.items() if k not in _CONNECTION_KEYS},
         litellm_params=dict(params),
+        use_litellm=info.get("agl_passthrough") is False,
     )
 
 

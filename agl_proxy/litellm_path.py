@@ -1,0 +1,93 @@
+"""Deployments that are not OpenAI-compatible (Anthropic, Bedrock, ...) go through LiteLLM.
+
+LiteLLM is imported on the first such call only: the import costs seconds of CPU that a
+proxy serving only vLLM never needs to pay. Token ids are whatever the provider gives
+(usually none); the span still records request, response, usage and timing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, Mapping
+
+import orjson
+from starlette.types import Send
+
+from .assembly import StreamAssembler
+from .deployments import Deployment
+from .errors import BackendFailedError, BackendTimeoutError
+from .forwarding import RequestOptions, RetryableBackendError
+from .spans import CallRecord
+
+# litellm_params that configure LiteLLM's call rather than the request body.
+_CALL_KEYS = ("api_base", "api_key", "api_version", "organization", "aws_region_name", "vertex_project", "vertex_location")
+
+
+def _litellm() -> Any:
+    # Without this LiteLLM fetches its cost map from the internet at import.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    return litellm
+
+
+def _dump(obj: Any) -> Dict[str, Any]:
+    return obj.model_dump() if hasattr(obj, "model_dump") else dict(obj)
+
+
+async def complete_with_litellm(
+    deployment: Deployment, record: CallRecord, body: Mapping[str, Any], send: Send, t0: float, options: RequestOptions
+) -> None:
+    """Serve one call through `litellm.acompletion` / `atext_completion`."""
+    litellm = _litellm()
+    kwargs: Dict[str, Any] = {k: v for k, v in body.items() if k != "model"}
+    for key, value in deployment.request_defaults.items():
+        kwargs.setdefault(key, value)
+    kwargs.update(options.sampling_overrides)
+    kwargs["model"] = deployment.litellm_params["model"]
+    for key in _CALL_KEYS:
+        if deployment.litellm_params.get(key) is not None:
+            kwargs[key] = deployment.litellm_params[key]
+    kwargs.update(timeout=deployment.timeout_s, num_retries=0)
+    record.deployment = deployment
+    record.request = {k: v for k, v in kwargs.items() if k != "api_key"}
+    call = litellm.acompletion if record.operation == "chat" else litellm.atext_completion
+    label = deployment.label
+    try:
+        result = await call(**kwargs)
+    except Exception as exc:  # LiteLLM's exceptions carry the provider's status
+        status = getattr(exc, "status_code", None)
+        message = f"backend {label} (via LiteLLM) failed: {getattr(exc, 'message', None) or exc}"
+        if isinstance(exc, litellm.exceptions.Timeout):
+            raise BackendTimeoutError(message) from exc
+        if isinstance(exc, litellm.exceptions.APIConnectionError) or not isinstance(status, int) or status >= 500:
+            raise RetryableBackendError(BackendFailedError(message)) from exc
+        record.fail("backend_rejected", message, status)
+        error = {"error": {"message": message, "type": type(exc).__name__, "code": status}}
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": orjson.dumps(error)})
+        return
+    record.status_code = 200
+    if not record.stream:
+        record.response = _dump(result)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": orjson.dumps(record.response)})
+        return
+    assembler = StreamAssembler(record.operation)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    try:
+        async for chunk in result:
+            data = b"data: " + orjson.dumps(_dump(chunk)) + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            assembler.feed(data)
+            if record.ttft_s is None and assembler.first_token_seen:
+                record.ttft_s = time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - mid-stream: tell the client in the stream
+        failure = BackendFailedError(f"backend {label} (via LiteLLM) failed mid-stream: {exc}")
+        record.fail(failure.code, failure.message, failure.status_code)
+        await send({"type": "http.response.body", "body": b"data: " + failure.body() + b"\n\n", "more_body": True})
+    else:
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+    record.response = assembler.result()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
