@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, Ty
 import httpx
 import orjson
 from pydantic import BaseModel, TypeAdapter
+from pydantic_core import to_json
 
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
 from .errors import ERRORS_BY_CODE, StoreClosedError, StoreError, StoreUnavailableError
@@ -63,14 +64,6 @@ class Page(List[T]):
         self.total = total
         self.limit = limit
         self.offset = offset
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, (tuple, set, frozenset)):
-        return list(value)
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
 def _context(context: Any) -> SpanContext:
@@ -143,7 +136,7 @@ def _error_from(response: httpx.Response) -> StoreError:
 
 
 class LightningStoreClient(LightningStore):
-    """A LightningStore served by `agl store serve` (or agent-lightning 0.3's server).
+    """A LightningStore served by `agl store serve`.
 
     Open it with `await client.open()` or `async with LightningStoreClient(url) as store:`.
     `timeout` bounds each request (long polls get their wait added); `retries` is how many
@@ -225,7 +218,7 @@ class LightningStoreClient(LightningStore):
         assert self._http is not None
         headers = None
         if body is not UNSET:
-            content = orjson.dumps(body, default=_default)
+            content = to_json(body)
             headers = {"content-type": "application/json"}
         last_network_error: Optional[Exception] = None
         for attempt in range(self._retries + 1):
@@ -444,17 +437,21 @@ class LightningStoreClient(LightningStore):
     # --- spans ----------------------------------------------------------------------------
 
     async def add_span(self, span: Span) -> Optional[Span]:
-        data = await self._json("POST", "/spans", body=span)
-        return None if data is None else Span.model_validate(data)
+        stored = await self.add_many_spans([span])
+        return stored[0] if stored else None
 
     async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
-        """All spans in one request and one transaction on the server."""
+        """All spans in one request and one transaction on the server.
+
+        The server answers with positions and sequence ids, not the spans, so the stored
+        spans are rebuilt here from the ones sent.
+        """
         if not spans:
             return []
-        response = await self._send(
-            "POST", AGL_PREFIX + "/spans/batch", content=_SPANS.dump_json(list(spans)), params=None
-        )
-        return _SPANS.validate_json(response.content)
+        spans = [span if isinstance(span, Span) else Span.model_validate(span) for span in spans]
+        response = await self._send("POST", AGL_PREFIX + "/spans/batch", content=to_json(spans))
+        stored = orjson.loads(response.content)["stored"]
+        return [spans[item["index"]].model_copy(update={"sequence_id": item["sequence_id"]}) for item in stored]
 
     async def add_otel_span(
         self,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Dict, Optional
+from importlib.metadata import entry_points
+from typing import Any, AsyncIterator, Dict, FrozenSet, List, Optional, Tuple
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.routing import BaseRoute
 
 from ..base import LightningStore
 from . import otlp
@@ -22,6 +24,26 @@ logger = logging.getLogger("agl_store.server")
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Large enough for a batch of thousands of LLM-call spans with their token ids."""
 
+PAGES_ENTRY_POINT_GROUP = "agl.store_pages"
+"""Entry points that add pages (agl_train's web view) to the store server, so agl_store never
+imports them by name. Each names a callable returning an object with `routes` (Starlette
+routes) and `open_paths` (paths served without the bearer key: page shells, never data)."""
+
+
+def discover_pages() -> Tuple[List[BaseRoute], FrozenSet[str]]:
+    """The routes and keyless paths of every installed `agl.store_pages` entry point."""
+    routes: List[BaseRoute] = []
+    open_paths: set[str] = set()
+    for entry in entry_points(group=PAGES_ENTRY_POINT_GROUP):
+        try:
+            pages = entry.load()()
+        except Exception as exc:  # noqa: BLE001 - a broken page plugin must not take the store down
+            logger.warning("store pages %r skipped: %s", entry.name, exc)
+            continue
+        routes += pages.routes
+        open_paths |= set(pages.open_paths)
+    return routes, frozenset(open_paths)
+
 
 def create_app(
     store: LightningStore,
@@ -29,12 +51,15 @@ def create_app(
     key: Optional[str] = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     manage_store: bool = True,
+    pages: bool = True,
 ) -> Starlette:
     """An ASGI app serving `store` at the agent-lightning 0.3 routes plus agl's additions.
 
     With `manage_store`, the app opens the store (when it has an `open()`) at startup and
     closes it at shutdown. `key` turns on bearer-key auth for everything but the health
-    checks. Bodies over `max_body_bytes` are refused with 413.
+    checks. Bodies over `max_body_bytes` are refused with 413. With `pages`, the routes of
+    the `agl.store_pages` entry points (the web view at `/`) are served too; their shells
+    are open without the key, listed in `app.state.open_paths` for apps that mount this one.
     """
     metrics = ServerMetrics()
 
@@ -52,8 +77,12 @@ def create_app(
                 await store.close()
             logger.info("store server stopped")
 
+    page_routes, page_paths = discover_pages() if pages else ([], frozenset())
+    open_paths = frozenset(HEALTH_PATHS) | page_paths
     middleware = [Middleware(MetricsMiddleware, metrics=metrics)]  # outermost: also counts 401 and 413
     if key:
-        middleware.append(Middleware(BearerKeyMiddleware, key=key, open_paths=HEALTH_PATHS))
+        middleware.append(Middleware(BearerKeyMiddleware, key=key, open_paths=open_paths))
     middleware.append(Middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes))
-    return Starlette(routes=[*all_routes(), *otlp.routes()], middleware=middleware, lifespan=lifespan)
+    app = Starlette(routes=[*all_routes(), *otlp.routes(), *page_routes], middleware=middleware, lifespan=lifespan)
+    app.state.open_paths = open_paths
+    return app

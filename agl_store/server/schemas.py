@@ -53,6 +53,10 @@ class Page(BaseModel):
     sort_by: Optional[str] = None
     sort_order: SortOrder = "asc"
 
+    def arguments(self, *exclude: str) -> Dict[str, Any]:
+        """The query as keyword arguments of the store's `query_*` method."""
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in exclude}
+
 
 class RolloutQuery(Page):
     status_in: Optional[List[RolloutStatus]] = None

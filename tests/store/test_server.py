@@ -172,7 +172,7 @@ async def unchanged_after(store: LightningStoreClient, http: httpx.AsyncClient, 
     ("method", "path", "request_args", "status", "code", "message"),
     [
         ("POST", "/spans", {"content": b'{"rollout_id": "r",'}, 400, "invalid_input", "malformed JSON body"),
-        ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": "x"}}, 400, "invalid_input", "rollouts: Input should be a valid array"),
+        ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": "x"}}, 400, "invalid_input", "rollouts: Input should be a valid list"),
         ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": [{"input": 1, "mode": "play"}]}}, 400, "invalid_input", "rollouts.0.mode"),
         ("POST", "/queues/rollouts/enqueue", {"content": b""}, 400, "invalid_input", "request body is empty"),
         ("POST", "/spans", {"json": {"rollout_id": "r", "attempt_id": "a"}}, 400, "invalid_input", "name: Field required"),

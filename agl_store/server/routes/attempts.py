@@ -20,13 +20,7 @@ async def start_attempt(request: Request) -> Any:
 
 async def _query(request: Request, query: AttemptQuery) -> Any:
     check_page(query, Attempt)
-    items = await store_of(request).query_attempts(
-        request.path_params["rollout_id"],
-        sort_by=query.sort_by,
-        sort_order=query.sort_order,
-        limit=query.limit,
-        offset=query.offset,
-    )
+    items = await store_of(request).query_attempts(request.path_params["rollout_id"], **query.arguments())
     return page_of(items, query)
 
 

@@ -34,15 +34,7 @@ async def latest_resources(request: Request) -> Any:
 
 async def _query(request: Request, query: ResourcesQuery) -> Any:
     check_page(query, ResourcesUpdate)
-    items = await store_of(request).query_resources(
-        resources_id=query.resources_id,
-        resources_id_contains=query.resources_id_contains,
-        sort_by=query.sort_by,
-        sort_order=query.sort_order,
-        limit=query.limit,
-        offset=query.offset,
-    )
-    return page_of(items, query)
+    return page_of(await store_of(request).query_resources(**query.arguments()), query)
 
 
 async def query_resources(request: Request) -> Any:

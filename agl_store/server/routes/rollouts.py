@@ -34,34 +34,18 @@ async def start_rollout(request: Request) -> Any:
     )
 
 
-async def _query(request: Request, query: RolloutQuery, *, from_body: bool) -> Any:
+async def _query(request: Request, query: RolloutQuery) -> Any:
     check_page(query, Rollout)
-    fields = query.model_fields_set
-    # The search route tells "no filter" (field absent) from "match nothing" ([]).
-    items = await store_of(request).query_rollouts(
-        status_in=query.status_in if not from_body or "status_in" in fields else None,
-        rollout_id_in=query.rollout_id_in if not from_body or "rollout_id_in" in fields else None,
-        rollout_id_contains=query.rollout_id_contains,
-        mode=query.mode,
-        start_time_after=query.start_time_after,
-        start_time_before=query.start_time_before,
-        filter_logic=query.filter_logic,
-        sort_by=query.sort_by,
-        sort_order=query.sort_order,
-        limit=query.limit,
-        offset=query.offset,
-    )
-    return page_of(items, query)
+    return page_of(await store_of(request).query_rollouts(**query.arguments()), query)
 
 
 async def query_rollouts(request: Request) -> Any:
     query = validate_query(RolloutQuery, request, list_fields=("status_in", "rollout_id_in"))
-    return await _query(request, query, from_body=False)
+    return await _query(request, query)
 
 
 async def search_rollouts(request: Request) -> Any:
-    query = validate_model(RolloutQuery, await request.body(), allow_empty=True)
-    return await _query(request, query, from_body=True)
+    return await _query(request, validate_model(RolloutQuery, await request.body(), allow_empty=True))
 
 
 async def get_rollout(request: Request) -> Any:

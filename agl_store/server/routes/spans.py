@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List, Sequence, Tuple
 
 from pydantic import TypeAdapter
 from starlette.requests import Request
@@ -25,32 +25,33 @@ async def add_span(request: Request) -> Any:
 
 
 async def add_many_spans(request: Request) -> Any:
+    """Store a JSON array of spans in one transaction.
+
+    The reply, `{"stored": [{"index", "sequence_id"}, ...]}`, names each stored span by its
+    position in the request (duplicates are left out): the caller has the spans already, and
+    echoing LLM-call spans back would double the bytes on the wire.
+    """
     spans = validate_json(SPAN_LIST, await request.body())
     stored = await store_of(request).add_many_spans(spans) if spans else []
     metrics_of(request).spans_ingested(len(stored))
-    return list(stored)
+    return {"stored": stored_positions(spans, stored)}
+
+
+def stored_positions(sent: Sequence[Span], stored: Sequence[Span]) -> List[Dict[str, Any]]:
+    """Where each stored span was in the request (a span is its rollout, attempt and span id)."""
+    first: Dict[Tuple[str, str, str], int] = {}
+    for index, span in enumerate(sent):
+        first.setdefault((span.rollout_id, span.attempt_id, span.span_id), index)
+    return [
+        {"index": first[(span.rollout_id, span.attempt_id, span.span_id)], "sequence_id": span.sequence_id}
+        for span in stored
+    ]
 
 
 async def _query(request: Request, query: SpanQuery) -> Any:
     check_page(query, Span)
-    items = await store_of(request).query_spans(
-        query.rollout_id,
-        query.attempt_id,
-        trace_id=query.trace_id,
-        trace_id_contains=query.trace_id_contains,
-        span_id=query.span_id,
-        span_id_contains=query.span_id_contains,
-        parent_id=query.parent_id,
-        parent_id_contains=query.parent_id_contains,
-        name=query.name,
-        name_contains=query.name_contains,
-        filter_logic=query.filter_logic,
-        sort_by=query.sort_by,
-        sort_order=query.sort_order,
-        limit=query.limit,
-        offset=query.offset,
-    )
-    return page_of(items, query)
+    arguments = query.arguments("rollout_id", "attempt_id")
+    return page_of(await store_of(request).query_spans(query.rollout_id, query.attempt_id, **arguments), query)
 
 
 async def query_spans(request: Request) -> Any:

@@ -13,27 +13,17 @@ from ..schemas import UpdateWorkerBody, WorkerQuery, check_page, page_of, set_or
 from ..wire import endpoint, store_of, validate_model, validate_query
 
 
-async def _query(request: Request, query: WorkerQuery, *, from_body: bool) -> Any:
+async def _query(request: Request, query: WorkerQuery) -> Any:
     check_page(query, Worker)
-    items = await store_of(request).query_workers(
-        status_in=query.status_in if not from_body or "status_in" in query.model_fields_set else None,
-        worker_id_contains=query.worker_id_contains,
-        filter_logic=query.filter_logic,
-        sort_by=query.sort_by,
-        sort_order=query.sort_order,
-        limit=query.limit,
-        offset=query.offset,
-    )
-    return page_of(items, query)
+    return page_of(await store_of(request).query_workers(**query.arguments()), query)
 
 
 async def query_workers(request: Request) -> Any:
-    return await _query(request, validate_query(WorkerQuery, request, list_fields=("status_in",)), from_body=False)
+    return await _query(request, validate_query(WorkerQuery, request, list_fields=("status_in",)))
 
 
 async def search_workers(request: Request) -> Any:
-    query = validate_model(WorkerQuery, await request.body(), allow_empty=True)
-    return await _query(request, query, from_body=True)
+    return await _query(request, validate_model(WorkerQuery, await request.body(), allow_empty=True))
 
 
 async def get_worker(request: Request) -> Any:
