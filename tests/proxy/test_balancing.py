@@ -84,3 +84,22 @@ async def test_bad_model_list_is_refused_and_the_old_one_kept(proxy, http) -> No
     response = await http.post(proxy.url + "/proxy/model_list", json={"model_list": [{"model_name": "x"}]})
     assert response.status_code == 400 and "litellm_params.model" in response.json()["error"]["message"]
     assert (await http.post(proxy.base_url + "/chat/completions", json=chat_body())).status_code == 200
+
+
+async def test_replica_killed_mid_run(new_rollout, proxy_factory, store, http) -> None:
+    first, second = FakeBackend(name="first"), FakeBackend(name="second")
+    async with serve(second.app()) as second_url:
+        async with serve(first.app()) as first_url:
+            proxy = await proxy_factory([model_entry("tiny", first_url + "/v1"), model_entry("tiny", second_url + "/v1")])
+            rollouts = [await new_rollout() for _ in range(2)]
+            for ids in rollouts:
+                await http.post(proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body())
+            assert len(first.requests) == len(second.requests) == 1  # one rollout on each
+        # `first` is gone; its rollout moves to `second` and keeps working.
+        for _ in range(3):
+            for ids in rollouts:
+                response = await http.post(proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body())
+                assert response.status_code == 200
+        assert len(second.requests) == 7
+        state = (await http.get(proxy.url + "/metrics")).text
+        assert 'agl_proxy_calls_total{model="tiny",backend="' + second_url + '/v1",status="200"} 7' in state
