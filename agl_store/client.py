@@ -171,6 +171,12 @@ class LightningStoreClient(LightningStore):
         state = "closed" if self._closed else "open" if self._http else "not opened"
         return f"LightningStoreClient({self.url!r}, {state})"
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # Pickled into a runner subprocess: the settings travel, the connection pool does not.
+        state = dict(self.__dict__)
+        state.update(_http=None, _closed=False, _transport=None)
+        return state
+
     # --- lifecycle ----------------------------------------------------------------------
 
     async def open(self) -> "LightningStoreClient":

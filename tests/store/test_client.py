@@ -196,3 +196,26 @@ async def test_wait_for_rollouts_long_polls_until_they_finish(tmp_path: Path) ->
         finished = await waiting
         assert sorted(r.rollout_id for r in finished) == sorted(ids)
         assert {r.status for r in finished} == {"cancelled"}
+
+
+async def test_delete_and_expire_finished_rollouts(tmp_path: Path) -> None:
+    async with start_store_server(tmp_path / "store.db") as store:
+        finished = [await store.start_rollout(input=i) for i in range(3)]
+        for rollout in finished:
+            await store.update_rollout(rollout.rollout_id, status="succeeded")
+        running = await store.start_rollout(input="still going")
+        with pytest.raises(ConflictError):
+            await store.delete_rollouts([finished[0].rollout_id, running.rollout_id])
+        assert await store.delete_rollouts([finished[0].rollout_id]) == 1
+        assert await store.expire_rollouts(older_than_seconds=0) == 2
+        assert [r.rollout_id for r in await store.query_rollouts()] == [running.rollout_id]
+
+
+async def test_a_pickled_client_reconnects_on_first_use(tmp_path: Path) -> None:
+    import pickle
+
+    async with start_store_server(tmp_path / "store.db") as store:
+        rollout = await store.enqueue_rollout(input="shared")
+        copy = pickle.loads(pickle.dumps(store))
+        async with copy:
+            assert await copy.get_rollout_by_id(rollout.rollout_id) == rollout
