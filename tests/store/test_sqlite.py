@@ -218,3 +218,31 @@ async def test_wait_for_rollouts_notices_another_process_finishing(tmp_path: Pat
 
         (finished,) = await waiting
         assert finished.status == "succeeded"
+
+
+async def test_spans_read_back_equal_to_what_was_written(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "spans.db") as store:
+        rollout = await store.start_rollout(input=None)
+        span = Span(
+            rollout_id=rollout.rollout_id,
+            attempt_id=rollout.attempt.attempt_id,
+            sequence_id=7,
+            name="agent.step",
+            parent_id="p0",
+            status={"status_code": "ERROR", "description": "boom"},
+            attributes={"ids": list(range(20)), "nested": {"ids": list(range(10)), "flag": True}},
+            events=[{"name": "retry", "attributes": {"n": 2}, "timestamp": 1.5}],
+            links=[{"context": {"trace_id": "t" * 32, "span_id": "s" * 16, "vendor": "x"}, "attributes": {"k": 1}}],
+            start_time=10.0,
+            end_time=11.5,
+            context={"trace_id": "a" * 32, "span_id": "b" * 16, "is_remote": False},
+            parent={"trace_id": "a" * 32, "span_id": "c" * 16, "is_remote": True, "trace_state": {"k": "v"}},
+            resource={"attributes": {"service.name": "agent"}, "schema_url": "https://schema"},
+            custom_field={"kept": ["as", "is"]},
+        )
+
+        await store.add_span(span)
+        (read,) = await store.query_spans(rollout.rollout_id)
+
+        assert read == span
+        assert read.model_dump_json() == span.model_dump_json()
