@@ -1,0 +1,81 @@
+"""agl's Hydra config read into checked settings (SPEC section 5).
+
+`compose_config(overrides)` composes `agl_train/config.yaml` over verl's `ppo_trainer`;
+`settings_from_config(config)` reads what the training data path needs and raises
+ValueError for settings that cannot run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from .aggregate import Limits, get_aggregator, limits_for_level
+from .loss import LOSS_MODE
+
+CONFIG_MODULE = "agl_train"
+CONFIG_NAME = "config"
+
+
+def compose_config(overrides: Sequence[str] = ()) -> Any:
+    """The composed trainer config (an OmegaConf DictConfig) with Hydra `overrides` applied."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+        return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The settings of the training data path, one field per config key it reads."""
+
+    level: str
+    limits: Limits
+    reward_fillna_value: float
+    max_ppo_update_times: Optional[int]
+    enable_rollout_level_advantage: bool
+    per_rollout_mean: bool
+    ppo_mini_batch_size: int
+    rollout_n: int
+    train_batch_size: int
+    async_rollout: bool = False
+    async_train_batch_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        get_aggregator(self.level)
+        if self.max_ppo_update_times is not None and self.max_ppo_update_times <= 0:
+            raise ValueError(
+                f"agentlightning.max_ppo_update_times must be positive or null, got {self.max_ppo_update_times}"
+            )
+        if self.async_rollout:
+            size = self.async_train_batch_size
+            if size is None or size <= self.train_batch_size:
+                raise ValueError(
+                    "agentlightning.async_rollout.async_train_batch_size must be strictly greater than "
+                    f"data.train_batch_size ({self.train_batch_size}), got {size}"
+                )
+
+
+def settings_from_config(config: Any) -> TrainSettings:
+    """Read a composed trainer config into `TrainSettings` (ValueError when it cannot run)."""
+    agl = config["agentlightning"]
+    aggregator = agl["trace_aggregator"]
+    level = str(aggregator["level"])
+    get_aggregator(level)
+    actor = config["actor_rollout_ref"]["actor"]
+    asynchronous = agl.get("async_rollout") or {}
+    cap = agl.get("max_ppo_update_times")
+    size = asynchronous.get("async_train_batch_size")
+    return TrainSettings(
+        level=level,
+        limits=limits_for_level(level, aggregator, config["data"]),
+        reward_fillna_value=float(agl["reward_fillna_value"]),
+        max_ppo_update_times=None if cap is None else int(cap),
+        enable_rollout_level_advantage=bool(config["algorithm"].get("enable_rollout_level_advantage", True)),
+        per_rollout_mean=str(actor["policy_loss"]["loss_mode"]) == LOSS_MODE,
+        ppo_mini_batch_size=int(actor["ppo_mini_batch_size"]),
+        rollout_n=int(config["actor_rollout_ref"]["rollout"].get("n", 1)),
+        train_batch_size=int(config["data"]["train_batch_size"]),
+        async_rollout=bool(asynchronous.get("enabled", False)),
+        async_train_batch_size=None if size is None else int(size),
+    )
