@@ -66,11 +66,16 @@ def unpack_attributes(text: bytes, blob: Optional[bytes]) -> Dict[str, Any]:
     ints.frombytes(blob[split + 1 :])
     if not _LITTLE_ENDIAN:
         ints.byteswap()
+    decoded: Dict[int, List[int]] = {}  # offset -> list: an array named twice is decoded once
     for path, offset, count in orjson.loads(blob[:split]):
         parent = value
         for key in path[:-1]:
             parent = parent[key]
-        parent[path[-1]] = ints[offset : offset + count].tolist()
+        known = decoded.get(offset)
+        if known is not None and len(known) == count:
+            parent[path[-1]] = known.copy()  # equal, but not the same object: callers may mutate
+        else:
+            parent[path[-1]] = decoded[offset] = ints[offset : offset + count].tolist()
     return value
 
 

@@ -101,7 +101,9 @@ def test_one_list_recorded_under_two_names_is_stored_once() -> None:
     skeleton, blob = pack_attributes(attributes)
 
     assert int_bytes(blob) == 4 * 300
-    assert unpack_attributes(skeleton, blob) == attributes
+    read = unpack_attributes(skeleton, blob)
+    assert read == attributes
+    assert read["agl.prompt_token_ids"] is not read["agl.response"]["prompt_token_ids"]  # safe to mutate
 
 
 def test_tuples_come_back_as_lists() -> None:
