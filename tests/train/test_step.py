@@ -1,0 +1,81 @@
+"""One step's data path: traces → batch → advantage → update batch → per-rollout normalisation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agl_train.aggregate import Limits
+from agl_train.settings import TrainSettings
+from agl_train.step import build_batch, prepare_update
+
+from .builders import call, trace
+
+
+def settings(**overrides) -> TrainSettings:
+    values = dict(
+        level="trajectory",
+        limits=Limits(8, 16),
+        reward_fillna_value=0.0,
+        max_ppo_update_times=None,
+        enable_rollout_level_advantage=True,
+        per_rollout_mean=True,
+        ppo_mini_batch_size=1,
+        rollout_n=2,
+        train_batch_size=2,
+    )
+    values.update(overrides)
+    return TrainSettings(**values)
+
+
+def group_traces():
+    """q1: ro-a (reward 1) splits into 2 rows, ro-b (reward 0) is 1 row; q2: two equal rewards."""
+    return [
+        trace("ro-a", [call([1, 2], [3, 4]), call([9, 9], [5])], reward_value=1.0, uid="q1"),
+        trace("ro-b", [call([1, 2], [6])], reward_value=0.0, uid="q1"),
+        trace("ro-c", [call([1, 7], [8])], reward_value=1.0, uid="q2"),
+        trace("ro-d", [call([1, 7], [8, 8])], reward_value=1.0, uid="q2"),
+    ]
+
+
+def rewards_in(data):
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"].clone()
+    return data
+
+
+def test_a_step_keeps_whole_mini_batches_and_weighs_every_rollout_the_same() -> None:
+    s = settings()
+    data, aggregation = build_batch(group_traces(), s, pad_token_id=0)
+    assert len(data) == 5 and aggregation.metrics["training/n_prefix_breaks"] == 1
+
+    update, metrics = prepare_update(rewards_in(data), s, rng=random.Random(0), adv_estimator="grpo")
+
+    # 5 rows, mini-batch 1 × 2: one row goes, taken from q2 (equal rewards, no advantage).
+    assert len(update) == 4
+    assert metrics["training/n_sample_dropped/same_reward"] == 1
+    assert metrics["training/n_sample_dropped/random"] == 0
+    # ro-a's two rows together carry a / N, as much as ro-b's single row (N = 4 rows).
+    per_rollout = {}
+    for rollout_id, advantages in zip(update.non_tensor_batch["rollout_id"], update.batch["advantages"]):
+        per_rollout[rollout_id] = per_rollout.get(rollout_id, 0.0) + float(advantages.sum())
+    assert per_rollout["ro-a"] == pytest.approx(0.5**0.5 / 4, abs=1e-6)
+    assert per_rollout["ro-b"] == pytest.approx(-(0.5**0.5) / 4, abs=1e-6)
+
+
+def test_without_rollout_level_advantage_verl_sees_every_row() -> None:
+    s = settings(enable_rollout_level_advantage=False, per_rollout_mean=False, rollout_n=1)
+    data, _ = build_batch(group_traces(), s, pad_token_id=0)
+
+    update, _ = prepare_update(rewards_in(data), s, rng=random.Random(0), adv_estimator="grpo")
+
+    firsts = {r: round(float(a[0]), 4) for r, a in zip(update.non_tensor_batch["rollout_id"], update.batch["advantages"])}
+    # q1 over rows: rewards [1, 1, 0], mean 2/3, std √(1/3): ro-b gets -(2/3)/√(1/3).
+    assert firsts["ro-b"] == round(-(2 / 3) / (1 / 3) ** 0.5, 4)
+
+
+def test_no_rows_means_no_batch() -> None:
+    data, aggregation = build_batch([trace("ro-a", [])], settings(), pad_token_id=0)
+
+    assert data is None
+    assert aggregation.metrics["training/n_rollouts_without_rows"] == 1
