@@ -26,18 +26,18 @@ from .models import (
     AttemptedRollout,
     AttemptStatus,
     EnqueueRolloutRequest,
+    Event,
+    Link,
     NamedResources,
+    OtelResource,
     ResourcesUpdate,
     Rollout,
     RolloutConfig,
     RolloutMode,
     RolloutStatus,
     Span,
-    StoreStatistics,
-    Event,
-    Link,
-    OtelResource,
     SpanContext,
+    StoreStatistics,
     TaskInput,
     TraceStatus,
     Worker,
@@ -79,9 +79,7 @@ def _seconds(nanoseconds: Optional[int]) -> Optional[float]:
     return None if nanoseconds is None else nanoseconds / 1e9
 
 
-def span_from_readable(
-    readable: Any, *, rollout_id: str, attempt_id: str, sequence_id: Optional[int] = None
-) -> Span:
+def span_from_readable(readable: Any, *, rollout_id: str, attempt_id: str, sequence_id: Optional[int] = None) -> Span:
     """A store span from an `opentelemetry.sdk.trace.ReadableSpan` (tuple attributes become lists)."""
     context = _context(readable.context)
     parent = _context(readable.parent) if readable.parent is not None else None
@@ -100,7 +98,10 @@ def span_from_readable(
             Event(name=e.name, attributes=_plain(dict(e.attributes or {})), timestamp=_seconds(e.timestamp))
             for e in readable.events
         ],
-        links=[Link(context=_context(link.context), attributes=_plain(dict(link.attributes or {}))) for link in readable.links],
+        links=[
+            Link(context=_context(link.context), attributes=_plain(dict(link.attributes or {})))
+            for link in readable.links
+        ],
         start_time=_seconds(readable.start_time),
         end_time=_seconds(readable.end_time),
         context=context,
@@ -179,7 +180,7 @@ class LightningStoreClient(LightningStore):
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    async def open(self) -> "LightningStoreClient":
+    async def open(self) -> LightningStoreClient:
         """Create the connection pool. Idempotent; a closed client cannot be reopened."""
         if self._closed:
             raise StoreClosedError("this LightningStoreClient was closed; create a new one")
@@ -200,7 +201,7 @@ class LightningStoreClient(LightningStore):
             http, self._http = self._http, None
             await http.aclose()
 
-    async def __aenter__(self) -> "LightningStoreClient":
+    async def __aenter__(self) -> LightningStoreClient:
         return await self.open()
 
     # --- the request path ---------------------------------------------------------------
@@ -365,7 +366,9 @@ class LightningStoreClient(LightningStore):
             "metadata": metadata,
         }
         body = {name: value for name, value in fields.items() if value is not UNSET}
-        return Attempt.model_validate(await self._json("POST", f"/rollouts/{rollout_id}/attempts/{attempt_id}", body=body))
+        return Attempt.model_validate(
+            await self._json("POST", f"/rollouts/{rollout_id}/attempts/{attempt_id}", body=body)
+        )
 
     async def get_rollout_by_id(self, rollout_id: str) -> Optional[Rollout]:
         data = await self._json("GET", f"/rollouts/{rollout_id}")

@@ -37,7 +37,7 @@ def discover_pages() -> Tuple[List[BaseRoute], FrozenSet[str]]:
     for entry in entry_points(group=PAGES_ENTRY_POINT_GROUP):
         try:
             pages = entry.load()()
-        except Exception as exc:  # noqa: BLE001 - a broken page plugin must not take the store down
+        except Exception as exc:
             logger.warning("store pages %r skipped: %s", entry.name, exc)
             continue
         routes += pages.routes

@@ -16,12 +16,27 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..models import ROLLOUT_STATUSES, StoreStatistics
 
 PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-LATENCY_BUCKETS: Tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENCY_BUCKETS: Tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 UNMATCHED_ROUTE = "<unmatched>"
 
 
 class _Histogram:
-    __slots__ = ("counts", "total", "count")
+    __slots__ = ("count", "counts", "total")
 
     def __init__(self) -> None:
         self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last slot is +Inf

@@ -146,7 +146,9 @@ def spans_from_request(request: ExportTraceServiceRequest) -> Tuple[List[Span], 
 def _hex_ids_to_base64(node: Any) -> Any:
     if isinstance(node, dict):
         return {
-            key: _hex_to_base64(value) if key in _HEX_ID_FIELDS and isinstance(value, str) else _hex_ids_to_base64(value)
+            key: _hex_to_base64(value)
+            if key in _HEX_ID_FIELDS and isinstance(value, str)
+            else _hex_ids_to_base64(value)
             for key, value in node.items()
         }
     if isinstance(node, list):

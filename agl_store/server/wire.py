@@ -126,7 +126,7 @@ def endpoint(path: str, handler: Handler, *, methods: Sequence[str], status_code
             return error_response(exc)
         except ValidationError as exc:
             return error_response(InvalidInputError(describe_validation_error(exc)))
-        except Exception as exc:  # noqa: BLE001 - the server must answer, not die
+        except Exception as exc:
             logger.exception("%s %s failed", request.method, path)
             return error_response(StoreError(f"internal server error: {type(exc).__name__}: {exc}"))
         if isinstance(result, Response):

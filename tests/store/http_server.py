@@ -48,7 +48,7 @@ class StoreServerProcess:
         self._reader = asyncio.create_task(self._read_output(announced))
         try:
             self.url = await asyncio.wait_for(announced, START_TIMEOUT_S)
-        except (asyncio.TimeoutError, RuntimeError) as exc:
+        except (TimeoutError, RuntimeError) as exc:
             await self.kill()
             raise RuntimeError(f"store server did not start: {exc}; output:\n" + "\n".join(self.output)) from exc
         async with LightningStoreClient(self.url, timeout=5.0, retries=20, backoff_max=0.2) as probe:
@@ -56,7 +56,7 @@ class StoreServerProcess:
                 raise RuntimeError("store server announced itself but /health failed")
         return self.url
 
-    async def _read_output(self, announced: "asyncio.Future[str]") -> None:
+    async def _read_output(self, announced: asyncio.Future[str]) -> None:
         assert self._process is not None and self._process.stdout is not None
         async for raw in self._process.stdout:
             line = raw.decode(errors="replace").rstrip()
@@ -82,7 +82,7 @@ class StoreServerProcess:
             process.send_signal(sig)
             try:
                 await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 process.kill()
                 await process.wait()
         if self._reader is not None:

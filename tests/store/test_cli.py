@@ -57,7 +57,17 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(tmp_path / "x.db"), "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "agl_store.cli",
+                "store",
+                "serve",
+                "--db",
+                str(tmp_path / "x.db"),
+                "--port",
+                str(port),
+            ],
             capture_output=True,
             text=True,
             timeout=60,

@@ -50,7 +50,9 @@ class FaultServer:
             return
         self.requests.append(f"{scope['method']} {scope['path']}")
         status, body = self.script.pop(0) if len(self.script) > 1 else self.script[0]
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -96,7 +98,12 @@ async def test_a_4xx_is_not_retried_and_keeps_its_error_class() -> None:
 
 
 async def test_error_codes_map_back_to_store_error_classes() -> None:
-    app = FaultServer([(409, error("conflict", "rollout is finished")), (418, b"{\"error\": {\"code\": \"teapot\", \"message\": \"short and stout\"}}")])
+    app = FaultServer(
+        [
+            (409, error("conflict", "rollout is finished")),
+            (418, b'{"error": {"code": "teapot", "message": "short and stout"}}'),
+        ]
+    )
     async with serving(app) as url, fast_client(url) as client:
         with pytest.raises(ConflictError, match="rollout is finished"):
             await client.update_rollout("ro-1", status="running")

@@ -145,9 +145,10 @@ def test_otlp_json_decodes_like_protobuf() -> None:
     request = export_request({"agl.rollout_id": "r", "agl.attempt_id": "a"}, [proto_span(1, x=[1, 2])])
     from_json, _ = spans_from_request(parse_request(otlp_json(request), "application/json"))
     from_proto, _ = spans_from_request(parse_request(request.SerializeToString(), "application/x-protobuf"))
-    assert from_json[0].model_dump(exclude={"trace_id"}) | {"trace_id": from_json[0].trace_id} == from_proto[
-        0
-    ].model_dump()
+    assert (
+        from_json[0].model_dump(exclude={"trace_id"}) | {"trace_id": from_json[0].trace_id}
+        == from_proto[0].model_dump()
+    )
     assert from_json[0].attributes["x"] == [1, 2]
 
 

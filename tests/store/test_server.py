@@ -3,7 +3,6 @@ auth and metrics. One `agl store serve` subprocess serves the whole module."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, AsyncIterator, Dict
 
 import httpx
@@ -52,7 +51,11 @@ def error_of(response: httpx.Response) -> Dict[str, Any]:
 async def test_agent_lightning_rollout_lifecycle(http: httpx.AsyncClient) -> None:
     enqueued = await http.post(
         "/queues/rollouts/enqueue",
-        json={"rollouts": [{"input": {"q": "2+2"}, "mode": "train", "resources_id": None, "config": None, "metadata": None}]},
+        json={
+            "rollouts": [
+                {"input": {"q": "2+2"}, "mode": "train", "resources_id": None, "config": None, "metadata": None}
+            ]
+        },
     )
     assert enqueued.status_code == 201
     (rollout,) = enqueued.json()
@@ -82,7 +85,12 @@ async def test_agent_lightning_rollout_lifecycle(http: httpx.AsyncClient) -> Non
         "links": [],
         "start_time": 1.0,
         "end_time": 2.0,
-        "context": {"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331", "is_remote": False, "trace_state": {}},
+        "context": {
+            "trace_id": "0af7651916cd43dd8448eb211c80319c",
+            "span_id": "b7ad6b7169203331",
+            "is_remote": False,
+            "trace_state": {},
+        },
         "parent": None,
         "resource": {"attributes": {"service.name": "agent"}, "schema_url": ""},
     }
@@ -91,8 +99,15 @@ async def test_agent_lightning_rollout_lifecycle(http: httpx.AsyncClient) -> Non
 
     spans = await http.post(
         "/spans/search",
-        json={"rollout_id": rollout_id, "limit": -1, "offset": 0, "attempt_id": attempt_id, "filter_logic": "and",
-              "sort_by": "sequence_id", "sort_order": "asc"},
+        json={
+            "rollout_id": rollout_id,
+            "limit": -1,
+            "offset": 0,
+            "attempt_id": attempt_id,
+            "filter_logic": "and",
+            "sort_by": "sequence_id",
+            "sort_order": "asc",
+        },
     )
     page = spans.json()
     assert (page["total"], page["limit"], page["offset"]) == (1, -1, 0)
@@ -102,7 +117,8 @@ async def test_agent_lightning_rollout_lifecycle(http: httpx.AsyncClient) -> Non
     assert latest.json()["attempt_id"] == attempt_id and latest.json()["status"] == "running"
 
     attempts = await http.post(
-        f"/rollouts/{rollout_id}/attempts/search", json={"limit": -1, "offset": 0, "sort_by": "sequence_id", "sort_order": "asc"}
+        f"/rollouts/{rollout_id}/attempts/search",
+        json={"limit": -1, "offset": 0, "sort_by": "sequence_id", "sort_order": "asc"},
     )
     assert [a["attempt_id"] for a in attempts.json()["items"]] == [attempt_id]
 
@@ -121,8 +137,15 @@ async def test_agent_lightning_rollout_lifecycle(http: httpx.AsyncClient) -> Non
 async def test_agent_lightning_start_rollout_resources_and_workers(http: httpx.AsyncClient) -> None:
     resources = await http.post(
         "/resources",
-        json={"main_llm": {"resource_type": "llm", "endpoint": "http://llm/v1", "model": "m", "api_key": None,
-                           "sampling_parameters": {"temperature": 0.7}}},
+        json={
+            "main_llm": {
+                "resource_type": "llm",
+                "endpoint": "http://llm/v1",
+                "model": "m",
+                "api_key": None,
+                "sampling_parameters": {"temperature": 0.7},
+            }
+        },
     )
     assert resources.status_code == 201
     resources_id = resources.json()["resources_id"]
@@ -132,7 +155,14 @@ async def test_agent_lightning_start_rollout_resources_and_workers(http: httpx.A
 
     started = await http.post(
         "/rollouts",
-        json={"input": "task", "mode": None, "resources_id": None, "config": None, "metadata": None, "worker_id": "w-2"},
+        json={
+            "input": "task",
+            "mode": None,
+            "resources_id": None,
+            "config": None,
+            "metadata": None,
+            "worker_id": "w-2",
+        },
     )
     assert started.status_code == 201
     assert started.json()["status"] == "preparing" and started.json()["resources_id"] == resources_id
@@ -160,7 +190,9 @@ async def test_missing_objects_read_as_null_like_agent_lightning(http: httpx.Asy
 # --- bad input: the right 4xx, a message naming the problem, and the store unchanged --------
 
 
-async def unchanged_after(store: LightningStoreClient, http: httpx.AsyncClient, method: str, path: str, **request: Any) -> httpx.Response:
+async def unchanged_after(
+    store: LightningStoreClient, http: httpx.AsyncClient, method: str, path: str, **request: Any
+) -> httpx.Response:
     before = (await store.statistics()).model_dump(exclude={"uptime", "database_bytes"})
     answer = await http.request(method, path, **request)
     after = (await store.statistics()).model_dump(exclude={"uptime", "database_bytes"})
@@ -172,18 +204,60 @@ async def unchanged_after(store: LightningStoreClient, http: httpx.AsyncClient, 
     ("method", "path", "request_args", "status", "code", "message"),
     [
         ("POST", "/spans", {"content": b'{"rollout_id": "r",'}, 400, "invalid_input", "malformed JSON body"),
-        ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": "x"}}, 400, "invalid_input", "rollouts: Input should be a valid list"),
-        ("POST", "/queues/rollouts/enqueue", {"json": {"rollouts": [{"input": 1, "mode": "play"}]}}, 400, "invalid_input", "rollouts.0.mode"),
+        (
+            "POST",
+            "/queues/rollouts/enqueue",
+            {"json": {"rollouts": "x"}},
+            400,
+            "invalid_input",
+            "rollouts: Input should be a valid list",
+        ),
+        (
+            "POST",
+            "/queues/rollouts/enqueue",
+            {"json": {"rollouts": [{"input": 1, "mode": "play"}]}},
+            400,
+            "invalid_input",
+            "rollouts.0.mode",
+        ),
         ("POST", "/queues/rollouts/enqueue", {"content": b""}, 400, "invalid_input", "request body is empty"),
-        ("POST", "/spans", {"json": {"rollout_id": "r", "attempt_id": "a"}}, 400, "invalid_input", "name: Field required"),
-        ("POST", "/spans/batch", {"json": [{"rollout_id": "r", "attempt_id": "a", "name": "ok"}, {"rollout_id": "r"}]}, 400, "invalid_input", "1.attempt_id"),
+        (
+            "POST",
+            "/spans",
+            {"json": {"rollout_id": "r", "attempt_id": "a"}},
+            400,
+            "invalid_input",
+            "name: Field required",
+        ),
+        (
+            "POST",
+            "/spans/batch",
+            {"json": [{"rollout_id": "r", "attempt_id": "a", "name": "ok"}, {"rollout_id": "r"}]},
+            400,
+            "invalid_input",
+            "1.attempt_id",
+        ),
         ("POST", "/rollouts/search", {"json": {"limit": 0}}, 400, "invalid_input", "limit must be greater than 0"),
-        ("POST", "/rollouts/search", {"json": {"sort_by": "nonsense"}}, 400, "invalid_input", "sort_by: invalid field 'nonsense'"),
+        (
+            "POST",
+            "/rollouts/search",
+            {"json": {"sort_by": "nonsense"}},
+            400,
+            "invalid_input",
+            "sort_by: invalid field 'nonsense'",
+        ),
         ("GET", "/rollouts", {"params": {"status_in": "finished"}}, 400, "invalid_input", "status_in.0"),
         ("POST", "/waits/rollouts", {"json": {"rollout_ids": ["x"], "timeout": -1}}, 400, "invalid_input", "timeout"),
         ("POST", "/rollouts/ro-missing", {"json": {"status": "running"}}, 404, "not_found", "ro-missing"),
         ("GET", "/rollouts/ro-missing/attempts/latest", {}, 404, "not_found", "ro-missing"),
-        ("POST", "/spans/next", {"json": {"rollout_id": "ro-missing", "attempt_id": "at-x"}}, 404, "not_found", "ro-missing"),
+        (
+            "POST",
+            "/spans/next",
+            {"json": {"rollout_id": "ro-missing", "attempt_id": "at-x"}},
+            404,
+            "not_found",
+            "ro-missing",
+        ),
         ("POST", "/spans", {"content": b"x" * (MAX_BODY_BYTES + 1)}, 413, "payload_too_large", "over the limit"),
     ],
 )
@@ -204,7 +278,9 @@ async def test_bad_requests(
     assert message in error["message"]
 
 
-async def test_bad_status_values_name_the_field_and_change_nothing(store: LightningStoreClient, http: httpx.AsyncClient) -> None:
+async def test_bad_status_values_name_the_field_and_change_nothing(
+    store: LightningStoreClient, http: httpx.AsyncClient
+) -> None:
     rollout = await store.enqueue_rollout(input={"x": 1})
     for body, message in (({"status": "finished"}, "status: Input should be"), ({"status": None}, "status is invalid")):
         answer = await unchanged_after(store, http, "POST", f"/rollouts/{rollout.rollout_id}", json=body)
@@ -213,7 +289,9 @@ async def test_bad_status_values_name_the_field_and_change_nothing(store: Lightn
     assert (await store.get_rollout_by_id(rollout.rollout_id)) == rollout
 
 
-async def test_a_finished_rollout_cannot_be_reopened_or_deleted_while_running(store: LightningStoreClient, http: httpx.AsyncClient) -> None:
+async def test_a_finished_rollout_cannot_be_reopened_or_deleted_while_running(
+    store: LightningStoreClient, http: httpx.AsyncClient
+) -> None:
     running = await store.start_rollout(input=1)
     answer = await unchanged_after(store, http, "POST", "/rollouts/delete", json={"rollout_ids": [running.rollout_id]})
     assert answer.status_code == 409 and error_of(answer)["code"] == "conflict"

@@ -69,7 +69,9 @@ async def next_sequence_id(request: Request) -> Any:
 
 async def many_sequence_ids(request: Request) -> Any:
     body = validate_model(ManySequenceIdsBody, await request.body())
-    ids = await store_of(request).get_many_span_sequence_ids(body.rollout_attempt_ids) if body.rollout_attempt_ids else []
+    ids = (
+        await store_of(request).get_many_span_sequence_ids(body.rollout_attempt_ids) if body.rollout_attempt_ids else []
+    )
     return {"sequence_ids": list(ids)}
 
 
