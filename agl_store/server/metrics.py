@@ -16,22 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..models import ROLLOUT_STATUSES, StoreStatistics
 
 PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-LATENCY_BUCKETS: Tuple[float, ...] = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-)
+LATENCY_BUCKETS: Tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)  # fmt: skip
 UNMATCHED_ROUTE = "<unmatched>"
 
 
