@@ -1,6 +1,7 @@
 """agl_store: the LightningStore — rollouts, attempts, spans, resources, workers."""
 
 from .base import UNSET, LightningStore
+from .client import LightningStoreClient
 from .errors import (
     ConflictError,
     InvalidInputError,
@@ -35,6 +36,7 @@ __all__ = [
     "EnqueueRolloutRequest",
     "InvalidInputError",
     "LightningStore",
+    "LightningStoreClient",
     "NotFoundError",
     "PromptTemplate",
     "ProxyLLM",
