@@ -133,6 +133,7 @@ class LLMCallEndpoint:
 
     async def _dispatch(self, replicas: Any, record: CallRecord, body: Dict[str, Any], send: Send, t0: float) -> None:
         gw = self.gateway
+        options = await gw.options_for(record.rollout_id)
         tried: Set[str] = set()
         last_error: Optional[ProxyError] = None
         while True:
@@ -147,11 +148,11 @@ class LLMCallEndpoint:
             try:
                 if deployment.passthrough:
                     assert gw.client is not None, "the proxy's app was not started"
-                    await forward(gw.client, deployment, record, body, send, t0, gw.options)
+                    await forward(gw.client, deployment, record, body, send, t0, options)
                 else:
                     from .litellm_path import complete_with_litellm
 
-                    await complete_with_litellm(deployment, record, body, send, t0, gw.options)
+                    await complete_with_litellm(deployment, record, body, send, t0, options)
                 if record.status_code < 500:
                     gw.balancer.mark_ok(deployment)
                 return

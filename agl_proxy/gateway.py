@@ -19,6 +19,7 @@ from .exporter import DEFAULT_MAX_BUFFER, SpanExporter
 from .forwarding import RequestOptions
 from .metrics import ProxyMetrics
 from .pausing import PauseGate
+from .sampling import SamplingPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -33,17 +34,26 @@ class Gateway:
         *,
         logprobs: bool = False,
         sampling_overrides: Optional[Mapping[str, Any]] = None,
+        sampling_by_mode: Optional[Mapping[str, Mapping[str, Any]]] = None,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_span_buffer: int = DEFAULT_MAX_BUFFER,
     ) -> None:
         self.registry = ModelRegistry(model_list)
         self.store = store
-        self.options = RequestOptions(logprobs=logprobs, sampling_overrides=dict(sampling_overrides or {}))
+        self.sampling = SamplingPolicy(sampling_overrides, sampling_by_mode, store)
+        self.options = RequestOptions(logprobs=logprobs, sampling_overrides=self.sampling.overrides)
         self.balancer = Balancer(cooldown_s=cooldown_s)
         self.exporter = SpanExporter(store, max_buffer=max_span_buffer)
         self.metrics = ProxyMetrics()
         self.gate = PauseGate()
         self.client: Optional[httpx.AsyncClient] = None
+
+    async def options_for(self, rollout_id: str) -> RequestOptions:
+        """What to add to a call of `rollout_id`."""
+        if not self.sampling.needs_rollout:
+            return self.options
+        overrides = await self.sampling.for_rollout(rollout_id)
+        return RequestOptions(logprobs=self.options.logprobs, sampling_overrides=overrides)
 
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
         """Replace the backends. Calls in flight finish on the deployment they started on."""

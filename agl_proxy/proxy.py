@@ -35,7 +35,9 @@ class LLMProxy:
     await proxy.stop()
     ```
 
-    `port=0` picks a free port (read it back from `port` after `start()`). `store_app` is
+    `sampling_overrides` replace request fields of every call; `sampling_by_mode` those of
+    calls whose rollout has that mode (`{"train": {"temperature": 1.0}, "val": {"temperature": 0}}`).
+    `logprobs=True` asks vLLM for the sampled tokens' logprobs. `port=0` picks a free port (read it back from `port` after `start()`). `store_app` is
     an ASGI app served on the same port (the embedded store's REST routes).
     """
 
@@ -49,6 +51,7 @@ class LLMProxy:
         *,
         logprobs: bool = False,
         sampling_overrides: Optional[Mapping[str, Any]] = None,
+        sampling_by_mode: Optional[Mapping[str, Mapping[str, Any]]] = None,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_span_buffer: int = DEFAULT_MAX_BUFFER,
         store_app: Any = None,
@@ -62,6 +65,7 @@ class LLMProxy:
             store,
             logprobs=logprobs,
             sampling_overrides=sampling_overrides,
+            sampling_by_mode=sampling_by_mode,
             cooldown_s=cooldown_s,
             max_span_buffer=max_span_buffer,
         )

@@ -56,6 +56,10 @@ class FlakyStore(LightningStore):
         self._check("get_next_span_sequence_id")
         return await self.inner.get_next_span_sequence_id(rollout_id, attempt_id)
 
+    async def get_rollout_by_id(self, rollout_id: str) -> Any:
+        self._check("get_rollout_by_id")
+        return await self.inner.get_rollout_by_id(rollout_id)
+
     async def query_spans(self, rollout_id: str, attempt_id: Any = None, **kwargs: Any) -> Sequence[Span]:
         return await self.inner.query_spans(rollout_id, attempt_id, **kwargs)
 

@@ -107,3 +107,18 @@ async def test_calls_without_rollout_are_served(proxy: LLMProxy, http) -> None:
     assert response.status_code == 200
     models = (await http.get(proxy.base_url + "/models")).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+async def test_sampling_overrides_follow_the_rollout_mode(proxy_factory, backend, store, http) -> None:
+    from .helpers import model_entry
+
+    fake, url = backend
+    by_mode = {"train": {"temperature": 1.0}, "val": {"temperature": 0.0, "top_p": 1.0}}
+    proxy = await proxy_factory([model_entry("tiny", url)], sampling_by_mode=by_mode)
+    for mode, expected in (("train", 1.0), ("val", 0.0)):
+        rollout = await store.inner.start_rollout(input={}, mode=mode)
+        base = proxy.as_resource().get_base_url(rollout.rollout_id, rollout.attempt.attempt_id)
+        await http.post(base + "/chat/completions", json=chat_body(temperature=0.5))
+        assert fake.requests[-1]["temperature"] == expected
+    await http.post(proxy.base_url + "/chat/completions", json=chat_body(temperature=0.5))
+    assert fake.requests[-1]["temperature"] == 0.5  # no rollout, no mode: the client's value
