@@ -166,7 +166,9 @@ def apply_migrations(conn: sqlite3.Connection, migrations: Sequence[Migration] =
 # Column lists and decoders live beside the tables they read, so a schema change touches
 # one file. Decoders take plain tuples (the sqlite3 default row type).
 
-ROLLOUT_COLUMNS = "r.rollout_id, r.input, r.start_time, r.end_time, r.mode, r.resources_id, r.status, r.config, r.metadata"
+ROLLOUT_COLUMNS = (
+    "r.rollout_id, r.input, r.start_time, r.end_time, r.mode, r.resources_id, r.status, r.config, r.metadata"
+)
 ATTEMPT_COLUMNS = (
     "a.rollout_id, a.attempt_id, a.sequence_id, a.start_time, a.end_time, a.status, a.worker_id, "
     "a.last_heartbeat_time, a.metadata"

@@ -269,8 +269,12 @@ async def test_query_rollouts_filters_sorts_and_pages(store: LightningStore) -> 
     assert isinstance(succeeded[0], AttemptedRollout) and succeeded[0].attempt.status == "succeeded"
     either = await store.query_rollouts(status_in=["succeeded"], mode="val", filter_logic="or")
     assert {done.rollout_id, val.rollout_id} <= {r.rollout_id for r in either}
-    assert [r.rollout_id for r in await store.query_rollouts(rollout_id_contains=val.rollout_id[3:])] == [val.rollout_id]
-    recent = await store.query_rollouts(rollout_id_in=mine, start_time_after=before - 1, start_time_before=time.time() + 1)
+    assert [r.rollout_id for r in await store.query_rollouts(rollout_id_contains=val.rollout_id[3:])] == [
+        val.rollout_id
+    ]
+    recent = await store.query_rollouts(
+        rollout_id_in=mine, start_time_after=before - 1, start_time_before=time.time() + 1
+    )
     assert recent.total == 5
     newest_first = await store.query_rollouts(rollout_id_in=mine, sort_by="start_time", sort_order="desc")
     assert newest_first[0].rollout_id == val.rollout_id
@@ -342,7 +346,11 @@ async def test_sequence_ids_increase_per_rollout(store: LightningStore) -> None:
     b = await running_rollout(store)
     ids_a = [await store.get_next_span_sequence_id(a.rollout_id, a.attempt.attempt_id) for _ in range(3)]
     many = await store.get_many_span_sequence_ids(
-        [(a.rollout_id, a.attempt.attempt_id), (b.rollout_id, b.attempt.attempt_id), (a.rollout_id, a.attempt.attempt_id)]
+        [
+            (a.rollout_id, a.attempt.attempt_id),
+            (b.rollout_id, b.attempt.attempt_id),
+            (a.rollout_id, a.attempt.attempt_id),
+        ]
     )
 
     assert ids_a == [2, 3, 4]
@@ -480,7 +488,9 @@ async def test_add_otel_span(store: LightningStore) -> None:
 
 
 async def test_resources_are_versioned_and_the_last_write_is_latest(store: LightningStore) -> None:
-    first = await store.add_resources({"main_llm": LLM(endpoint="http://a/v1", model="m", sampling_parameters={"t": 1})})
+    first = await store.add_resources(
+        {"main_llm": LLM(endpoint="http://a/v1", model="m", sampling_parameters={"t": 1})}
+    )
     second = await store.add_resources({"main_llm": ProxyLLM(endpoint="http://proxy:8080/v1", model="m")})
     assert first.version == 1 and (await store.get_latest_resources()).resources_id == second.resources_id
 

@@ -28,7 +28,12 @@ async def test_reopening_a_file_keeps_everything(tmp_path: Path) -> None:
         resources = await store.add_resources({"llm": LLM(endpoint="http://x/v1", model="m")})
         running = await store.start_rollout(input={"q": 1}, config=RolloutConfig(max_attempts=2), worker_id="w")
         span = await store.add_span(
-            Span(rollout_id=running.rollout_id, attempt_id=running.attempt.attempt_id, name="c", attributes={"ids": list(range(50))})
+            Span(
+                rollout_id=running.rollout_id,
+                attempt_id=running.attempt.attempt_id,
+                name="c",
+                attributes={"ids": list(range(50))},
+            )
         )
         queued = [await store.enqueue_rollout(input=i) for i in range(2)]
 
@@ -75,7 +80,10 @@ async def test_file_store_uses_wal_and_foreign_keys(tmp_path: Path) -> None:
         conn = sqlite3.connect(tmp_path / "wal.db")
         try:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert {row[1] for row in conn.execute("PRAGMA index_list(spans)")} >= {"spans_by_sequence", "spans_identity"}
+            assert {row[1] for row in conn.execute("PRAGMA index_list(spans)")} >= {
+                "spans_by_sequence",
+                "spans_identity",
+            }
         finally:
             conn.close()
 

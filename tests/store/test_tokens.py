@@ -35,7 +35,7 @@ def test_an_llm_call_span_round_trips_with_token_ids_in_the_blob() -> None:
 
     assert unpack_attributes(skeleton, blob) == attributes
     assert int_bytes(blob) == 4 * (2000 + 64 + 64)
-    assert b"agl.prompt_token_ids\":null" in skeleton  # the ids left the JSON
+    assert b'agl.prompt_token_ids":null' in skeleton  # the ids left the JSON
 
 
 def test_binary_ids_are_much_smaller_than_json() -> None:
@@ -125,10 +125,16 @@ def test_unusual_keys_strings_and_positions_round_trip() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63) | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda children: st.lists(children, max_size=12)
-    | st.lists(st.integers(min_value=-(2**33), max_value=2**33), min_size=0, max_size=40)
-    | st.dictionaries(st.text(max_size=8), children, max_size=6),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=12)
+        | st.lists(st.integers(min_value=-(2**33), max_value=2**33), min_size=0, max_size=40)
+        | st.dictionaries(st.text(max_size=8), children, max_size=6)
+    ),
     max_leaves=60,
 )
 
