@@ -117,7 +117,7 @@ class LLMCallEndpoint:
         try:
             if no_backend is not None:
                 raise no_backend
-            await self._dispatch(replicas, record, body, send, t0)
+            await self._dispatch(replicas, record, body, receive, send, t0)
         except ProxyError as exc:
             record.fail(exc.code, exc.message, exc.status_code)
             await send_error(send, exc)
@@ -131,7 +131,9 @@ class LLMCallEndpoint:
                 gw.metrics.observe_error(record.requested_model or "", backend, record.error["type"])
             gw.exporter.submit(record, sequence)
 
-    async def _dispatch(self, replicas: Any, record: CallRecord, body: Dict[str, Any], send: Send, t0: float) -> None:
+    async def _dispatch(
+        self, replicas: Any, record: CallRecord, body: Dict[str, Any], receive: Receive, send: Send, t0: float
+    ) -> None:
         gw = self.gateway
         options = await gw.options_for(record.rollout_id)
         tried: Set[str] = set()
@@ -148,7 +150,7 @@ class LLMCallEndpoint:
             try:
                 if deployment.passthrough:
                     assert gw.client is not None, "the proxy's app was not started"
-                    await forward(gw.client, deployment, record, body, send, t0, options)
+                    await forward(gw.client, deployment, record, body, send, t0, options, receive)
                 else:
                     from .litellm_path import complete_with_litellm
 

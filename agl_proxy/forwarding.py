@@ -9,13 +9,14 @@ the call; after that they end the stream with an SSE error event.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import httpx
 import orjson
-from starlette.types import Send
+from starlette.types import Receive, Send
 
 from .assembly import StreamAssembler
 from .deployments import Deployment
@@ -98,8 +99,12 @@ async def forward(
     send: Send,
     t0: float,
     options: RequestOptions,
+    receive: Optional[Receive] = None,
 ) -> None:
-    """Serve one call from `deployment`, answering the client through `send`."""
+    """Serve one call from `deployment`, answering the client through `send`.
+
+    With `receive`, a stream stops (and the backend is released) when the client goes away.
+    """
     request_body = backend_body(body, deployment, record.operation, options)
     record.deployment = deployment
     record.request = request_body
@@ -123,7 +128,7 @@ async def forward(
     try:
         is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
         if is_stream and response.status_code < 300:
-            await _relay_stream(response, deployment, record, send, t0)
+            await _relay_stream(response, deployment, record, send, t0, receive)
         else:
             await _relay_body(response, deployment, record, send)
     finally:
@@ -159,7 +164,9 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
     await send({"type": "http.response.body", "body": data})
 
 
-async def _relay_stream(response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send, t0: float) -> None:
+async def _relay_stream(
+    response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send, t0: float, receive: Optional[Receive]
+) -> None:
     assembler = StreamAssembler(record.operation)
     record.status_code = response.status_code
     label = deployment.label
@@ -176,8 +183,13 @@ async def _relay_stream(response: httpx.Response, deployment: Deployment, record
     await send({"type": "http.response.start", "status": response.status_code, "headers": _response_headers(response)})
     error: Optional[ProxyError] = None
     data = first
+    # The request body is read, so the next ASGI message is the client's disconnect.
+    watcher = asyncio.ensure_future(receive()) if receive is not None else None
     try:
         while True:
+            if watcher is not None and watcher.done():
+                record.fail("client_disconnected", f"the client went away mid-stream; stopped reading {label}", 499)
+                break
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
                 assembler.feed(data)
@@ -191,7 +203,12 @@ async def _relay_stream(response: httpx.Response, deployment: Deployment, record
         error = BackendTimeoutError(f"backend {label} stalled mid-stream for more than {deployment.timeout_s:g} s")
     except httpx.TransportError as exc:
         error = BackendFailedError(f"backend {label} dropped the stream: {type(exc).__name__}: {exc}")
-    if error is None and assembler.error is not None:
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    if record.error is not None:
+        pass
+    elif error is None and assembler.error is not None:
         message = assembler.error.get("message") if isinstance(assembler.error, dict) else str(assembler.error)
         record.fail("backend_stream_error", f"backend {label} reported an error mid-stream: {message}", record.status_code)
     elif error is None and assembler.garbage is not None:

@@ -131,3 +131,14 @@ async def test_paused_proxy_refuses_new_calls_and_drains(proxy: LLMProxy, backen
     await http.post(proxy.url + "/proxy/resume")
     fake.mode = "ok"
     assert (await http.post(proxy.base_url + "/chat/completions", json=chat_body())).status_code == 200
+
+
+async def test_client_leaving_mid_stream_stops_the_relay(new_rollout, proxy: LLMProxy, backend, store, http) -> None:
+    backend[0].chunk_delay_s = 0.2
+    ids = await new_rollout()
+    async with http.stream("POST", proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body(stream=True)) as response:
+        async for _ in response.aiter_raw():
+            break  # the agent gives up after the first bytes
+    [span] = await wait_for_spans(store, ids[0], 1)
+    assert span.attributes["agl.error"]["type"] == "client_disconnected"
+    assert len(span.attributes["agl.choices"][0]["token_ids"]) < 6
