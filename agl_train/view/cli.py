@@ -1,0 +1,97 @@
+"""`agl view --store URL`: the web view of rollouts, spans and token masks, served on its own.
+
+Added to the `agl` command through the `agl.commands` entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+from typing import Any, Iterator
+
+from ..aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
+from .routes import ViewSettings
+from .tokens import DEFAULT_LIMITS, TokenViewOptions
+
+DEFAULT_PORT = 4748
+
+
+def add_view_commands(subparsers: Any) -> None:
+    """Add `agl view` to the top-level subparsers."""
+    view = subparsers.add_parser("view", help="web view of rollouts, spans and token masks")
+    view.add_argument("--store", required=True, help="store URL: http://host:port, sqlite:///PATH or memory://")
+    view.add_argument("--tokenizer", default=None, help="local tokenizer (model) directory; raw token ids without it")
+    view.add_argument("--key", default=None, help="the store's bearer key; the page then asks for it too")
+    view.add_argument("--host", default="127.0.0.1")
+    view.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    view.add_argument("--level", default=LEVEL_TRAJECTORY, choices=sorted(AGGREGATORS), help="trace aggregator level")
+    view.add_argument("--max-prompt-length", type=int, default=DEFAULT_LIMITS.max_prompt_length)
+    view.add_argument("--max-response-length", type=int, default=DEFAULT_LIMITS.max_response_length)
+    view.set_defaults(run=_serve)
+
+
+def settings_from_args(args: argparse.Namespace) -> ViewSettings:
+    """The view settings the command line names."""
+    limits = Limits(args.max_prompt_length, args.max_response_length)
+    return ViewSettings(tokenizer=args.tokenizer, options=TokenViewOptions(level=args.level, limits=limits))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"agl view: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve_async(args, settings))
+
+
+async def _serve_async(args: argparse.Namespace, settings: ViewSettings) -> int:
+    import uvicorn
+
+    from .app import create_view_app
+
+    app = create_view_app(args.store, key=args.key, settings=settings)
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"agl view: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", timeout_graceful_shutdown=5)
+    server = _quiet_server_class()(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    announce = asyncio.create_task(_announce_when_started(server, f"http://{host}:{port}", args.store))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        announce.cancel()
+    print("agl view: stopped", flush=True)
+    return 0 if server.started else 1
+
+
+def _quiet_server_class() -> Any:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn's server without its signal capture: uvicorn re-raises the signal after
+        shutting down, so the command would end killed instead of with its exit code."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return QuietServer
+
+
+async def _announce_when_started(server: Any, address: str, store_url: str) -> None:
+    while not server.started:
+        await asyncio.sleep(0.01)
+    print(f"agl view: listening on {address} (store {store_url})", flush=True)

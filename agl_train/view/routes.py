@@ -1,0 +1,179 @@
+"""The view's HTTP routes: the page shell (served without a key) and its JSON API (behind it).
+
+    routes = ViewRoutes(ViewSettings(tokenizer="/models/qwen")).routes()
+
+The page shell (`/`, `/view/app.js`, `/view/app.css`) holds no data, so it is served
+without the bearer key; the page then asks for the key once and sends it on every API call.
+The API lives under `/view/api/` and reads the store from the app's lifespan state
+(`request.scope["state"]["store"]`), the way every store route does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any, Dict, FrozenSet, List, Optional
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from agl_store.errors import InvalidInputError
+from agl_store.models import ROLLOUT_STATUSES
+from agl_store.server.wire import endpoint, store_of
+
+from ..aggregate import AGGREGATORS, Limits
+from .summaries import MAX_PAGE_SIZE, RolloutFilter, list_rollouts, rollout_detail, span_detail
+from .tokens import TokenDecoder, TokenViewOptions, load_tokenizer, token_view
+
+API_PREFIX = "/view/api"
+STATIC_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/view/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/view/app.css": ("app.css", "text/css; charset=utf-8"),
+}
+OPEN_PATHS: FrozenSet[str] = frozenset(STATIC_FILES)
+"""Paths served without the bearer key: the page shell only, never data."""
+
+# Agent output is untrusted: even if something slipped past textContent, no inline script,
+# inline handler or foreign resource would run.
+_SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "cache-control": "no-cache",
+}
+MODES = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class ViewSettings:
+    """How the view builds token rows: the tokenizer that decodes them and the trainer's aggregator settings."""
+
+    tokenizer: Optional[str] = None
+    """A local tokenizer directory (a model directory); None shows raw token ids."""
+    options: TokenViewOptions = field(default_factory=TokenViewOptions)
+
+
+def _float(request: Request, name: str) -> Optional[float]:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name}: expected a number, got {raw!r}") from None
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name}: expected an integer, got {raw!r}") from None
+
+
+def rollout_filter(request: Request) -> RolloutFilter:
+    """The list filters from the query: `status` (repeated or comma-separated), `mode`,
+    `after` / `before` (epoch seconds), `q` (part of the rollout id), `limit`, `offset`."""
+    statuses = [s for value in request.query_params.getlist("status") for s in value.split(",") if s]
+    for status in statuses:
+        if status not in ROLLOUT_STATUSES:
+            raise InvalidInputError(f"status: unknown rollout status {status!r}; expected one of {list(ROLLOUT_STATUSES)}")
+    mode = request.query_params.get("mode") or None
+    if mode is not None and mode not in MODES:
+        raise InvalidInputError(f"mode: unknown mode {mode!r}; expected one of {list(MODES)}")
+    return RolloutFilter(
+        status_in=statuses or None,  # type: ignore[arg-type]
+        mode=mode,  # type: ignore[arg-type]
+        start_time_after=_float(request, "after"),
+        start_time_before=_float(request, "before"),
+        rollout_id_contains=request.query_params.get("q") or None,
+        limit=_int(request, "limit", 50),
+        offset=_int(request, "offset", 0),
+    )
+
+
+class ViewRoutes:
+    """The view's routes over one `ViewSettings`; the tokenizer is loaded once, on first use."""
+
+    def __init__(self, settings: ViewSettings) -> None:
+        self.settings = settings
+        self._tokenizer: Optional[TokenDecoder] = None
+        self._tokenizer_lock = asyncio.Lock()
+
+    async def tokenizer(self) -> Optional[TokenDecoder]:
+        """The configured tokenizer (loaded in a thread the first time), or None."""
+        if self.settings.tokenizer is None:
+            return None
+        async with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer = await asyncio.to_thread(load_tokenizer, self.settings.tokenizer)
+        return self._tokenizer
+
+    def routes(self) -> List[BaseRoute]:
+        """The page shell and the API routes, to add to a Starlette app that has a store in its state."""
+        static: List[BaseRoute] = [Route(path, _static_page(name, media)) for path, (name, media) in STATIC_FILES.items()]
+        return static + [
+            endpoint(f"{API_PREFIX}/config", self.config, methods=["GET"]),
+            endpoint(f"{API_PREFIX}/rollouts", self.rollouts, methods=["GET"]),
+            endpoint(f"{API_PREFIX}/rollouts/{{rollout_id}}", self.rollout, methods=["GET"]),
+            endpoint(f"{API_PREFIX}/rollouts/{{rollout_id}}/tokens", self.tokens, methods=["GET"]),
+            endpoint(f"{API_PREFIX}/rollouts/{{rollout_id}}/spans/{{span_id}}", self.span, methods=["GET"]),
+        ]
+
+    async def config(self, request: Request) -> Dict[str, Any]:
+        options = self.settings.options
+        return {
+            "tokenizer": self.settings.tokenizer is not None,
+            "level": options.level,
+            "levels": sorted(AGGREGATORS),
+            "limits": {"max_prompt_length": options.limits.max_prompt_length, "max_response_length": options.limits.max_response_length},
+            "statuses": list(ROLLOUT_STATUSES),
+            "modes": list(MODES),
+            "max_page_size": MAX_PAGE_SIZE,
+        }
+
+    async def rollouts(self, request: Request) -> Dict[str, Any]:
+        return await list_rollouts(store_of(request), rollout_filter(request))
+
+    async def rollout(self, request: Request) -> Dict[str, Any]:
+        return await rollout_detail(store_of(request), request.path_params["rollout_id"])
+
+    async def span(self, request: Request) -> Dict[str, Any]:
+        return await span_detail(store_of(request), request.path_params["rollout_id"], request.path_params["span_id"])
+
+    async def tokens(self, request: Request) -> Dict[str, Any]:
+        options = self._options(request)
+        tokenizer = await self.tokenizer()
+        return await token_view(store_of(request), request.path_params["rollout_id"], options, tokenizer)
+
+    def _options(self, request: Request) -> TokenViewOptions:
+        # The page may try other levels and limits than the configured ones, to see what they would train.
+        base = self.settings.options
+        level = request.query_params.get("level") or base.level
+        if level not in AGGREGATORS:
+            raise InvalidInputError(f"level: unknown trace_aggregator level {level!r}; expected one of {sorted(AGGREGATORS)}")
+        try:
+            limits = Limits(
+                _int(request, "max_prompt_length", base.limits.max_prompt_length),
+                _int(request, "max_response_length", base.limits.max_response_length),
+            )
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        return TokenViewOptions(level=level, limits=limits, reward_fillna_value=base.reward_fillna_value)
+
+
+def _static_page(name: str, media_type: str) -> Any:
+    async def serve(request: Request) -> Response:
+        body = files(__package__).joinpath("static", name).read_bytes()
+        return Response(body, media_type=media_type, headers=_SECURITY_HEADERS)
+
+    serve.__name__ = f"static_{name.replace('.', '_')}"
+    return serve
+

@@ -1,0 +1,160 @@
+"""What the rollout list and the rollout page show: one page of rollouts, one rollout's spans.
+
+Everything is read through the `LightningStore` interface, one page at a time, so the view
+stays fast on a store with 100,000 rollouts: the store filters and pages, and only the
+rollouts on the page have their spans read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from agl_store.base import LightningStore
+from agl_store.errors import NotFoundError
+from agl_store.models import AttemptedRollout, Rollout, RolloutMode, RolloutStatus, Span
+
+from ..spans import LLM_CALL_SPAN_NAME, final_reward
+
+MAX_PAGE_SIZE = 200
+"""The most rollouts one list request returns: a page, never the store."""
+
+
+@dataclass(frozen=True)
+class RolloutFilter:
+    """The list page's filters and page, passed to `LightningStore.query_rollouts` as they are."""
+
+    status_in: Optional[Sequence[RolloutStatus]] = None
+    mode: Optional[RolloutMode] = None
+    start_time_after: Optional[float] = None
+    start_time_before: Optional[float] = None
+    rollout_id_contains: Optional[str] = None
+    limit: int = 50
+    offset: int = 0
+
+
+def _attempt_count(rollout: Rollout) -> int:
+    # An AttemptedRollout carries its latest attempt, whose sequence_id is the attempt number.
+    return rollout.attempt.sequence_id if isinstance(rollout, AttemptedRollout) else 0
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def span_tokens(span: Span) -> Dict[str, int]:
+    """Tokens in and out of an LLM-call span: usage when recorded, else the token-id arrays."""
+    attributes = span.attributes
+    tokens_in = _int(attributes.get("gen_ai.usage.input_tokens"))
+    tokens_out = _int(attributes.get("gen_ai.usage.output_tokens"))
+    if not tokens_in and isinstance(attributes.get("agl.prompt_token_ids"), list):
+        tokens_in = len(attributes["agl.prompt_token_ids"])
+    if not tokens_out and isinstance(attributes.get("agl.choices"), list):
+        tokens_out = sum(
+            len(choice.get("token_ids") or []) for choice in attributes["agl.choices"] if isinstance(choice, dict)
+        )
+    return {"in": tokens_in, "out": tokens_out}
+
+
+def _duration(start: Optional[float], end: Optional[float], now: float) -> Optional[float]:
+    if start is None:
+        return None
+    return (end if end is not None else now) - start
+
+
+def summarize_rollout(rollout: Rollout, spans: Sequence[Span], now: float) -> Dict[str, Any]:
+    """One line of the rollout list: status, attempts, reward, LLM calls, tokens, duration.
+
+    `spans` are those of the latest attempt: the ones the trainer reads. The reward is the
+    trainer's own `final_reward`; None when the attempt recorded none.
+    """
+    calls = [span for span in spans if span.name == LLM_CALL_SPAN_NAME]
+    tokens = [span_tokens(span) for span in calls]
+    return {
+        "rollout_id": rollout.rollout_id,
+        "status": rollout.status,
+        "mode": rollout.mode,
+        "start_time": rollout.start_time,
+        "end_time": rollout.end_time,
+        "duration": _duration(rollout.start_time, rollout.end_time, now),
+        "attempts": _attempt_count(rollout),
+        "reward": final_reward(spans),
+        "n_calls": len(calls),
+        "tokens_in": sum(t["in"] for t in tokens),
+        "tokens_out": sum(t["out"] for t in tokens),
+    }
+
+
+async def list_rollouts(store: LightningStore, query: RolloutFilter) -> Dict[str, Any]:
+    """One page of rollouts, newest first, with their summaries and the total match count."""
+    limit = max(1, min(query.limit, MAX_PAGE_SIZE))
+    page = await store.query_rollouts(
+        status_in=list(query.status_in) if query.status_in else None,
+        mode=query.mode,
+        start_time_after=query.start_time_after,
+        start_time_before=query.start_time_before,
+        rollout_id_contains=query.rollout_id_contains or None,
+        sort_order="desc",
+        limit=limit,
+        offset=max(0, query.offset),
+    )
+    now = time.time()
+    items = []
+    for rollout in page:
+        spans = await store.query_spans(rollout.rollout_id, "latest") if _attempt_count(rollout) else []
+        items.append(summarize_rollout(rollout, spans, now))
+    total = getattr(page, "total", len(page))
+    return {"items": items, "total": total, "limit": limit, "offset": max(0, query.offset)}
+
+
+def span_line(span: Span) -> Dict[str, Any]:
+    """One span on the rollout's timeline (its request and response are fetched on demand)."""
+    attributes = span.attributes
+    line: Dict[str, Any] = {
+        "span_id": span.span_id,
+        "attempt_id": span.attempt_id,
+        "sequence_id": span.sequence_id,
+        "name": span.name,
+        "start_time": span.start_time,
+        "end_time": span.end_time,
+        "duration": None if span.start_time is None or span.end_time is None else span.end_time - span.start_time,
+        "status": span.status.status_code,
+        "status_description": span.status.description,
+        "backend": attributes.get("agl.backend"),
+        "model": attributes.get("gen_ai.response.model") or attributes.get("gen_ai.request.model"),
+    }
+    if span.name == LLM_CALL_SPAN_NAME:
+        tokens = span_tokens(span)
+        line.update(tokens_in=tokens["in"], tokens_out=tokens["out"])
+    if "agl.reward.value" in attributes:
+        line["reward"] = attributes["agl.reward.value"]
+    return line
+
+
+async def rollout_detail(store: LightningStore, rollout_id: str) -> Dict[str, Any]:
+    """A rollout with its attempts and the spans of all its attempts in sequence order.
+
+    The summary (reward, calls, tokens) is that of the latest attempt, as in the list.
+    """
+    rollout = await store.get_rollout_by_id(rollout_id)
+    if rollout is None:
+        raise NotFoundError(f"rollout {rollout_id!r} not found")
+    attempts = await store.query_attempts(rollout_id) if _attempt_count(rollout) else []
+    spans = await store.query_spans(rollout_id) if attempts else []
+    latest = attempts[-1].attempt_id if attempts else None
+    latest_spans = [span for span in spans if span.attempt_id == latest]
+    return {
+        "rollout": rollout.model_dump(mode="json", exclude={"attempt"}),
+        "summary": summarize_rollout(rollout, latest_spans, time.time()),
+        "attempts": [attempt.model_dump(mode="json") for attempt in attempts],
+        "spans": [span_line(span) for span in spans],
+    }
+
+
+async def span_detail(store: LightningStore, rollout_id: str, span_id: str) -> Dict[str, Any]:
+    """The whole span: request, response, token ids and every other attribute."""
+    spans = await store.query_spans(rollout_id, span_id=span_id)
+    if not spans:
+        raise NotFoundError(f"span {span_id!r} of rollout {rollout_id!r} not found")
+    return spans[0].model_dump(mode="json")
