@@ -1,0 +1,151 @@
+"""The training entry point: `run_ppo(config, train_dataset, val_dataset)` (SPEC section 5).
+
+```python
+from agl_train.entry import run_ppo
+from agl_train.settings import compose_config
+
+config = compose_config(["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+                         "agentlightning.local.agent_class=examples.calc_agent.agent:CalcAgent",
+                         "agentlightning.local.env_map.QUESTION=input.question"])
+run_ppo(config, train_tasks, val_tasks)
+```
+
+`run_ppo` checks its inputs before anything starts, starts Ray (unless it already runs) with
+`worker_process_setup_hook` registering the `per_rollout_mean` loss in every worker process,
+and runs `AglTrainer` inside a Ray actor, as verl's own `main_ppo` does.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, List, Sequence
+
+from .dataset import check_dataset
+from .runner.settings import RunnerSettings
+from .settings import settings_from_config
+
+WORKER_SETUP_HOOK = "agl_train.entry.worker_process_setup_hook"
+
+
+def worker_process_setup_hook() -> None:
+    """Runs in every Ray worker process at start-up: registers the `per_rollout_mean` loss,
+    so verl's actors find it by `policy_loss.loss_mode`."""
+    from .verl_loss import register_per_rollout_loss
+
+    register_per_rollout_loss()
+
+
+def ray_init_kwargs(config: Any) -> Dict[str, Any]:
+    """`ray.init` arguments: verl's runtime env and `ray_kwargs.ray_init`, plus agl's setup hook."""
+    from omegaconf import OmegaConf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    ray_init = OmegaConf.to_container(config.get("ray_kwargs", {}).get("ray_init", {}), resolve=True) or {}
+    runtime_env = OmegaConf.to_container(
+        OmegaConf.merge(get_ppo_ray_runtime_env(config), ray_init.pop("runtime_env", None) or {}), resolve=True
+    )
+    runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
+    return {**{k: v for k, v in ray_init.items() if v is not None}, "runtime_env": runtime_env}
+
+
+def check_inputs(config: Any, train_dataset: Any, val_dataset: Any) -> tuple[List[Any], List[Any]]:
+    """Validate the datasets and agl's settings; returns the datasets as lists.
+
+    Raises TypeError / ValueError with a message naming what is wrong, before Ray starts.
+    """
+    train = check_dataset("train_dataset", train_dataset)
+    val = check_dataset("val_dataset", val_dataset)
+    settings_from_config(config)
+    RunnerSettings.from_config(config)
+    if config.algorithm.get("use_kl_in_reward", False):
+        raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
+    return train, val
+
+
+def run_ppo(config: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any]) -> None:
+    """Train with verl on agent rollouts of `train_dataset`, validating on `val_dataset`.
+
+    Each dataset is a non-empty in-memory sequence of JSON-like tasks; each task becomes a
+    rollout's `input`. Blocks until training ends.
+    """
+    train, val = check_inputs(config, train_dataset, val_dataset)
+    import ray
+
+    worker_process_setup_hook()
+    if not ray.is_initialized():
+        ray.init(**ray_init_kwargs(config))
+    runner = make_task_runner().options(runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK}).remote()
+    ray.get(runner.run.remote(config, train, val))
+
+
+def make_task_runner() -> Any:
+    """The Ray actor class that builds verl's workers and runs `AglTrainer.fit()`."""
+    import ray
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from verl.trainer.main_ppo_v0 import BaseTaskRunner
+
+    class AglTaskRunner(BaseTaskRunner):
+        def run(self, config: Any, train: List[Any], val: List[Any]) -> None:
+            from omegaconf import OmegaConf
+            from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
+            from verl.utils.config import omega_conf_to_dataclass, validate_config
+            from verl.workers.config import HFModelConfig
+
+            from .dataset import InMemoryDataset, collate_inputs
+            from .trainer import AglTrainer
+
+            OmegaConf.resolve(config)
+            _, worker_group_cls = self.add_actor_rollout_worker(config)
+            if need_critic(config):
+                self.add_critic_worker(config)
+            self.add_reward_model_resource_pool(config)
+            validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+            model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+            train_dataset = InMemoryDataset(train, "train_dataset")
+            trainer = AglTrainer(
+                config=config,
+                tokenizer=model_config.tokenizer,
+                processor=model_config.processor,
+                role_worker_mapping=self.role_worker_mapping,
+                resource_pool_manager=self.init_resource_pool_mgr(config),
+                ray_worker_group_cls=worker_group_cls,
+                train_dataset=train_dataset,
+                val_dataset=InMemoryDataset(val, "val_dataset"),
+                collate_fn=collate_inputs,
+                train_sampler=create_rl_sampler(config.data, train_dataset),
+            )
+            trainer.init_workers()
+            trainer.fit()
+
+    return ray.remote(num_cpus=1)(AglTaskRunner)
+
+
+def main() -> None:
+    """`python -m agl_train.entry [hydra overrides] data.train_files=tasks.jsonl data.val_files=val.jsonl`:
+    the datasets as JSON-lines files of tasks (one JSON object per line)."""
+    import json
+
+    import hydra
+
+    @hydra.main(config_path="pkg://agl_train", config_name="config", version_base=None)
+    def _main(config: Any) -> None:
+        def read(path: Any) -> List[Any]:
+            paths = [path] if isinstance(path, str) else list(path)
+            tasks: List[Any] = []
+            for one in paths:
+                with open(one, encoding="utf-8") as handle:
+                    tasks += [json.loads(line) for line in handle if line.strip()]
+            return tasks
+
+        run_ppo(config, read(config.data.train_files), read(config.data.val_files))
+
+    _main()
+
+
+if __name__ == "__main__":
+    main()

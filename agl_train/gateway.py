@@ -1,0 +1,130 @@
+"""The trainer's client of the agl gateway (the proxy, with the store's routes on the same port).
+
+Built lazily from `agentlightning.agl_base_url`, `agl_key` and a 300 s timeout: constructing
+it opens nothing, the first call does. Per step the trainer registers the rollout engine's
+replicas (`update_model_list`), and around the weight update pauses the proxy, waits for the
+calls in flight to drain (`pause(drain=True)`), reads `state()`, and `resume()`s it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import httpx
+
+from .runner.settings import GATEWAY_TIMEOUT_S
+
+
+class GatewayError(RuntimeError):
+    """The gateway answered with an error status, or could not be reached."""
+
+
+class GatewayClient:
+    """Pause / state / resume / model list of one proxy, over HTTP.
+
+    ```python
+    gateway = GatewayClient("http://localhost:8080", key="")
+    await gateway.update_model_list(vllm_model_list(["10.0.0.5:8000"], "Qwen/Qwen2.5-1.5B"))
+    await gateway.pause(drain=True)
+    ... update weights ...
+    await gateway.resume()
+    await gateway.aclose()
+    ```
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        key: str = "",
+        *,
+        timeout_s: float = GATEWAY_TIMEOUT_S,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/v1"):
+            self.base_url = self.base_url[: -len("/v1")]
+        self.key = key
+        self.timeout_s = timeout_s
+        self._transport = transport
+        self._http: Optional[httpx.AsyncClient] = None
+
+    @property
+    def openai_base_url(self) -> str:
+        """The proxy's OpenAI base URL (what an LLM resource's `endpoint` is)."""
+        return self.base_url + "/v1"
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            headers = {"authorization": f"Bearer {self.key}"} if self.key else {}
+            self._http = httpx.AsyncClient(
+                base_url=self.base_url, headers=headers, timeout=self.timeout_s, transport=self._transport
+            )
+        return self._http
+
+    async def _request(self, method: str, path: str, body: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        try:
+            response = await self._client().request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise GatewayError(f"{method} {self.base_url}{path} failed: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise GatewayError(f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:500]}")
+        return response.json()
+
+    async def state(self) -> Dict[str, Any]:
+        """`{"paused", "reason", "paused_at", "in_flight", "models", "spans_buffered"}`."""
+        return await self._request("GET", "/proxy/state")
+
+    async def pause(self, reason: str = "weight update", *, drain: bool = True, timeout_s: Optional[float] = None) -> Dict[str, Any]:
+        """Refuse new calls (429) and, with `drain`, wait until the calls in flight are done."""
+        body: Dict[str, Any] = {"reason": reason, "drain": drain}
+        if timeout_s is not None:
+            body["timeout"] = timeout_s
+        return await self._request("POST", "/proxy/pause", body)
+
+    async def resume(self) -> Dict[str, Any]:
+        return await self._request("POST", "/proxy/resume")
+
+    async def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+        """Replace the proxy's backends (LiteLLM `model_list` entries); returns the list it serves."""
+        answer = await self._request("POST", "/proxy/model_list", {"model_list": [dict(e) for e in model_list]})
+        return answer["model_list"]
+
+    async def wait_spans_exported(self, timeout_s: float = 60.0, poll_s: float = 0.05) -> bool:
+        """Wait until the proxy has no span left to write (so a finished rollout's spans are
+        all in the store); False if `timeout_s` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if (await self.state()).get("spans_buffered", 0) == 0:
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(poll_s)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+
+def vllm_model_list(
+    server_addresses: Sequence[str], model_name: str, *, served_model: Optional[str] = None, version: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    """LiteLLM `model_list` entries for vLLM replicas (`host:port` or URLs), one per replica,
+    all under `model_name`; `served_model` is the name vLLM serves (default `model_name`),
+    `version` the weight version recorded in every span they serve."""
+    entries = []
+    for address in server_addresses:
+        url = address if "://" in address else f"http://{address}"
+        url = url.rstrip("/")
+        if not url.endswith("/v1"):
+            url += "/v1"
+        entry: Dict[str, Any] = {
+            "model_name": model_name,
+            "litellm_params": {"model": f"hosted_vllm/{served_model or model_name}", "api_base": url},
+        }
+        if version is not None:
+            entry["model_info"] = {"agl_model_version": str(version)}
+        entries.append(entry)
+    return entries

@@ -1,0 +1,180 @@
+"""Prompt groups in flight: `n` rollouts per prompt, enqueued together, trained together.
+
+`GroupTracker.submit(inputs)` enqueues one group per input (`n` rollouts sharing a `uid`);
+`collect(count, timeout_s)` waits until `count` groups have every rollout finished and returns
+the first ones to complete, in completion order; unfinished groups stay in flight and are
+carried over to the next `collect` (async rollout). Groups still unfinished when a sync step
+gives up are cancelled with `abandon()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from agl_store.base import LightningStore
+from agl_store.errors import StoreError
+from agl_store.models import (
+    TERMINAL_ROLLOUT_STATUSES,
+    EnqueueRolloutRequest,
+    RolloutConfig,
+    RolloutMode,
+)
+
+from .outcome import METADATA_KEY
+
+POLL_S = 0.25
+UID_KEY = "agl.uid"
+STATUS_SUCCEEDED = "succeeded"
+COUNT_KEYS = ("succeeded", "failed", "timeout")
+
+
+@dataclass
+class Group:
+    """The `n` rollouts of one prompt. `outcomes` maps rollout id → succeeded / failed / timeout."""
+
+    uid: str
+    input: Any
+    rollout_ids: List[str]
+    outcomes: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.outcomes) == len(self.rollout_ids)
+
+    def succeeded(self) -> List[str]:
+        return [rid for rid in self.rollout_ids if self.outcomes.get(rid) == STATUS_SUCCEEDED]
+
+
+@dataclass(frozen=True)
+class Collected:
+    """The groups a step trains on, and how their rollouts ended."""
+
+    groups: List[Group]
+    counts: Mapping[str, int]
+    carried_over: int
+
+    @property
+    def metrics(self) -> Dict[str, float]:
+        return {
+            "rollout/n_done": float(self.counts.get("succeeded", 0)),
+            "rollout/n_failed": float(self.counts.get("failed", 0)),
+            "rollout/n_timed_out": float(self.counts.get("timeout", 0)),
+            "rollout/n_groups": float(len(self.groups)),
+            "rollout/n_groups_carried_over": float(self.carried_over),
+        }
+
+
+class GroupTracker:
+    """Enqueues prompt groups and reports them as they complete.
+
+    `rollout_config` goes with every rollout (the trainer sets a store-side timeout a little
+    past the runner's own, as a backstop for runners that disappear).
+    """
+
+    def __init__(
+        self,
+        store: LightningStore,
+        n: int,
+        *,
+        rollout_config: Optional[RolloutConfig] = None,
+        mode: RolloutMode = "train",
+    ) -> None:
+        if n <= 0:
+            raise ValueError(f"n (rollouts per prompt) must be positive, got {n}")
+        self.store = store
+        self.n = n
+        self.rollout_config = rollout_config or RolloutConfig()
+        self.mode = mode
+        self.in_flight: List[Group] = []
+        self._completed_order: List[Group] = []
+
+    async def submit(
+        self, inputs: Sequence[Any], *, resources_id: Optional[str] = None, metadata: Optional[Mapping[str, Any]] = None
+    ) -> List[Group]:
+        """Enqueue `n` rollouts for each input, in one store transaction."""
+        uids = [uuid.uuid4().hex for _ in inputs]
+        requests = [
+            EnqueueRolloutRequest(
+                input=item,
+                mode=self.mode,
+                resources_id=resources_id,
+                config=self.rollout_config,
+                metadata={**(metadata or {}), UID_KEY: uid},
+            )
+            for item, uid in zip(inputs, uids)
+            for _ in range(self.n)
+        ]
+        rollouts = list(await self.store.enqueue_many_rollouts(requests)) if requests else []
+        groups = [
+            Group(uid=uid, input=item, rollout_ids=[r.rollout_id for r in rollouts[k * self.n : (k + 1) * self.n]])
+            for k, (item, uid) in enumerate(zip(inputs, uids))
+        ]
+        self.in_flight += groups
+        return groups
+
+    async def refresh(self) -> None:
+        """Read the status of every unfinished rollout in flight; note newly complete groups."""
+        pending = [rid for g in self.in_flight if not g.complete for rid in g.rollout_ids if rid not in g.outcomes]
+        if not pending:
+            return
+        finished = await self.store.query_rollouts(rollout_id_in=pending, status_in=sorted(TERMINAL_ROLLOUT_STATUSES))
+        by_id = {r.rollout_id: r for r in finished}
+        for group in self.in_flight:
+            if group.complete:
+                continue
+            for rid in group.rollout_ids:
+                if rid in by_id and rid not in group.outcomes:
+                    group.outcomes[rid] = await self._outcome(by_id[rid].status, rid)
+            if group.complete:
+                self._completed_order.append(group)
+
+    async def _outcome(self, rollout_status: str, rollout_id: str) -> str:
+        if rollout_status == STATUS_SUCCEEDED:
+            return "succeeded"
+        attempt = await self.store.get_latest_attempt(rollout_id)
+        if attempt is not None and attempt.status in ("timeout", "unresponsive"):
+            return "timeout"
+        if attempt is not None and (attempt.metadata or {}).get(METADATA_KEY, {}).get("status") == "timeout":
+            return "timeout"
+        return "failed"
+
+    async def collect(self, count: int, timeout_s: float) -> Collected:
+        """The first `count` groups to complete (fewer if `timeout_s` passes first); they
+        leave the in-flight set, the others stay."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            await self.refresh()
+            if len(self._completed_order) >= count or loop.time() >= deadline:
+                break
+            await asyncio.sleep(POLL_S)
+        taken = self._completed_order[:count]
+        self._completed_order = self._completed_order[count:]
+        taken_ids = {id(g) for g in taken}
+        self.in_flight = [g for g in self.in_flight if id(g) not in taken_ids]
+        counts = {key: 0 for key in COUNT_KEYS}
+        for group in taken:
+            for outcome in group.outcomes.values():
+                counts[outcome] += 1
+        return Collected(groups=taken, counts=counts, carried_over=len(self.in_flight))
+
+    async def abandon(self) -> Dict[str, int]:
+        """Cancel every rollout still in flight and forget its group; returns the counts
+        (unfinished rollouts count as timed out)."""
+        counts = {key: 0 for key in COUNT_KEYS}
+        for group in self.in_flight:
+            for rid in group.rollout_ids:
+                if rid in group.outcomes:
+                    counts[group.outcomes[rid]] += 1
+                    continue
+                counts["timeout"] += 1
+                try:
+                    await self.store.update_rollout(rid, status="cancelled")
+                except StoreError:
+                    pass  # finished meanwhile: nothing to cancel
+        self.in_flight = []
+        self._completed_order = []
+        return counts

@@ -1,0 +1,372 @@
+"""The verl trainer: rollouts through agl's proxy and store, updates through verl (SPEC section 5).
+
+Two layers:
+
+- `rollout_step(...)`: the data path of one step, verl-free apart from `DataProto`, and run on
+  the CPU by the tests with the real store, proxy and a tiny vLLM: enqueue `n` rollouts per
+  prompt → runners execute them → wait (`rollout_timeout_seconds`) → read spans → rows
+  (trace aggregator) → advantage (rollout-level) → update cap → per-rollout normalisation.
+  Failed and timed-out rollouts are dropped from the batch and counted.
+- `AglTrainer`, a `RayPPOTrainer` whose `fit()` calls `rollout_step` each step between
+  publishing the rollout engine's replicas to the proxy and the actor update, and pauses and
+  drains the proxy around the weight update.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import httpx
+import numpy as np
+
+from agl_store.base import LightningStore
+from agl_store.models import ProxyLLM, RolloutConfig
+
+from ._verl import DataProto
+from .dataset import INPUT_KEY
+from .gateway import GatewayClient, vllm_model_list
+from .hooks import run_startup_hooks
+from .prefix_break import Detokenizer
+from .runner.dispatch import RolloutDispatcher
+from .runner.factory import make_runner
+from .runner.groups import Collected, GroupTracker
+from .runner.loop_thread import LoopThread
+from .runner.settings import RunnerSettings
+from .settings import TrainSettings, settings_from_config
+from .spans import read_rollout
+from .step import build_batch, prepare_update
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.utils.debug import marked_timer
+    from verl.utils.metric import reduce_metrics
+
+logger = logging.getLogger(__name__)
+
+WAIT_GRACE_S = 30.0
+"""Extra wait past the rollout timeout: the runner kills at the timeout, then records the outcome."""
+
+
+@dataclass(frozen=True)
+class StepData:
+    """What one step's rollouts produced: the update batch (None when no row survived), the
+    metrics of the step, and the groups it trained on."""
+
+    data: Optional[DataProto]
+    metrics: Dict[str, float]
+    collected: Collected
+
+
+def _token_metrics(data: Optional[DataProto]) -> Dict[str, float]:
+    if data is None or len(data) == 0:
+        return {"training/n_update_rows": 0.0, "training/n_response_tokens": 0.0, "training/n_tokens": 0.0}
+    return {
+        "training/n_update_rows": float(len(data)),
+        "training/n_response_tokens": float(data.batch["response_mask"].sum()),
+        "training/n_tokens": float(data.batch["attention_mask"].sum()),
+    }
+
+
+async def rollout_step(
+    store: LightningStore,
+    tracker: GroupTracker,
+    inputs: Sequence[Any],
+    settings: TrainSettings,
+    *,
+    rollout_timeout_s: float,
+    pad_token_id: int,
+    rng: random.Random,
+    adv_estimator: Any = "grpo",
+    groups_to_train: Optional[int] = None,
+    resources_id: Optional[str] = None,
+    gateway: Optional[GatewayClient] = None,
+    tokenizer: Optional[Detokenizer] = None,
+    **compute_advantage_kwargs: Any,
+) -> StepData:
+    """One step's data path, from new prompts to the batch that goes to the actor update.
+
+    `inputs` are enqueued as new groups (`tracker.n` rollouts each, under `resources_id`);
+    the step then trains on the first `groups_to_train` groups to complete (default: as many
+    as were submitted; in async mode `data.train_batch_size` while more stay in flight).
+    Without async rollout, groups still unfinished after `rollout_timeout_s` (+ a grace) are
+    cancelled and counted as timed out. `gateway`, when given, is asked to flush the proxy's
+    span buffer before spans are read. `compute_advantage_kwargs` go to verl's
+    `compute_advantage` (e.g. `norm_adv_by_std_in_grpo`).
+    """
+    started = time.monotonic()
+    if inputs:
+        await tracker.submit(inputs, resources_id=resources_id)
+    count = groups_to_train if groups_to_train is not None else len(inputs)
+    collected = await tracker.collect(count, timeout_s=rollout_timeout_s + WAIT_GRACE_S)
+    metrics = dict(collected.metrics)
+    if groups_to_train is None and tracker.in_flight:
+        abandoned = await tracker.abandon()
+        metrics["rollout/n_timed_out"] += abandoned["timeout"]
+        metrics["rollout/n_abandoned"] = float(abandoned["timeout"])
+    if gateway is not None:
+        await gateway.wait_spans_exported()
+
+    traces = [
+        await read_rollout(store, rollout_id, uid=group.uid, reward_fillna_value=settings.reward_fillna_value)
+        for group in collected.groups
+        for rollout_id in group.succeeded()
+    ]
+    data, aggregation = build_batch(traces, settings, pad_token_id, tokenizer)
+    metrics.update({key: float(value) for key, value in aggregation.metrics.items()})
+    if traces:
+        rewards = [trace.reward for trace in traces]
+        metrics["rollout/reward_mean"] = float(np.mean(rewards))
+        metrics["rollout/reward_max"] = float(np.max(rewards))
+        metrics["rollout/reward_min"] = float(np.min(rewards))
+    if data is not None:
+        data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+        data, cap_metrics = prepare_update(
+            data, settings, rng=rng, adv_estimator=adv_estimator, **compute_advantage_kwargs
+        )
+        metrics.update(cap_metrics)
+    metrics.update(_token_metrics(data))
+    metrics["timing_s/agl_rollout_step"] = time.monotonic() - started
+    return StepData(data=data if data is not None and len(data) > 0 else None, metrics=metrics, collected=collected)
+
+
+LLM_RESOURCE_NAME = "main_llm"
+
+
+def served_model_name(server_address: str, timeout_s: float = 30.0) -> str:
+    """The model id a vLLM replica serves (its `/v1/models`), which is what the proxy must ask for."""
+    url = server_address if "://" in server_address else f"http://{server_address}"
+    answer = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+    answer.raise_for_status()
+    return answer.json()["data"][0]["id"]
+
+
+class AglTrainer(RayPPOTrainer):
+    """verl's PPO trainer with agent rollouts through agl's gateway.
+
+    Construct it like `RayPPOTrainer` (the entry point does) with an `InMemoryDataset` and
+    `collate_inputs`. The constructor checks agl's settings: a bad combination (an async
+    batch not larger than `data.train_batch_size`, KL in the reward) raises ValueError.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.agl_settings = settings_from_config(self.config)
+        self.runner_settings = RunnerSettings.from_config(self.config)
+        if self.config.algorithm.use_kl_in_reward:
+            raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
+        self._gateway: Optional[GatewayClient] = None
+        self._loop = LoopThread("agl-trainer-loop")
+        self._store: Optional[LightningStore] = None
+        self._dispatcher: Optional[RolloutDispatcher] = None
+        self._tracker: Optional[GroupTracker] = None
+        self._rng = random.Random(self.config.data.get("seed", 0) or 0)
+
+    @property
+    def gateway(self) -> GatewayClient:
+        """The gateway client, built on first use from `agl_base_url`, `agl_key`, 300 s timeout."""
+        if self._gateway is None:
+            self._gateway = GatewayClient(self.runner_settings.agl_base_url, self.runner_settings.agl_key)
+        return self._gateway
+
+    # --- agl's side, on the background loop -----------------------------------------------
+
+    async def _open_agl(self) -> None:
+        from agl_store.client import LightningStoreClient
+
+        settings = self.runner_settings
+        store = LightningStoreClient(settings.agl_base_url, key=settings.agl_key or None, timeout=300.0)
+        await store.open()
+        self._store = store
+        runner = make_runner(settings)
+        if runner is not None:
+            self._dispatcher = RolloutDispatcher(store, runner, store_url=self.gateway.base_url)
+            await self._dispatcher.start()
+        # The store's own timeout is a backstop for runners that vanish: later than the
+        # runner's kill, so the runner's verdict (and message) normally wins.
+        config = RolloutConfig(timeout_seconds=settings.rollout_timeout_seconds + 2 * 30.0)
+        self._tracker = GroupTracker(store, self.agl_settings.rollout_n, rollout_config=config)
+
+    async def _close_agl(self) -> None:
+        if self._dispatcher is not None:
+            await self._dispatcher.stop()
+        if self._store is not None:
+            await self._store.close()
+        if self._gateway is not None:
+            await self._gateway.aclose()
+
+    async def _publish_replicas(self) -> str:
+        """Register the rollout engine's replicas with the proxy and publish a new LLM resource
+        (one resources id per weight version); returns the resources id."""
+        addresses = [replica.server_address for replica in self.llm_server_manager.get_replicas()]
+        served = served_model_name(addresses[0])
+        version = str(self.global_steps)
+        await self.gateway.update_model_list(vllm_model_list(addresses, served, version=version))
+        resource = ProxyLLM(
+            endpoint=self.gateway.openai_base_url,
+            model=served,
+            api_key=self.runner_settings.agl_key or None,
+            sampling_parameters={"temperature": float(self.config.actor_rollout_ref.rollout.temperature)},
+        )
+        assert self._store is not None
+        update = await self._store.add_resources({LLM_RESOURCE_NAME: resource})
+        return update.resources_id
+
+    async def _rollouts(self, new_inputs: Sequence[Any]) -> StepData:
+        assert self._store is not None and self._tracker is not None
+        resources_id = await self._publish_replicas()
+        await self.gateway.resume()
+        if self._dispatcher is not None:
+            self._dispatcher.wake()
+        settings = self.agl_settings
+        pad_token_id = self.tokenizer.pad_token_id
+        if pad_token_id is None:
+            pad_token_id = self.tokenizer.eos_token_id
+        return await rollout_step(
+            self._store,
+            self._tracker,
+            new_inputs,
+            settings,
+            rollout_timeout_s=self.runner_settings.rollout_timeout_seconds,
+            pad_token_id=pad_token_id,
+            rng=self._rng,
+            adv_estimator=self.config.algorithm.adv_estimator,
+            groups_to_train=settings.train_batch_size if settings.async_rollout else None,
+            resources_id=resources_id,
+            gateway=self.gateway,
+            tokenizer=self.tokenizer,
+            norm_adv_by_std_in_grpo=self.config.algorithm.get("norm_adv_by_std_in_grpo", True),
+            config=self.config.algorithm,
+        )
+
+    def _inputs_to_submit(self, pending: List[Any]) -> Optional[List[Any]]:
+        """Take from `pending` the prompts to enqueue now, or None to wait for more data.
+
+        Async rollout keeps `async_train_batch_size` groups in flight, so a step starts only
+        once in-flight + pending groups reach it; without it, each batch is one step.
+        """
+        if not self.agl_settings.async_rollout:
+            taken, pending[:] = list(pending), []
+            return taken
+        assert self._tracker is not None
+        room = self.runner_settings.groups_in_flight - len(self._tracker.in_flight)
+        if len(pending) < room:
+            return None
+        taken, pending[:] = pending[:room], pending[room:]
+        return taken
+
+    async def _pause_proxy(self) -> Dict[str, float]:
+        """Pause the proxy and wait for the calls in flight: the replicas go to sleep next."""
+        await self.gateway.pause("weight update", drain=True)
+        state = await self.gateway.state()
+        return {"rollout/proxy_in_flight_at_update": float(state.get("in_flight", 0))}
+
+    # --- verl's side ------------------------------------------------------------------------
+
+    def _validate(self, merged: bool = False) -> Dict[str, float]:
+        """Mean reward of one rollout per validation task (`val/reward_mean`)."""
+        tasks = [item[INPUT_KEY] for item in self.val_dataset]
+        tracker = GroupTracker(self._store, 1, mode="val")
+
+        async def run() -> Dict[str, float]:
+            resources_id = await self._publish_replicas()
+            await self.gateway.resume()
+            await tracker.submit(tasks, resources_id=resources_id)
+            collected = await tracker.collect(len(tasks), self.runner_settings.rollout_timeout_seconds + WAIT_GRACE_S)
+            await tracker.abandon()
+            await self.gateway.wait_spans_exported()
+            rewards = []
+            for group in collected.groups:
+                for rollout_id in group.succeeded():
+                    trace = await read_rollout(self._store, rollout_id, reward_fillna_value=self.agl_settings.reward_fillna_value)
+                    rewards.append(trace.reward)
+            return {
+                "val/reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+                "val/n_done": float(collected.counts.get("succeeded", 0)),
+                "val/n_failed": float(collected.counts.get("failed", 0) + collected.counts.get("timeout", 0)),
+            }
+
+        return self._loop.run(run())
+
+    def fit(self) -> None:
+        """verl's training loop with agl's rollout step (see the module docstring)."""
+        from omegaconf import OmegaConf
+        from verl.utils.tracking import Tracking
+
+        tracking = Tracking(
+            project_name=self.config.trainer.project_name,
+            experiment_name=self.config.trainer.experiment_name,
+            default_backend=self.config.trainer.logger,
+            config=OmegaConf.to_container(self.config, resolve=True),
+        )
+        self.global_steps = 0
+        self._load_checkpoint()
+        self.checkpoint_manager.update_weights(self.global_steps)
+        run_startup_hooks(self.runner_settings.hooks)
+        self._loop.start()
+        try:
+            self._loop.run(self._open_agl())
+            if self.config.trainer.get("val_before_train", True):
+                tracking.log(data=self._validate(), step=self.global_steps)
+                if self.config.trainer.get("val_only", False):
+                    return
+            self.global_steps = 1
+            pending: List[Any] = []
+            for epoch in range(self.config.trainer.total_epochs):
+                for batch_dict in self.train_dataloader:
+                    pending += batch_dict[INPUT_KEY]
+                    new_inputs = self._inputs_to_submit(pending)
+                    if new_inputs is None:
+                        continue
+                    metrics = self._train_step(new_inputs)
+                    metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+                    tracking.log(data=metrics, step=self.global_steps)
+                    if self.global_steps >= self.total_training_steps:
+                        return
+                    self.global_steps += 1
+        finally:
+            self._loop.run(self._close_agl())
+            self._loop.stop()
+
+    def _train_step(self, new_inputs: Sequence[Any]) -> Dict[str, float]:
+        metrics: Dict[str, float] = {}
+        timing_raw: Dict[str, float] = {}
+        with marked_timer("step", timing_raw):
+            with marked_timer("gen", timing_raw):
+                step = self._loop.run(self._rollouts(new_inputs))
+                metrics.update(step.metrics)
+                metrics.update(self._loop.run(self._pause_proxy()))
+                self.checkpoint_manager.sleep_replicas()
+            batch = step.data
+            if batch is not None:
+                batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(dim=-1).tolist()
+                batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+                with marked_timer("old_log_prob", timing_raw):
+                    old_log_prob, _ = self._compute_old_log_prob(batch)
+                    old_log_prob.batch.pop("entropys", None)
+                    batch = batch.union(old_log_prob)
+                if self.use_reference_policy:
+                    with marked_timer("ref", timing_raw):
+                        batch = batch.union(self._compute_ref_log_prob(batch))
+                with marked_timer("update_actor", timing_raw):
+                    actor_output = self._update_actor(batch)
+                metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+            else:
+                logger.warning("step %d: no trainable rows (all rollouts failed or too few rows); no update", self.global_steps)
+            with marked_timer("update_weights", timing_raw):
+                self.checkpoint_manager.update_weights(self.global_steps)
+            self._loop.run(self.gateway.resume())
+        metrics["timing_s/agl_step"] = timing_raw["step"]
+        if batch is not None:
+            metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+            metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+        return metrics
+
+
+__all__: List[str] = ["AglTrainer", "StepData", "WAIT_GRACE_S", "rollout_step", "served_model_name"]

@@ -1,0 +1,1 @@
+"""A calculator-tool math agent trained with agl (see README.md)."""
