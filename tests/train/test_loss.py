@@ -91,3 +91,43 @@ def test_a_rollouts_total_weight_does_not_depend_on_how_many_rows_it_was_split_i
     expected = [a for a, _, _ in rollouts]
     assert total_weights(0) == pytest.approx(expected, abs=1e-9)
     assert total_weights(1) == pytest.approx(expected, abs=1e-9)
+
+
+def test_the_vectorised_normalisation_matches_a_plain_loop() -> None:
+    generator = torch.Generator().manual_seed(3)
+    n_rows, width = 12, 7
+    advantages = torch.randn(n_rows, width, generator=generator, dtype=torch.float64)
+    mask = (torch.rand(n_rows, width, generator=generator) > 0.3).long()
+    rollout_ids = [f"ro-{int(i)}" for i in torch.randint(0, 4, (n_rows,), generator=generator)]
+
+    tokens = {}
+    for row, rollout in enumerate(rollout_ids):
+        tokens[rollout] = tokens.get(rollout, 0) + int(mask[row].sum())
+    expected = torch.zeros_like(advantages)
+    for row, rollout in enumerate(rollout_ids):
+        for t in range(width):
+            if tokens[rollout]:
+                expected[row, t] = advantages[row, t] / (tokens[rollout] * n_rows)
+
+    torch.testing.assert_close(normalize_advantages_by_rollout(advantages, mask, rollout_ids), expected)
+
+
+def test_the_vectorised_dual_clip_matches_a_plain_loop() -> None:
+    import math
+
+    generator = torch.Generator().manual_seed(4)
+    old = -torch.rand(5, 6, generator=generator, dtype=torch.float64)
+    new = old + torch.randn(5, 6, generator=generator, dtype=torch.float64)
+    advantages = torch.randn(5, 6, generator=generator, dtype=torch.float64)
+    low, high, c = 0.2, 0.28, 3.0
+
+    expected = torch.zeros_like(advantages)
+    for b in range(5):
+        for t in range(6):
+            a = float(advantages[b, t])
+            ratio = math.exp(max(-20.0, min(20.0, float(new[b, t] - old[b, t]))))
+            loss = max(-a * ratio, -a * min(max(ratio, 1 - low), 1 + high))
+            expected[b, t] = min(loss, -a * c) if a < 0 else loss
+
+    losses, _, _ = clipped_policy_losses(old, new, advantages, low, high, c)
+    torch.testing.assert_close(losses, expected)
