@@ -26,6 +26,8 @@ from .models import (
     Worker,
     reward_span,
 )
+from .sqlite import SQLiteStore
+from .urls import open_store
 
 __all__ = [
     "UNSET",
@@ -44,11 +46,13 @@ __all__ = [
     "Rollout",
     "RolloutConfig",
     "Span",
+    "SQLiteStore",
     "StoreClosedError",
     "StoreError",
     "StoreStatistics",
     "StoreUnavailableError",
     "UnauthorizedError",
     "Worker",
+    "open_store",
     "reward_span",
 ]
