@@ -21,6 +21,9 @@ from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE, Span
 
 LLM_CALL_SPAN_NAME = "agl.llm_call"
 
+AGL_03_PRIMARY_REWARD = "agentlightning.reward.0.value"
+"""Where agent-lightning 0.3's `emit_reward` puts the primary reward (flattened OTLP attribute)."""
+
 SKIP_ERROR = "error"
 """The call's span has status ERROR: the backend did not answer it."""
 SKIP_NO_PROMPT_IDS = "no_prompt_token_ids"
@@ -129,25 +132,35 @@ def calls_from_spans(spans: Iterable[Span]) -> Tuple[List[LLMCall], Dict[str, in
                     logprobs=_logprob_list(choice.get("logprobs"), len(response_ids)),
                     sequence_id=span.sequence_id,
                     span_id=span.span_id,
-                    choice_index=int(choice.get("index", position)),
+                    choice_index=choice["index"] if isinstance(choice.get("index"), int) else position,
                     finish_reason=choice.get("finish_reason"),
                 )
             )
     return calls, dict(skipped)
 
 
-def final_reward(spans: Iterable[Span]) -> Optional[float]:
-    """The value of the last `agl.reward` span in sequence order, or None if there is none.
+def reward_value(span: Span) -> Optional[float]:
+    """The reward a span records, or None: `agl.reward` spans (`agl.reward.value`), and spans
+    of agent-lightning 0.3's `emit_reward` (`agentlightning.reward.0.value`, the primary reward).
 
-    A reward span whose value is not a finite number is ignored (it cannot be trained on).
+    A value that is not a finite number does not count (it cannot be trained on).
     """
+    if span.name == REWARD_SPAN_NAME:
+        value = span.attributes.get(REWARD_VALUE_ATTRIBUTE)
+    else:
+        value = span.attributes.get(AGL_03_PRIMARY_REWARD)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def final_reward(spans: Iterable[Span]) -> Optional[float]:
+    """The last reward (see `reward_value`) in sequence order, or None if there is none."""
     reward: Optional[float] = None
     for span in _sorted_by_sequence(spans):
-        if span.name != REWARD_SPAN_NAME:
-            continue
-        value = span.attributes.get(REWARD_VALUE_ATTRIBUTE)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            reward = float(value)
+        value = reward_value(span)
+        if value is not None:
+            reward = value
     return reward
 
 

@@ -60,6 +60,19 @@ def test_the_last_reward_in_sequence_order_is_the_final_reward() -> None:
     assert final_reward([llm_call_span([1], [2], sequence_id=1)]) is None
 
 
+def test_agent_lightning_03_reward_spans_count_and_non_finite_values_do_not() -> None:
+    emitted = Span(
+        rollout_id="ro-1",
+        attempt_id="at-1",
+        sequence_id=2,
+        name="agentlightning.annotation",
+        attributes={"agentlightning.reward.0.name": "primary", "agentlightning.reward.0.value": 0.75},
+    )
+
+    assert final_reward([reward(1.0, sequence_id=1), emitted]) == 0.75
+    assert final_reward([reward(1.0, sequence_id=1), reward(float("nan"), sequence_id=2)]) == 1.0
+
+
 def test_a_rollout_without_reward_gets_the_fill_value() -> None:
     trace = trace_from_spans("ro-1", [llm_call_span([1], [2], sequence_id=1)], uid="q7", reward_fillna_value=-1.0)
 
