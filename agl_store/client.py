@@ -21,6 +21,7 @@ from pydantic_core import to_json
 
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
 from .errors import ERRORS_BY_CODE, StoreClosedError, StoreError, StoreUnavailableError
+from .http_transport import default_transport
 from .models import (
     Attempt,
     AttemptedRollout,
@@ -190,7 +191,7 @@ class LightningStoreClient(LightningStore):
                 base_url=self.url,
                 headers=headers,
                 timeout=self._timeout,
-                transport=self._transport,
+                transport=self._transport or default_transport(),
                 limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
             )
         return self

@@ -38,8 +38,9 @@ Answer = Tuple[int, bytes]
 class FaultServer:
     """An ASGI app that plays back a script of (status, body) answers, then repeats the last."""
 
-    def __init__(self, script: List[Answer]) -> None:
+    def __init__(self, script: List[Answer], delay: float = 0.0) -> None:
         self.script = list(script)
+        self.delay = delay
         self.requests: List[str] = []
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -49,6 +50,8 @@ class FaultServer:
             await send({"type": "lifespan.shutdown.complete"})
             return
         self.requests.append(f"{scope['method']} {scope['path']}")
+        if self.delay:
+            await asyncio.sleep(self.delay)
         status, body = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         await send(
             {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
@@ -128,6 +131,16 @@ async def test_connection_refused_is_retried_then_reported_as_unavailable() -> N
         async with fast_client(url, retries=2) as client:
             with pytest.raises(StoreUnavailableError, match="after 3 attempts"):
                 await client.statistics()
+
+
+async def test_a_server_that_does_not_answer_in_time_is_retried_then_unavailable() -> None:
+    app = FaultServer([(200, orjson.dumps(STATISTICS))], delay=0.5)
+    async with serving(app) as url:
+        client = LightningStoreClient(url, retries=1, backoff_base=0.001, timeout=0.05)
+        async with client:
+            with pytest.raises(StoreUnavailableError, match="unreachable after 2 attempts"):
+                await client.statistics()
+    assert len(app.requests) == 2
 
 
 class CountingTransport(httpx.AsyncHTTPTransport):
