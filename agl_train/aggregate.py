@@ -181,7 +181,8 @@ def trajectory_rows(
 
     The merge test uses the previous *call's* prompt + response (not the merged row's), which
     is the same thing while merging: a merged row's prompt + response is exactly the last
-    call's prompt + response.
+    call's prompt + response. The choices of one call with n > 1 each start a row (without a
+    break record); the next call can only extend the last of them.
     """
     rows: List[Row] = []
     breaks: List[PrefixBreak] = []
@@ -193,6 +194,11 @@ def trajectory_rows(
         previous = segment.last_call
         if extends(call.prompt_ids, previous.prompt_ids, previous.response_ids):
             segment.merge(call)
+            continue
+        if call.span_id and call.span_id == previous.span_id:
+            # Another choice of the same n > 1 call: a sibling, not a broken prefix.
+            rows.append(apply_limits(segment.to_row(trace), limits))
+            segment = _Segment(turn_index, call)
             continue
         record = diagnose_break(
             trace.rollout_id, turn_index, previous.prompt_ids, previous.response_ids, call.prompt_ids, tokenizer

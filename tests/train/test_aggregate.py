@@ -50,6 +50,17 @@ def test_trajectory_merges_calls_and_masks_inserted_tokens_then_starts_a_row_whe
     assert "prefix broke at token 1" in record.describe()
 
 
+def test_the_choices_of_an_n_call_are_siblings_not_broken_prefixes() -> None:
+    first = LLMCall(prompt_ids=[1, 2], response_ids=[3], span_id="s1", choice_index=0)
+    second = LLMCall(prompt_ids=[1, 2], response_ids=[4], span_id="s1", choice_index=1)
+    follow_up = LLMCall(prompt_ids=[1, 2, 4, 5], response_ids=[6], span_id="s2")
+
+    rows, breaks = trajectory_rows(trace("ro-1", [first, second, follow_up]), WIDE)
+
+    assert [(r.response_ids, r.response_mask) for r in rows] == [([3], [1]), ([4, 5, 6], [1, 0, 1])]
+    assert breaks == []
+
+
 def test_transition_makes_one_row_per_call() -> None:
     rows, breaks = transition_rows(trace("ro-1", [CALL_1, CALL_2, CALL_3]), WIDE)
 
