@@ -171,6 +171,36 @@ async def test_two_processes_share_sequence_ids_and_the_queue(tmp_path: Path) ->
         assert len(spans) == 80 and len({s.sequence_id for s in spans}) == 80
 
 
+OPENER_SCRIPT = """
+import asyncio, sys
+from agl_store.sqlite import SQLiteStore
+
+async def main(path):
+    async with SQLiteStore(path) as store:
+        for i in range(5):
+            await store.enqueue_rollout(input=i)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_processes_opening_a_new_file_at_once_migrate_it_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "fresh.db")
+
+    processes = [await run_python(OPENER_SCRIPT, path) for _ in range(3)]
+    for process in processes:
+        _, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+
+    async with SQLiteStore(path) as store:
+        assert (await store.statistics()).total_rollouts == 15
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == len(MIGRATIONS)
+    finally:
+        conn.close()
+
+
 KILLED_WRITER_SCRIPT = """
 import asyncio, sys
 from agl_store.sqlite import SQLiteStore
