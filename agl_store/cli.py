@@ -17,6 +17,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
+from .errors import StoreError
 from .server import DEFAULT_MAX_BODY_BYTES, create_app
 
 ENTRY_POINT_GROUP = "agl.commands"
@@ -88,7 +89,11 @@ async def _serve_async(args: argparse.Namespace) -> int:
     from .urls import open_store
 
     url = db_url(args.db)
-    store = await open_store(url)
+    try:
+        store = await open_store(url)
+    except (StoreError, OSError) as exc:
+        print(f"agl store serve: cannot open the store {url}: {exc}", file=sys.stderr)
+        return 2
     app = create_app(store, key=args.key, max_body_bytes=args.max_body_bytes, manage_store=False)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

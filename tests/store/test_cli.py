@@ -76,6 +76,17 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
 
 
+def test_an_unknown_store_url_is_a_clear_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", "postgres://db/agl", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "cannot open the store postgres://db/agl: unknown store URL scheme 'postgres'" in done.stderr
+
+
 async def test_serve_prints_one_line_at_start_and_stop_and_keeps_data(tmp_path: Path) -> None:
     db = tmp_path / "nested" / "agl.db"
     server = StoreServerProcess(db)
