@@ -2,7 +2,7 @@
 
 Readers take the `sqlite3.Connection`; writers take a `Txn` and run inside `atomic()`, so
 each is one transaction and sees no other writer. The status rules come from
-`agl_store.transitions`; `move_rollout` and `change_attempt` are the only places that change
+`agl_store.transitions`; `_move_rollout` and `_change_attempt` are the only places that change
 a status, keeping the queue, end times, workers and waiters in step.
 """
 
@@ -74,10 +74,12 @@ def atomic(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
+        conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite may already have rolled back (e.g. a full disk); never mask the real error.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
 
 
 class Txn:
@@ -398,12 +400,12 @@ def update_attempt(txn: Txn, rollout_id: str, attempt_id: str, changes: AttemptC
     attempt = _get_attempt(txn.conn, rollout_id, attempt_id)
     if attempt is None:
         raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
-    return change_attempt(
+    return _change_attempt(
         txn, attempt, rollout_status, RolloutConfig.model_validate(orjson.loads(config)), latest_id, changes
     )
 
 
-def change_attempt(
+def _change_attempt(
     txn: Txn,
     attempt: Attempt,
     rollout_status: str,
@@ -668,7 +670,7 @@ def mark_unhealthy(txn: Txn) -> int:
     for rollout, status in marked:
         assert isinstance(rollout, AttemptedRollout)
         changes = AttemptChanges(status, UNSET, UNSET, UNSET)
-        change_attempt(txn, rollout.attempt, rollout.status, rollout.config, rollout.attempt.attempt_id, changes)
+        _change_attempt(txn, rollout.attempt, rollout.status, rollout.config, rollout.attempt.attempt_id, changes)
     return len(marked)
 
 
