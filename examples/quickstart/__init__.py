@@ -1,0 +1,1 @@
+"""Quickstart: a LangChain agent behind `agl proxy serve`, and the token ids it leaves in the store."""

@@ -1,0 +1,122 @@
+"""The quickstart, end to end: vLLM → `agl proxy serve` → a LangChain agent → spans with token ids.
+
+    .venv/bin/python -m examples.quickstart.run                  # starts the tiny test vLLM itself
+    .venv/bin/python -m examples.quickstart.run --backend http://127.0.0.1:8000/v1 --model NAME
+    .venv/bin/python -m examples.quickstart.run --proxy http://127.0.0.1:8080 --model NAME
+
+It starts `agl proxy serve` (embedded SQLite store, one port) unless `--proxy` names a
+running one, creates a rollout, runs the agent on the rollout's base URL, records a
+reward, and prints the rollout's spans: what the model saw and produced, as token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import AsyncIterator, Iterator, Optional
+
+from agl_store import ProxyLLM, reward_span
+from agl_store.client import LightningStoreClient
+
+from .agent import run_agent
+
+QUESTION = "What is (3 + 4) * 12?"
+
+
+@contextlib.contextmanager
+def tiny_vllm() -> Iterator[tuple[str, str]]:
+    """The repository's tiny random-weight Qwen2 on vLLM (about a minute to start on a CPU)."""
+    from tests.support.vllm_server import build_tiny_model, running_vllm_server
+
+    log = Path(tempfile.gettempdir()) / "agl-quickstart-vllm.log"
+    print(f"starting the tiny vLLM (log: {log}) ...", flush=True)
+    with running_vllm_server(build_tiny_model(), log_path=log) as server:
+        yield server.base_url, server.model
+
+
+@contextlib.asynccontextmanager
+async def agl_proxy_serve(backend: str, model: str, workdir: Path) -> AsyncIterator[str]:
+    """`agl proxy serve` as a subprocess; yields its URL once it listens."""
+    agl = shutil.which("agl") or str(Path(sys.executable).parent / "agl")
+    process = await asyncio.create_subprocess_exec(
+        agl, "proxy", "serve", "--backend", backend, "--model", model, "--db", str(workdir / "agl.db"), "--port", "0",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+    print(line.strip(), flush=True)
+    match = re.search(r"listening on (http://\S+)", line)
+    try:
+        if match is None:
+            raise RuntimeError("agl proxy serve did not start")
+        yield match.group(1)
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def show(proxy_url: str, model: str) -> None:
+    store = await LightningStoreClient(proxy_url).open()  # the proxy serves its embedded store too
+    try:
+        rollout = await store.start_rollout(input={"question": QUESTION})
+        attempt_id = rollout.attempt.attempt_id
+        llm = ProxyLLM(endpoint=proxy_url + "/v1", model=model)
+        base_url = llm.get_base_url(rollout.rollout_id, attempt_id)
+        print(f"\nagent base URL: {base_url}")
+        answer = await run_agent(base_url, model, QUESTION)
+        print(f"agent answer: {answer!r}")
+        await store.add_span(reward_span(rollout.rollout_id, attempt_id, 1.0 if re.search(r"(?<![\d.])84(?![\d.])", answer) else 0.0))
+        await store.update_attempt(rollout.rollout_id, attempt_id, status="succeeded")
+
+        for _ in range(100):  # the proxy writes spans in the background
+            spans = await store.query_spans(rollout.rollout_id)
+            if any(s.name == "agl.llm_call" for s in spans):
+                break
+            await asyncio.sleep(0.05)
+        print(f"\nspans of rollout {rollout.rollout_id}:")
+        for span in spans:
+            attrs = span.attributes
+            if span.name == "agl.reward":
+                print(f"  #{span.sequence_id} reward = {attrs['agl.reward.value']}")
+                continue
+            prompt = attrs["agl.prompt_token_ids"] or []
+            print(f"  #{span.sequence_id} {span.name} {attrs['gen_ai.request.model']} via {attrs['agl.backend']}"
+                  f" ({attrs['agl.latency_s'] * 1000:.0f} ms)")  # fmt: skip
+            print(f"      prompt_token_ids   ({len(prompt)}): {prompt[:12]}{' ...' if len(prompt) > 12 else ''}")
+            for choice in attrs["agl.choices"]:
+                print(f"      response token_ids ({len(choice['token_ids'] or [])}): {choice['token_ids']}  finish={choice['finish_reason']}")
+    finally:
+        await store.close()
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    if args.proxy:
+        await show(args.proxy.rstrip("/"), args.model)
+        return
+    with contextlib.ExitStack() as stack:
+        backend, model = (args.backend, args.model) if args.backend else stack.enter_context(tiny_vllm())
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agl-quickstart-")))
+        async with agl_proxy_serve(backend, model, workdir) as proxy_url:
+            await show(proxy_url, model)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", help="a running vLLM's OpenAI base URL (default: start the tiny test model)")
+    parser.add_argument("--proxy", help="a running `agl proxy serve` (with its embedded store) to use instead")
+    parser.add_argument("--model", default=None, help="the model name vLLM serves")
+    args = parser.parse_args(argv)
+    if (args.backend or args.proxy) and not args.model:
+        parser.error("--backend and --proxy need --model")
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
