@@ -174,3 +174,14 @@ def test_normalising_the_batch_divides_by_rollout_tokens_times_rows() -> None:
 
     assert normalized.sum().item() == pytest.approx(5 / (5 * 2))
     assert np.allclose(normalized[0, :2].numpy(), 1 / 10)
+
+
+def test_fewer_rows_than_one_mini_batch_leave_an_empty_update_batch() -> None:
+    data = compute_rollout_level_advantage(batch([make_row("ro-a", "q1", 1.0), make_row("ro-b", "q1", 0.0)]), "grpo")
+
+    kept, metrics = select_update_batch(
+        data, ppo_mini_batch_size=4, rollout_n=1, max_ppo_update_times=None, rng=random.Random(0)
+    )
+
+    assert len(kept) == 0 and kept.batch["advantages"].shape == (0, LIMITS.max_response_length)
+    assert metrics["training/n_sample_dropped/random"] == 2
