@@ -27,23 +27,19 @@ from .models import (
     AttemptedRollout,
     AttemptStatus,
     EnqueueRolloutRequest,
-    Event,
-    Link,
     NamedResources,
-    OtelResource,
     ResourcesUpdate,
     Rollout,
     RolloutConfig,
     RolloutMode,
     RolloutStatus,
     Span,
-    SpanContext,
     StoreStatistics,
     TaskInput,
-    TraceStatus,
     Worker,
     WorkerStatus,
 )
+from .sqlite import Page, span_from_otel
 
 logger = logging.getLogger("agl_store.client")
 
@@ -55,67 +51,6 @@ T = TypeVar("T")
 _SPANS = TypeAdapter(List[Span])
 _ROLLOUTS = TypeAdapter(List[Rollout])
 _ATTEMPTED = TypeAdapter(List[AttemptedRollout])
-
-
-class Page(List[T]):
-    """One page of query results; `total` counts the matches before paging."""
-
-    def __init__(self, items: Sequence[T], *, total: int, limit: int, offset: int) -> None:
-        super().__init__(items)
-        self.total = total
-        self.limit = limit
-        self.offset = offset
-
-
-def _context(context: Any) -> SpanContext:
-    return SpanContext(
-        trace_id=f"{context.trace_id:032x}",
-        span_id=f"{context.span_id:016x}",
-        is_remote=bool(context.is_remote),
-        trace_state=dict(context.trace_state or {}),
-    )
-
-
-def _seconds(nanoseconds: Optional[int]) -> Optional[float]:
-    return None if nanoseconds is None else nanoseconds / 1e9
-
-
-def span_from_readable(readable: Any, *, rollout_id: str, attempt_id: str, sequence_id: Optional[int] = None) -> Span:
-    """A store span from an `opentelemetry.sdk.trace.ReadableSpan` (tuple attributes become lists)."""
-    context = _context(readable.context)
-    parent = _context(readable.parent) if readable.parent is not None else None
-    resource = readable.resource
-    return Span(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        sequence_id=sequence_id,
-        trace_id=context.trace_id,
-        span_id=context.span_id,
-        parent_id=parent.span_id if parent else None,
-        name=readable.name,
-        status=TraceStatus(status_code=readable.status.status_code.name, description=readable.status.description),
-        attributes=_plain(dict(readable.attributes or {})),
-        events=[
-            Event(name=e.name, attributes=_plain(dict(e.attributes or {})), timestamp=_seconds(e.timestamp))
-            for e in readable.events
-        ],
-        links=[
-            Link(context=_context(link.context), attributes=_plain(dict(link.attributes or {})))
-            for link in readable.links
-        ],
-        start_time=_seconds(readable.start_time),
-        end_time=_seconds(readable.end_time),
-        context=context,
-        parent=parent,
-        resource=OtelResource(
-            attributes=_plain(dict(resource.attributes)) if resource else {},
-            schema_url=(resource.schema_url or "") if resource else "",
-        ),
-    )
-
-
-def _plain(attributes: Dict[str, Any]) -> Dict[str, Any]:
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in attributes.items()}
 
 
 def _rollout(data: Dict[str, Any]) -> Rollout:
@@ -264,7 +199,7 @@ class LightningStoreClient(LightningStore):
     async def _page(self, path: str, body: Dict[str, Any], item: Type[BaseModel]) -> Page[Any]:
         data = await self._json("POST", path, body=body)
         items = [item.model_validate(entry) for entry in data["items"]]
-        return Page(items, total=data["total"], limit=data["limit"], offset=data["offset"])
+        return Page(items, total=data["total"])
 
     # --- the contract ---------------------------------------------------------------------
 
@@ -411,7 +346,7 @@ class LightningStoreClient(LightningStore):
         if rollout_id_in is not None:
             body["rollout_id_in"] = list(rollout_id_in)
         data = await self._json("POST", "/rollouts/search", body=body)
-        return Page([_rollout(item) for item in data["items"]], total=data["total"], limit=limit, offset=offset)
+        return Page([_rollout(item) for item in data["items"]], total=data["total"])
 
     async def query_attempts(
         self,
@@ -470,8 +405,7 @@ class LightningStoreClient(LightningStore):
         readable_span: Any,
         sequence_id: int | None = None,
     ) -> Optional[Span]:
-        span = span_from_readable(readable_span, rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=sequence_id)
-        return await self.add_span(span)
+        return await self.add_span(span_from_otel(readable_span, rollout_id, attempt_id, sequence_id))
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         data = await self._json("POST", "/spans/next", body={"rollout_id": rollout_id, "attempt_id": attempt_id})
@@ -520,7 +454,7 @@ class LightningStoreClient(LightningStore):
             "sort_order": sort_order,
         }
         data = await self._json("POST", "/spans/search", body=body)
-        return Page(_SPANS.validate_python(data["items"]), total=data["total"], limit=limit, offset=offset)
+        return Page(_SPANS.validate_python(data["items"]), total=data["total"])
 
     # --- resources ------------------------------------------------------------------------
 
@@ -560,7 +494,7 @@ class LightningStoreClient(LightningStore):
                 params[field] = value
         data = await self._json("GET", "/resources", params=params)
         items = [ResourcesUpdate.model_validate(item) for item in data["items"]]
-        return Page(items, total=data["total"], limit=limit, offset=offset)
+        return Page(items, total=data["total"])
 
     # --- workers --------------------------------------------------------------------------
 
