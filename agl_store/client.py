@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import httpx
 import orjson
@@ -47,7 +47,6 @@ AGL_PREFIX = "/v1/agl"
 WAIT_POLL_SECONDS = 300.0
 """Longest single long poll; matches the server's cap, longer waits poll again."""
 
-T = TypeVar("T")
 _SPANS = TypeAdapter(List[Span])
 _ROLLOUTS = TypeAdapter(List[Rollout])
 _ATTEMPTED = TypeAdapter(List[AttemptedRollout])
