@@ -77,6 +77,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ROLLOUT_MODES = ("train", "val", "test")
+MAX_WRITES_PER_COMMIT = 256
+"""Concurrent writes grouped into one transaction at most; bounds a commit's size."""
 ROLLOUT_SORT_FIELDS = frozenset({"rollout_id", "start_time", "end_time", "status", "mode", "resources_id"})
 ATTEMPT_SORT_FIELDS = frozenset(
     {"sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id", "last_heartbeat_time"}
@@ -135,6 +137,8 @@ class SQLiteStore(LightningStore):
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._watchdog: asyncio.Task[None] | None = None
+        self._pending_writes: List[Tuple[Callable[..., Any], Tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._finished_event: asyncio.Event | None = None
         self._opened_at = time.time()
 
@@ -181,6 +185,9 @@ class SQLiteStore(LightningStore):
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
+        if self._flusher is not None:
+            # Writes already queued finish (or fail with StoreClosedError) before the close.
+            await asyncio.gather(self._flusher, return_exceptions=True)
         self._wake_waiters()
         if self._db is not None:
             await self._db.close()
@@ -198,21 +205,45 @@ class SQLiteStore(LightningStore):
                 raise StoreClosedError("the store is closed") from exc
             raise
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite error: {exc}") from exc
+            raise _store_error(exc) from exc
 
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(txn, *args)` as one transaction, then wake waiters of what it finished."""
+        """Run `fn(txn, *args)` as one transaction; returns once it is committed.
 
-        def run(conn: sqlite3.Connection) -> Tuple[T, List[str]]:
-            txn = ops.Txn(conn)
-            with ops.atomic(conn):
-                result = fn(txn, *args)
-            return result, txn.finished
+        Writes that arrive while another batch is committing are grouped into the next
+        one: one thread hop and one commit for many concurrent calls (say, 16 proxies'
+        `add_span`), each in its own savepoint so one call's error undoes only its own
+        changes.
+        """
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending_writes.append((fn, args, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_writes())
+        return await future
 
-        result, finished = await self._call(run)
-        if finished:
-            self._wake_waiters()
-        return result
+    async def _flush_writes(self) -> None:
+        while self._pending_writes:
+            batch = self._pending_writes[:MAX_WRITES_PER_COMMIT]
+            del self._pending_writes[:MAX_WRITES_PER_COMMIT]
+            try:
+                outcomes = await self._call(ops.run_writes, [(fn, args) for fn, args, _ in batch])
+            except BaseException as exc:  # nothing of the batch was committed
+                outcomes = [(False, exc, ())] * len(batch)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            finished = False
+            for (_, _, future), (ok, value, finished_ids) in zip(batch, outcomes, strict=True):
+                finished = finished or bool(finished_ids)
+                if future.done():  # the caller was cancelled; the write stands
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(_store_error(value))
+            if finished:
+                self._wake_waiters()
 
     def _wake_waiters(self) -> None:
         # Broadcast: waiters hold the current event; a fresh one serves the next round.
@@ -620,6 +651,15 @@ class SQLiteStore(LightningStore):
         if older_than_seconds < 0:
             raise InvalidInputError(f"older_than_seconds must be >= 0, got {older_than_seconds}")
         return await self._write(ops.expire_rollouts, older_than_seconds)
+
+
+def _store_error(exc: BaseException) -> BaseException:
+    """SQLite's own errors become StoreError (a 500); the store's errors pass through."""
+    if isinstance(exc, sqlite3.Error):
+        error = StoreError(f"SQLite error: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
 
 
 # === validation (event loop side, before any transaction) ===================================

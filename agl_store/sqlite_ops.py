@@ -136,6 +136,42 @@ class AttemptChanges:
         self.last_heartbeat_time, self.metadata = last_heartbeat_time, metadata
 
 
+WriteOutcome = Tuple[bool, Any, Sequence[str]]
+"""(succeeded, its return value or exception, rollouts it finished)."""
+
+
+def run_writes(
+    conn: sqlite3.Connection, writes: Sequence[Tuple[Callable[..., Any], Tuple[Any, ...]]]
+) -> List[WriteOutcome]:
+    """Run write functions `fn(txn, *args)` in one transaction, each in its own savepoint,
+    so a failing one leaves no trace and the others still commit. An error of the
+    transaction itself (BEGIN, COMMIT) propagates: then nothing was written."""
+    if len(writes) == 1:  # the common case needs no savepoint
+        fn, args = writes[0]
+        txn = Txn(conn)
+        try:
+            with atomic(conn):
+                value = fn(txn, *args)
+        except Exception as exc:  # rolled back by atomic()
+            return [(False, exc, ())]
+        return [(True, value, txn.finished)]
+    outcomes: List[WriteOutcome] = []
+    with atomic(conn):
+        for fn, args in writes:
+            txn = Txn(conn)
+            conn.execute("SAVEPOINT write")
+            try:
+                value = fn(txn, *args)
+            except Exception as exc:
+                conn.execute("ROLLBACK TO write")
+                conn.execute("RELEASE write")
+                outcomes.append((False, exc, ()))
+            else:
+                conn.execute("RELEASE write")
+                outcomes.append((True, value, txn.finished))
+    return outcomes
+
+
 # === operations (run on the connection thread) ===============================================
 # Readers take the sqlite3 connection; writers take a Txn and run inside `atomic()`.
 

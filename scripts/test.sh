@@ -59,6 +59,13 @@ export LITELLM_LOCAL_MODEL_COST_MAP=True # LiteLLM fetches its cost map from the
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 # no model hub: everything is built locally
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
 
+# The view's browser tests drive Debian's chromium through playwright (never `playwright install`: it downloads).
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log setup "installing chromium for the browser tests (apt-get, a minute)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ||
+        log setup "chromium install failed: the browser tests in tests/view will skip"
+fi
+
 log setup "building the tiny model (cached in .cache/tiny-qwen2)"
 "$VENV/bin/python" -m tests.support.tiny_model .cache/tiny-qwen2
 

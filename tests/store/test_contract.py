@@ -409,6 +409,24 @@ async def test_spans_need_a_known_rollout_and_attempt(store: LightningStore) -> 
     assert len(await store.query_spans(rollout.rollout_id)) == 1
 
 
+async def test_concurrent_writes_succeed_or_fail_on_their_own(store: LightningStore) -> None:
+    rollout = await running_rollout(store)
+    rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+
+    results = await asyncio.gather(
+        *[store.add_span(llm_span(rid, aid, name=f"c{i}")) for i in range(20)],
+        store.add_span(llm_span(rid, "at-missing")),
+        store.update_attempt(rid, "latest", metadata={"seen": True}),
+        return_exceptions=True,
+    )
+
+    spans, failed, attempt = results[:20], results[20], results[21]
+    assert isinstance(failed, NotFoundError)
+    assert attempt.metadata == {"seen": True}
+    assert sorted(s.sequence_id for s in spans) == list(range(2, 22))
+    assert len(await store.query_spans(rid)) == 21
+
+
 async def test_unattributed_spans_are_stored_under_the_empty_rollout(store: LightningStore) -> None:
     before = len(await store.query_spans(""))
 
