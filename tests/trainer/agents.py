@@ -40,3 +40,21 @@ class SleepyAgent:
 class FailingAgent:
     def run(self) -> float:
         raise RuntimeError("the agent broke on purpose")
+
+
+class CoinAgent:
+    """Calls the model once through the unmodified OpenAI SDK; its reward is a coin flip
+    decided by the rollout id (so a group of rollouts usually mixes 0 and 1)."""
+
+    def run(self) -> float:
+        import hashlib
+
+        from openai import OpenAI
+
+        client = OpenAI(max_retries=5)
+        client.chat.completions.create(
+            model=os.environ["AGL_MODEL"],
+            messages=[{"role": "user", "content": os.environ["QUESTION"]}],
+            max_tokens=8,
+        )
+        return float(hashlib.sha256(os.environ["AGL_ROLLOUT_ID"].encode()).digest()[0] % 2)

@@ -1,0 +1,58 @@
+"""The trainer's gateway client against a real proxy: pause / drain / state / resume, model list."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from agl_proxy.proxy import LLMProxy
+from agl_train.gateway import GatewayClient, GatewayError, vllm_model_list
+
+
+@pytest.fixture
+async def proxy():
+    proxy = LLMProxy(model_list=[], port=0, key="sekret")
+    await proxy.start()
+    yield proxy
+    await proxy.stop()
+
+
+async def test_pause_state_resume(proxy) -> None:
+    gateway = GatewayClient(proxy.url, key="sekret")
+    try:
+        paused = await gateway.pause("weight update", drain=True, timeout_s=5)
+        assert paused["paused"] and paused["drained"] and paused["in_flight"] == 0
+        assert (await gateway.state())["reason"] == "weight update"
+        async with httpx.AsyncClient() as http:
+            refused = await http.post(
+                proxy.url + "/v1/chat/completions", json={"model": "m", "messages": []}, headers={"authorization": "Bearer sekret"}
+            )
+        assert refused.status_code == 429 and refused.headers["retry-after"]
+        assert (await gateway.resume())["paused"] is False
+        assert await gateway.wait_spans_exported(timeout_s=1)
+    finally:
+        await gateway.aclose()
+
+
+async def test_replicas_are_registered_under_one_model_name(proxy) -> None:
+    gateway = GatewayClient(proxy.url + "/v1", key="sekret")  # a base URL with /v1 works too
+    try:
+        entries = vllm_model_list(["10.0.0.1:8000", "http://10.0.0.2:8000/v1"], "/models/qwen", version="3")
+        served = await gateway.update_model_list(entries)
+        assert [e["litellm_params"]["api_base"] for e in served] == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+        assert proxy.gateway.registry.model_names == ["/models/qwen"]
+        assert served[0]["model_info"] == {"agl_model_version": "3"}
+    finally:
+        await gateway.aclose()
+
+
+async def test_the_client_is_lazy_and_errors_name_the_route(proxy) -> None:
+    gateway = GatewayClient(proxy.url, key="wrong")
+    assert gateway._http is None  # built on first use
+    with pytest.raises(GatewayError, match="/proxy/state answered 401"):
+        await gateway.state()
+    await gateway.aclose()
+    unreachable = GatewayClient("http://127.0.0.1:9", timeout_s=2)
+    with pytest.raises(GatewayError, match="failed"):
+        await unreachable.resume()
+    await unreachable.aclose()
