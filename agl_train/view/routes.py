@@ -84,7 +84,9 @@ def rollout_filter(request: Request) -> RolloutFilter:
     statuses = [s for value in request.query_params.getlist("status") for s in value.split(",") if s]
     for status in statuses:
         if status not in ROLLOUT_STATUSES:
-            raise InvalidInputError(f"status: unknown rollout status {status!r}; expected one of {list(ROLLOUT_STATUSES)}")
+            raise InvalidInputError(
+                f"status: unknown rollout status {status!r}; expected one of {list(ROLLOUT_STATUSES)}"
+            )
     mode = request.query_params.get("mode") or None
     if mode is not None and mode not in MODES:
         raise InvalidInputError(f"mode: unknown mode {mode!r}; expected one of {list(MODES)}")
@@ -118,7 +120,9 @@ class ViewRoutes:
 
     def routes(self) -> List[BaseRoute]:
         """The page shell and the API routes, to add to a Starlette app that has a store in its state."""
-        static: List[BaseRoute] = [Route(path, _static_page(name, media)) for path, (name, media) in STATIC_FILES.items()]
+        static: List[BaseRoute] = [
+            Route(path, _static_page(name, media)) for path, (name, media) in STATIC_FILES.items()
+        ]
         return static + [
             endpoint(f"{API_PREFIX}/config", self.config, methods=["GET"]),
             endpoint(f"{API_PREFIX}/rollouts", self.rollouts, methods=["GET"]),
@@ -133,7 +137,10 @@ class ViewRoutes:
             "tokenizer": self.settings.tokenizer is not None,
             "level": options.level,
             "levels": sorted(AGGREGATORS),
-            "limits": {"max_prompt_length": options.limits.max_prompt_length, "max_response_length": options.limits.max_response_length},
+            "limits": {
+                "max_prompt_length": options.limits.max_prompt_length,
+                "max_response_length": options.limits.max_response_length,
+            },
             "statuses": list(ROLLOUT_STATUSES),
             "modes": list(MODES),
             "max_page_size": MAX_PAGE_SIZE,
@@ -158,7 +165,9 @@ class ViewRoutes:
         base = self.settings.options
         level = request.query_params.get("level") or base.level
         if level not in AGGREGATORS:
-            raise InvalidInputError(f"level: unknown trace_aggregator level {level!r}; expected one of {sorted(AGGREGATORS)}")
+            raise InvalidInputError(
+                f"level: unknown trace_aggregator level {level!r}; expected one of {sorted(AGGREGATORS)}"
+            )
         try:
             limits = Limits(
                 _int(request, "max_prompt_length", base.limits.max_prompt_length),
@@ -176,4 +185,3 @@ def _static_page(name: str, media_type: str) -> Any:
 
     serve.__name__ = f"static_{name.replace('.', '_')}"
     return serve
-

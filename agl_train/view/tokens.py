@@ -88,7 +88,7 @@ def token_roles(row: Row, full: Row) -> str:
 
 
 def decode_pieces(ids: Iterable[int], tokenizer: Optional[TokenDecoder]) -> Dict[str, str]:
-    """Each distinct id's text (special tokens kept), keyed by the id as a string; None: no texts."""
+    """Each distinct id's text (special tokens kept), keyed by the id as a string; empty without a tokenizer."""
     if tokenizer is None:
         return {}
     return {str(i): tokenizer.decode([i], skip_special_tokens=False) for i in sorted(set(ids))}
@@ -111,11 +111,12 @@ def token_view_of_trace(
     tokenizer, and the page then shows the raw ids.
     """
     aggregation = aggregate([trace], options.level, options.limits, tokenizer)
+    # The same rows without limits: the part of a response past the limit is what was truncated.
     full_rows, _ = get_aggregator(options.level)(trace, _UNLIMITED, tokenizer)
     breaks_by_turn = {record.turn_index: record for record in aggregation.breaks}
     rows: List[Dict[str, Any]] = []
     all_ids: List[int] = []
-    for row, full in zip(aggregation.rows, full_rows):
+    for row, full in zip(aggregation.rows, full_rows, strict=True):
         ids = full.prompt_ids + full.response_ids
         all_ids += ids
         record = breaks_by_turn.get(row.turn_index)

@@ -31,9 +31,20 @@ async def test_the_list_summarises_each_rollout(store, store_url) -> None:
 
     assert (page["total"], page["offset"]) == (2, 0)
     queued, finished = page["items"]  # newest first
-    assert (queued["status"], queued["mode"], queued["attempts"], queued["n_calls"], queued["reward"]) == ("queuing", "val", 0, 0, None)
+    assert (queued["status"], queued["mode"], queued["attempts"], queued["n_calls"], queued["reward"]) == (
+        "queuing",
+        "val",
+        0,
+        0,
+        None,
+    )
     assert finished["rollout_id"] == done.rollout_id
-    assert (finished["status"], finished["attempts"], finished["reward"], finished["n_calls"]) == ("succeeded", 1, 0.5, 2)
+    assert (finished["status"], finished["attempts"], finished["reward"], finished["n_calls"]) == (
+        "succeeded",
+        1,
+        0.5,
+        2,
+    )
     assert (finished["tokens_in"], finished["tokens_out"]) == (9, 5)
     assert finished["duration"] >= 0
 
@@ -70,9 +81,18 @@ async def test_one_rollout_lists_attempts_and_spans_in_sequence_order(store, sto
     detail = await get(store_url, f"/view/api/rollouts/{known.rollout_id}")
 
     assert [a["attempt_id"] for a in detail["attempts"]] == [known.attempt_id]
-    assert [(s["sequence_id"], s["name"]) for s in detail["spans"]] == [(1, "agl.llm_call"), (2, "agl.llm_call"), (3, "agl.reward")]
+    assert [(s["sequence_id"], s["name"]) for s in detail["spans"]] == [
+        (1, "agl.llm_call"),
+        (2, "agl.llm_call"),
+        (3, "agl.reward"),
+    ]
     call = detail["spans"][1]
-    assert (call["tokens_in"], call["tokens_out"], call["backend"], call["status"]) == (6, 3, "http://127.0.0.1:9/v1", "OK")
+    assert (call["tokens_in"], call["tokens_out"], call["backend"], call["status"]) == (
+        6,
+        3,
+        "http://127.0.0.1:9/v1",
+        "OK",
+    )
     assert call["duration"] == pytest.approx(0.25)
     span = await get(store_url, f"/view/api/rollouts/{known.rollout_id}/spans/{call['span_id']}")
     assert span["attributes"]["agl.prompt_token_ids"] == [1, 2, 3, 4, 5, 6]

@@ -62,7 +62,10 @@ def expect(locator: Any) -> Any:
 async def test_pages_render_a_store_filled_by_a_real_proxy_run(vllm_server, store, page) -> None:
     from agl_proxy.proxy import LLMProxy
 
-    entry = {"model_name": "tiny", "litellm_params": {"model": f"hosted_vllm/{vllm_server.model}", "api_base": vllm_server.base_url}}
+    entry = {
+        "model_name": "tiny",
+        "litellm_params": {"model": f"hosted_vllm/{vllm_server.model}", "api_base": vllm_server.base_url},
+    }
     # As `agl proxy serve` does: the store's routes, and so the view, on the proxy's port.
     proxy = LLMProxy(model_list=[entry], store=store, port=0, store_app=create_app(store, manage_store=False))
     await proxy.start()
@@ -72,9 +75,14 @@ async def test_pages_render_a_store_filled_by_a_real_proxy_run(vllm_server, stor
         messages: List[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]
         async with httpx.AsyncClient(base_url=f"{proxy.url}/rollout/{rid}/attempt/{aid}/v1", timeout=120) as http:
             for turn in range(3):
-                response = await http.post("/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 6})
+                response = await http.post(
+                    "/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 6}
+                )
                 assert response.status_code == 200, response.text
-                messages += [response.json()["choices"][0]["message"], {"role": "user", "content": f"tool said: sunny ({turn})"}]
+                messages += [
+                    response.json()["choices"][0]["message"],
+                    {"role": "user", "content": f"tool said: sunny ({turn})"},
+                ]
         for _ in range(500):  # the proxy exports spans in the background
             if len(await store.query_spans(rid, name="agl.llm_call")) == 3:
                 break
@@ -156,8 +164,13 @@ async def test_the_token_view_colours_a_known_rollout(store, page, monkeypatch, 
         assert await first_row.locator("[data-role=prompt]").count() == len(first["prompt"])
         assert await first_row.locator("[data-role=inserted]").count() == n_observation
         assert await first_row.locator("[data-role=truncated]").count() == 4
-        assert await first_row.locator("[data-role=generated]").count() == len(first["response"]) + len(known.calls[1]["response"]) - 4
-        assert await rows.nth(1).locator("[data-role=dropped]").count() == len(second["prompt"]) + len(second["response"])
+        assert (
+            await first_row.locator("[data-role=generated]").count()
+            == len(first["response"]) + len(known.calls[1]["response"]) - 4
+        )
+        assert await rows.nth(1).locator("[data-role=dropped]").count() == len(second["prompt"]) + len(
+            second["response"]
+        )
         for role, colour in ROLE_COLOURS.items():
             token = page.locator(f"[data-testid=token-row] [data-role={role}]").first
             await expect(token).to_have_css("background-color", colour)

@@ -58,7 +58,12 @@ def test_limits_truncate_a_response_and_drop_a_long_prompt() -> None:
     view = token_view_of_trace(trace_of(calls), TokenViewOptions(limits=Limits(3, 2)))
 
     first, second = view["rows"]
-    assert (first["ids"], first["roles"], first["truncated"], first["response_length"]) == ([1, 2, 3, 4, 5, 6], "ppggtt", True, 2)
+    assert (first["ids"], first["roles"], first["truncated"], first["response_length"]) == (
+        [1, 2, 3, 4, 5, 6],
+        "ppggtt",
+        True,
+        2,
+    )
     assert (second["roles"], second["is_drop"], second["trained_tokens"]) == ("ddddd", True, 0)
 
 

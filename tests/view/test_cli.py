@@ -1,0 +1,116 @@
+"""`agl view --store URL` and `agl store serve` serve the view as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import AsyncIterator, List
+
+import httpx
+import pytest
+
+from agl_store.cli import build_parser
+from agl_store.sqlite import SQLiteStore
+from agl_train.view.cli import settings_from_args
+from tests.store.http_server import REPO_ROOT, StoreServerProcess
+
+from .rollouts import write_rollout
+
+CALLS = [{"prompt": [1, 2, 3], "response": [4, 5]}]
+
+
+@contextlib.asynccontextmanager
+async def start_view(args: List[str]) -> AsyncIterator[str]:
+    """Run `agl view ARGS --port 0` and yield its URL once it listens; SIGTERM it after."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agl_store.cli", "view", *args, "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    assert process.stdout is not None
+    output: List[str] = []
+    try:
+        while True:
+            line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+            output.append(line)
+            if not line:
+                raise AssertionError("agl view exited:\n" + "".join(output))
+            if "listening on " in line:
+                break
+        yield line.split("listening on ", 1)[1].split()[0]
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert "agl view: stopped" in (await process.stdout.read()).decode()
+
+
+def test_agl_view_is_a_command_with_the_trainers_settings() -> None:
+    args = build_parser().parse_args(
+        [
+            "view",
+            "--store",
+            "http://127.0.0.1:4747",
+            "--tokenizer",
+            "/m",
+            "--level",
+            "transition",
+            "--max-response-length",
+            "64",
+        ]
+    )
+    settings = settings_from_args(args)
+
+    assert (settings.tokenizer, settings.options.level, settings.options.limits.max_response_length) == (
+        "/m",
+        "transition",
+        64,
+    )
+    assert settings.options.limits.max_prompt_length == 2048
+
+
+async def test_agl_view_serves_a_store_server_behind_its_key(tmp_path: Path) -> None:
+    server = StoreServerProcess(tmp_path / "agl.db", key="s3cret")
+    store_url = await server.start()
+    try:
+        async with SQLiteStore(str(tmp_path / "agl.db")) as store:
+            done = await write_rollout(store, CALLS)
+        async with start_view(["--store", store_url, "--key", "s3cret"]) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                assert "/view/app.js" in (await http.get("/")).text
+                assert (await http.get("/view/api/rollouts")).status_code == 401
+                page = await http.get("/view/api/rollouts", headers={"Authorization": "Bearer s3cret"})
+                assert [item["rollout_id"] for item in page.json()["items"]] == [done.rollout_id]
+                tokens = await http.get(
+                    f"/view/api/rollouts/{done.rollout_id}/tokens", headers={"Authorization": "Bearer s3cret"}
+                )
+                assert tokens.json()["rows"][0]["roles"] == "pppgg"
+    finally:
+        await server.stop()
+
+
+async def test_agl_store_serve_serves_the_view_at_the_root(tmp_path: Path) -> None:
+    server = StoreServerProcess(tmp_path / "agl.db")
+    url = await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            page = await http.get("/")
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+            assert (await http.get("/view/api/rollouts")).json()["total"] == 0
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("bad", [["--level", "episode"], ["--max-prompt-length", "0"]])
+def test_agl_view_refuses_bad_settings(bad: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from agl_store.cli import main
+
+    try:
+        code = main(["view", "--store", "memory://", *bad])
+    except SystemExit as exit:  # argparse's choices
+        code = exit.code
+    assert code == 2
