@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from importlib.resources import files
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -47,6 +47,7 @@ _SECURITY_HEADERS = {
     "cache-control": "no-cache",
 }
 MODES = ("train", "val", "test")
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True)
@@ -58,24 +59,23 @@ class ViewSettings:
     options: TokenViewOptions = field(default_factory=TokenViewOptions)
 
 
-def _float(request: Request, name: str) -> Optional[float]:
+def _number(request: Request, name: str, kind: Callable[[str], N], default: Optional[N] = None) -> Optional[N]:
+    """Query parameter `name` as `kind` (int or float); absent or empty gives `default`."""
     raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return None
+    if raw is None or raw == "":
+        return default
     try:
-        return float(raw)
+        return kind(raw)
     except ValueError:
-        raise InvalidInputError(f"{name}: expected a number, got {raw!r}") from None
+        raise InvalidInputError(
+            f"{name}: expected {'an integer' if kind is int else 'a number'}, got {raw!r}"
+        ) from None
 
 
 def _int(request: Request, name: str, default: int) -> int:
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidInputError(f"{name}: expected an integer, got {raw!r}") from None
+    value = _number(request, name, int, default)
+    assert value is not None
+    return value
 
 
 def rollout_filter(request: Request) -> RolloutFilter:
@@ -93,8 +93,8 @@ def rollout_filter(request: Request) -> RolloutFilter:
     return RolloutFilter(
         status_in=statuses or None,  # type: ignore[arg-type]
         mode=mode,  # type: ignore[arg-type]
-        start_time_after=_float(request, "after"),
-        start_time_before=_float(request, "before"),
+        start_time_after=_number(request, "after", float),
+        start_time_before=_number(request, "before", float),
         rollout_id_contains=request.query_params.get("q") or None,
         limit=_int(request, "limit", 50),
         offset=_int(request, "offset", 0),
