@@ -24,7 +24,7 @@ from agl_store.models import ROLLOUT_STATUSES
 from agl_store.server.wire import endpoint, store_of
 
 from ..aggregate import AGGREGATORS, Limits
-from .summaries import MAX_PAGE_SIZE, RolloutFilter, list_rollouts, rollout_detail, span_detail
+from .summaries import MAX_PAGE_SIZE, RolloutFilter, SummaryCache, list_rollouts, rollout_detail, span_detail
 from .tokens import TokenDecoder, TokenViewOptions, load_tokenizer, token_view
 
 API_PREFIX = "/view/api"
@@ -108,6 +108,7 @@ class ViewRoutes:
         self.settings = settings
         self._tokenizer: Optional[TokenDecoder] = None
         self._tokenizer_lock = asyncio.Lock()
+        self._summaries = SummaryCache()
 
     async def tokenizer(self) -> Optional[TokenDecoder]:
         """The configured tokenizer (loaded in a thread the first time), or None."""
@@ -147,7 +148,7 @@ class ViewRoutes:
         }
 
     async def rollouts(self, request: Request) -> Dict[str, Any]:
-        return await list_rollouts(store_of(request), rollout_filter(request))
+        return await list_rollouts(store_of(request), rollout_filter(request), self._summaries)
 
     async def rollout(self, request: Request) -> Dict[str, Any]:
         return await rollout_detail(store_of(request), request.path_params["rollout_id"])

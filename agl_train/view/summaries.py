@@ -8,12 +8,13 @@ rollouts on the page have their spans read.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from agl_store.base import LightningStore
 from agl_store.errors import NotFoundError
-from agl_store.models import AttemptedRollout, Rollout, RolloutMode, RolloutStatus, Span
+from agl_store.models import TERMINAL_ROLLOUT_STATUSES, AttemptedRollout, Rollout, RolloutMode, RolloutStatus, Span
 
 from ..spans import LLM_CALL_SPAN_NAME, final_reward
 
@@ -86,8 +87,60 @@ def summarize_rollout(rollout: Rollout, spans: Sequence[Span], now: float) -> Di
     }
 
 
-async def list_rollouts(store: LightningStore, query: RolloutFilter) -> Dict[str, Any]:
-    """One page of rollouts, newest first, with their summaries and the total match count."""
+class SummaryCache:
+    """Summaries of finished rollouts, which no longer change, so live refresh re-reads only running ones.
+
+    Bounded: the oldest entries go first once `max_entries` are held.
+    """
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Tuple[str, int, Optional[float]], Dict[str, Any]] = OrderedDict()
+
+    @staticmethod
+    def _key(rollout: Rollout) -> Optional[Tuple[str, int, Optional[float]]]:
+        if rollout.status not in TERMINAL_ROLLOUT_STATUSES:
+            return None
+        return (rollout.rollout_id, _attempt_count(rollout), rollout.end_time)
+
+    def get(self, rollout: Rollout) -> Optional[Dict[str, Any]]:
+        """The cached summary of a finished rollout, or None."""
+        key = self._key(rollout)
+        if key is None or key not in self._entries:
+            return None
+        self._entries.move_to_end(key)
+        return self._entries[key]
+
+    def put(self, rollout: Rollout, summary: Dict[str, Any]) -> None:
+        """Keep `summary` when the rollout is finished; running ones are never cached."""
+        key = self._key(rollout)
+        if key is None:
+            return
+        self._entries[key] = summary
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+
+async def _summary(
+    store: LightningStore, rollout: Rollout, now: float, cache: Optional[SummaryCache]
+) -> Dict[str, Any]:
+    cached = cache.get(rollout) if cache is not None else None
+    if cached is not None:
+        return cached
+    spans = await store.query_spans(rollout.rollout_id, "latest") if _attempt_count(rollout) else []
+    summary = summarize_rollout(rollout, spans, now)
+    if cache is not None:
+        cache.put(rollout, summary)
+    return summary
+
+
+async def list_rollouts(
+    store: LightningStore, query: RolloutFilter, cache: Optional[SummaryCache] = None
+) -> Dict[str, Any]:
+    """One page of rollouts, newest first, with their summaries and the total match count.
+
+    Only the rollouts on the page have their spans read (finished ones once, with a `cache`).
+    """
     limit = max(1, min(query.limit, MAX_PAGE_SIZE))
     page = await store.query_rollouts(
         status_in=list(query.status_in) if query.status_in else None,
@@ -100,10 +153,7 @@ async def list_rollouts(store: LightningStore, query: RolloutFilter) -> Dict[str
         offset=max(0, query.offset),
     )
     now = time.time()
-    items = []
-    for rollout in page:
-        spans = await store.query_spans(rollout.rollout_id, "latest") if _attempt_count(rollout) else []
-        items.append(summarize_rollout(rollout, spans, now))
+    items = [await _summary(store, rollout, now, cache) for rollout in page]
     total = getattr(page, "total", len(page))
     return {"items": items, "total": total, "limit": limit, "offset": max(0, query.offset)}
 
