@@ -136,3 +136,13 @@ async def test_a_page_of_a_hundred_thousand_rollouts(store, store_url) -> None:
     print(f"filled 100k rollouts in {filled - started:.1f}s; first page in {answered - filled:.3f}s")
     assert (first["total"], len(first["items"])) == (100_000, 50)
     assert (last["total"], len(last["items"]), last["items"][-1]["status"]) == (100_000, 50, "queuing")
+
+
+async def test_the_store_server_lists_the_page_shell_as_open_and_can_leave_the_pages_out(store) -> None:
+    with_pages = create_app(store, key="s3cret", manage_store=False)
+    without = create_app(store, manage_store=False, pages=False)
+
+    assert {"/", "/view/app.js", "/view/app.css"} <= with_pages.state.open_paths
+    async with serve(without) as url, httpx.AsyncClient(base_url=url) as http:
+        assert (await http.get("/")).status_code == 404
+        assert (await http.get("/view/api/rollouts")).status_code == 404
