@@ -71,7 +71,8 @@ def create_app(
                 await opener()
         logger.info("store server started (%s)", store.name)
         try:
-            yield {"store": store, "metrics": metrics}
+            # Namespaced keys: an app that mounts this one merges this state into its own.
+            yield {"agl_store": store, "agl_store_metrics": metrics}
         finally:
             if manage_store:
                 await store.close()

@@ -102,7 +102,7 @@ def _escape(value: str) -> str:
 
 def metrics_of(request: Request) -> ServerMetrics:
     """The metrics of the app serving this request (created with the app)."""
-    metrics: ServerMetrics = request.scope["state"]["metrics"]
+    metrics: ServerMetrics = request.scope["state"]["agl_store_metrics"]
     return metrics
 
 

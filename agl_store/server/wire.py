@@ -8,7 +8,7 @@ HTTP status. `detail` is there because agent-lightning 0.3 clients read it.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Mapping, Sequence, Type, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, Type, TypeVar
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -137,13 +137,7 @@ def endpoint(path: str, handler: Handler, *, methods: Sequence[str], status_code
     return Route(path, run, methods=list(methods))
 
 
-def state(request: Request) -> Mapping[str, Any]:
-    """The lifespan state (the store, the metrics) of the app serving this request."""
-    value: Mapping[str, Any] = request.scope["state"]
-    return value
-
-
 def store_of(request: Request) -> LightningStore:
     """The store the app opened in its lifespan."""
-    store: LightningStore = request.scope["state"]["store"]
+    store: LightningStore = request.scope["state"]["agl_store"]
     return store
