@@ -71,8 +71,8 @@ def create_app(
                 await opener()
         logger.info("store server started (%s)", store.name)
         try:
-            # Namespaced keys: an app that mounts this one merges this state into its own.
-            yield {"agl_store": store, "agl_store_metrics": metrics}
+            # The metrics key is namespaced: an app that mounts this one merges this state into its own.
+            yield {"store": store, "agl_store_metrics": metrics}
         finally:
             if manage_store:
                 await store.close()

@@ -139,5 +139,5 @@ def endpoint(path: str, handler: Handler, *, methods: Sequence[str], status_code
 
 def store_of(request: Request) -> LightningStore:
     """The store the app opened in its lifespan."""
-    store: LightningStore = request.scope["state"]["agl_store"]
+    store: LightningStore = request.scope["state"]["store"]
     return store
