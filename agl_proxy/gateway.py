@@ -20,6 +20,7 @@ from .forwarding import RequestOptions
 from .metrics import ProxyMetrics
 from .pausing import PauseGate
 from .sampling import SamplingPolicy
+from .upstream import make_client
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +63,7 @@ class Gateway:
         logger.info("agl_proxy serves models: %s", ", ".join(self.registry.model_names) or "(none)")
 
     async def open(self) -> None:
-        # No pool limit: the proxy must not queue calls that the backend could serve.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self.client = httpx.AsyncClient(limits=limits, timeout=None)
+        self.client = make_client()
         await self.exporter.start()
 
     async def close(self) -> None:

@@ -12,11 +12,13 @@ from typing import Any, List
 import openai
 import pytest
 
-from tests.test_environment import MESSAGES, TOOL_HISTORY, TOOLS, chat_template_ids
+from tests.support.conversations import TOOL_RESULT, messages, tool_history, tools
+from tests.test_environment import chat_template_ids
 
 from .helpers import model_entry, wait_for_spans
 
 pytestmark = pytest.mark.vllm
+MESSAGES, TOOL_HISTORY, TOOLS = messages(), tool_history(), tools()
 SAMPLING = {"temperature": 0, "max_tokens": 8}
 
 
@@ -80,7 +82,7 @@ async def test_langchain_agent_with_a_tool_conversation(vllm_proxy, vllm_server,
     first = await agent.ainvoke(history)
     history += [
         AIMessage(content="", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}]),
-        ToolMessage(content='{"sky": "sunny", "celsius": 21}', tool_call_id="call_1"),
+        ToolMessage(content=TOOL_RESULT, tool_call_id="call_1"),
     ]
     chunks = [chunk async for chunk in agent.astream(history)]
     await llm.root_async_client.close()

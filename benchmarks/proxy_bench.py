@@ -1,0 +1,358 @@
+"""agl's proxy measured side by side with a direct call, a bare pass-through and peers, in one run.
+
+    .venv/bin/python benchmarks/proxy_bench.py                 # fast fake backend, all targets
+    .venv/bin/python benchmarks/proxy_bench.py --quick         # fewer calls
+    .venv/bin/python benchmarks/proxy_bench.py --vllm          # also against the tiny vLLM (starts it)
+    .venv/bin/python benchmarks/proxy_bench.py --no-peers --json artifacts/proxy_bench.json
+
+Every target serves the same OpenAI chat call, streamed and not, at concurrency 1 and 32:
+
+- `direct`: the backend itself (the latency floor; no proxy CPU);
+- `bare`: `_proxy_bare.py`, bytes forwarded with one httpx client, nothing parsed or recorded
+  (the CPU floor of any Python proxy);
+- `agl`: `agl proxy serve` with its embedded SQLite store in the same process, calls attributed to a
+  rollout, so its CPU includes the sequence number, the span build and the span export;
+- `al-0.3`: agent-lightning 0.3's `LLMProxy` (LiteLLM proxy + its in-memory store, thread mode);
+- `litellm`: LiteLLM's own proxy (`litellm --config`), no tracing.
+
+Peers run from the agent-lightning 0.3 venv (`.cache/peers/agentlightning-0.3`, see `_peers.py`)
+and are skipped with the reason when they cannot start. Each server runs in its own process; its
+CPU (user + system, with children) is read from the OS before and after each scenario and divided
+by the calls. The load generator runs here. Two shared cores are noisy: compare columns of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import httpx
+import psutil
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+PEER_PYTHON = REPO_ROOT / ".cache" / "peers" / "agentlightning-0.3" / "bin" / "python"
+START_TIMEOUT_S = 120.0
+MODEL = "bench"
+
+
+@dataclass
+class Target:
+    name: str
+    base_url: str
+    pids: List[int]
+    note: str = ""
+
+
+@dataclass
+class Result:
+    target: str
+    backend: str
+    stream: bool
+    concurrency: int
+    calls: int
+    errors: int
+    calls_per_s: float
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_call: Optional[float]
+    added_ms: Optional[float] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_seconds(pids: List[int]) -> float:
+    """User + system CPU of the processes and all their children, in seconds."""
+    total = 0.0
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for p in [proc, *proc.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    times = p.cpu_times()
+                    total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+@contextlib.contextmanager
+def process(cmd: List[str], log: Path, env: Optional[Dict[str, str]] = None) -> Iterator[subprocess.Popen]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=REPO_ROOT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, headers: Optional[Dict[str, str]] = None) -> float:
+    """Seconds until `url` answers 200; RuntimeError with the log tail if the process dies first."""
+    start = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited {proc.returncode}: {log.read_text(errors='replace')[-1500:]}")
+        if time.monotonic() - start > START_TIMEOUT_S:
+            raise RuntimeError(f"not ready after {START_TIMEOUT_S:.0f} s: {log.read_text(errors='replace')[-1500:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2, headers=headers).status_code == 200:
+                return time.monotonic() - start
+        time.sleep(0.05)
+
+
+async def one_call(client: httpx.AsyncClient, url: str, body: Dict[str, Any], stream: bool) -> float:
+    t0 = time.perf_counter()
+    if stream:
+        async with client.stream("POST", url, json=body) as response:
+            async for _ in response.aiter_raw():
+                pass
+            response.raise_for_status()
+    else:
+        response = await client.post(url, json=body)
+        response.raise_for_status()
+    return time.perf_counter() - t0
+
+
+async def run_load(target: Target, backend: str, model: str, stream: bool, concurrency: int, calls: int, max_tokens: int) -> Result:
+    url = target.base_url + "/chat/completions"
+    body = {"model": model, "messages": [{"role": "user", "content": "Benchmark me."}], "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    latencies: List[float] = []
+    errors = 0
+    remaining = [calls]
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        for _ in range(min(10, calls)):  # warm connections and caches
+            with contextlib.suppress(httpx.HTTPError):
+                await one_call(client, url, body, stream)
+
+        async def worker() -> None:
+            nonlocal errors
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                try:
+                    latencies.append(await one_call(client, url, body, stream))
+                except httpx.HTTPError:
+                    errors += 1
+
+        cpu0 = cpu_seconds(target.pids)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+        cpu1 = cpu_seconds(target.pids)
+    lat = sorted(latencies) or [float("nan")]
+    done = len(latencies)
+    return Result(
+        target=target.name,
+        backend=backend,
+        stream=stream,
+        concurrency=concurrency,
+        calls=done,
+        errors=errors,
+        calls_per_s=done / wall if wall else 0.0,
+        mean_ms=statistics.fmean(lat) * 1000,
+        p50_ms=lat[len(lat) // 2] * 1000,
+        p99_ms=lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+        cpu_ms_per_call=(cpu1 - cpu0) / done * 1000 if target.pids and done else None,
+    )
+
+
+@contextlib.contextmanager
+def agl_target(backend_url: str, model: str, workdir: Path, ready: Dict[str, float]) -> Iterator[Target]:
+    port = free_port()
+    log = workdir / "agl-proxy.log"
+    agl = str(Path(sys.executable).parent / "agl")
+    cmd = [agl, "proxy", "serve", "--backend", backend_url, "--model", model, "--db", str(workdir / "agl.db"), "--port", str(port)]
+    with process(cmd, log) as proc:
+        url = f"http://127.0.0.1:{port}"
+        ready["agl"] = wait_ready(url + "/health", proc, log)
+        rollout = asyncio.run(_agl_rollout(url))
+        yield Target("agl", f"{url}/rollout/{rollout[0]}/attempt/{rollout[1]}/v1", [proc.pid], "embedded SQLite store, spans exported")
+
+
+async def _agl_rollout(url: str) -> tuple[str, str]:
+    from agl_store.client import LightningStoreClient
+
+    async with LightningStoreClient(url) as store:
+        rollout = await store.start_rollout(input={"bench": True})
+        return rollout.rollout_id, rollout.attempt.attempt_id
+
+
+@contextlib.contextmanager
+def bare_target(backend_url: str, workdir: Path) -> Iterator[Target]:
+    port = free_port()
+    log = workdir / "bare.log"
+    with process([sys.executable, str(BENCH_DIR / "_proxy_bare.py"), str(port), backend_url], log) as proc:
+        wait_ready(f"http://127.0.0.1:{port}/health", proc, log)
+        yield Target("bare", f"http://127.0.0.1:{port}/v1", [proc.pid], "httpx byte pass-through, no spans")
+
+
+@contextlib.contextmanager
+def al03_target(backend_url: str, model: str, workdir: Path) -> Iterator[Target]:
+    port = free_port()
+    log = workdir / "al03.log"
+    with process([str(PEER_PYTHON), str(BENCH_DIR / "_proxy_peer.py"), str(port), backend_url, model], log) as proc:
+        start = time.monotonic()
+        while True:
+            text = log.read_text(errors="replace")
+            line = next((l for l in text.splitlines() if l.startswith('{"rollout_id"')), None)
+            if line:
+                break
+            if proc.poll() is not None or time.monotonic() - start > START_TIMEOUT_S:
+                raise RuntimeError(f"agent-lightning 0.3 proxy did not start: {text[-1500:]}")
+            time.sleep(0.2)
+        ids = json.loads(line)
+        base = f"http://127.0.0.1:{port}/rollout/{ids['rollout_id']}/attempt/{ids['attempt_id']}/v1"
+        yield Target("al-0.3", base, [proc.pid], "agent-lightning 0.3 LLMProxy + in-memory store")
+
+
+@contextlib.contextmanager
+def litellm_target(backend_url: str, model: str, workdir: Path) -> Iterator[Target]:
+    port = free_port()
+    log = workdir / "litellm.log"
+    config = workdir / "litellm.yaml"
+    config.write_text(json.dumps({"model_list": [{"model_name": model, "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": backend_url}}]}))
+    litellm = PEER_PYTHON.parent / "litellm"
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    with process([str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)], log, env) as proc:
+        wait_ready(f"http://127.0.0.1:{port}/health/liveliness", proc, log)
+        yield Target("litellm", f"http://127.0.0.1:{port}/v1", [proc.pid], "LiteLLM proxy, no tracing")
+
+
+def bench_backend(args: argparse.Namespace, backend: str, backend_url: str, model: str, workdir: Path, results: List[Result], notes: List[str], ready: Dict[str, float]) -> None:
+    calls = args.calls if backend == "fake" else args.vllm_calls
+    max_tokens = 16 if backend == "fake" else 8
+    makers = [("direct", lambda: contextlib.nullcontext(Target("direct", backend_url, [], "the backend itself"))),
+              ("bare", lambda: bare_target(backend_url, workdir)),
+              ("agl", lambda: agl_target(backend_url, model, workdir, ready))]  # fmt: skip
+    if not args.no_peers and backend == "fake":
+        makers += [("al-0.3", lambda: al03_target(backend_url, model, workdir)), ("litellm", lambda: litellm_target(backend_url, model, workdir))]
+    for name, make in makers:
+        if args.only and name not in args.only.split(","):
+            continue
+        try:
+            with make() as target:
+                for stream in (False, True):
+                    for concurrency in (1, 32):
+                        n = calls if concurrency > 1 else max(10, calls // 2)
+                        if name == "al-0.3":
+                            n = max(10, n // 4)  # ~50 ms of CPU per call: keep its turn short
+                        result = await_(run_load(target, backend, model, stream, concurrency, n, max_tokens))
+                        results.append(result)
+                        print(f"  {backend:5} {name:8} stream={str(stream):5} c={concurrency:<3} {result.calls_per_s:8.1f}/s "
+                              f"mean {result.mean_ms:7.2f} ms  cpu {result.cpu_ms_per_call if result.cpu_ms_per_call is not None else float('nan'):6.2f} ms/call"
+                              f"{'  errors ' + str(result.errors) if result.errors else ''}", flush=True)  # fmt: skip
+        except (RuntimeError, OSError) as exc:
+            notes.append(f"{backend}/{name}: skipped: {str(exc).strip()[:400]}")
+            print(f"  {backend:5} {name:8} skipped: {str(exc).strip()[:200]}", flush=True)
+
+
+def await_(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def add_deltas(results: List[Result]) -> None:
+    direct = {(r.backend, r.stream, r.concurrency): r.mean_ms for r in results if r.target == "direct"}
+    for r in results:
+        base = direct.get((r.backend, r.stream, r.concurrency))
+        r.added_ms = None if base is None else r.mean_ms - base
+
+
+def table(results: List[Result]) -> str:
+    lines = ["| backend | target | stream | c | calls/s | mean ms | p50 ms | p99 ms | added ms vs direct | server CPU ms/call |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        cpu = "-" if r.cpu_ms_per_call is None else f"{r.cpu_ms_per_call:.2f}"
+        added = "-" if r.added_ms is None else f"{r.added_ms:+.2f}"
+        lines.append(f"| {r.backend} | {r.target} | {'yes' if r.stream else 'no'} | {r.concurrency} | {r.calls_per_s:.1f} | {r.mean_ms:.2f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {cpu} |")
+    return "\n".join(lines)
+
+
+def verdict(results: List[Result], ready: Dict[str, float]) -> List[str]:
+    out = []
+    by = {(r.backend, r.target, r.stream, r.concurrency): r for r in results}
+    for c in (1, 32):
+        agl, bare = by.get(("fake", "agl", False, c)), by.get(("fake", "bare", False, c))
+        if agl and agl.cpu_ms_per_call is not None:
+            line = f"non-stream c={c}: agl {agl.cpu_ms_per_call:.2f} ms CPU/call (aim ≤ 1.5)"
+            if bare and bare.cpu_ms_per_call:
+                line += f", {agl.cpu_ms_per_call / bare.cpu_ms_per_call:.2f}× bare pass-through (aim ≤ 2×)"
+            peer = by.get(("fake", "al-0.3", False, c))
+            if peer and peer.cpu_ms_per_call:
+                line += f", agent-lightning 0.3 {peer.cpu_ms_per_call:.1f} ms ({peer.cpu_ms_per_call / agl.cpu_ms_per_call:.0f}× agl)"
+            out.append(line)
+    if "agl" in ready:
+        out.append(f"agl proxy serve ready in {ready['agl']:.2f} s (aim ≤ 3 s)")
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
+    parser.add_argument("--calls", type=int, default=600, help="calls per scenario at c=32 against the fake backend (half at c=1)")
+    parser.add_argument("--vllm", action="store_true", help="also run against the tiny vLLM (starts it; minutes)")
+    parser.add_argument("--vllm-calls", type=int, default=64)
+    parser.add_argument("--no-peers", action="store_true", help="skip agent-lightning 0.3 and LiteLLM's proxy")
+    parser.add_argument("--only", help="comma-separated targets: direct,bare,agl,al-0.3,litellm")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.calls, args.vllm_calls = 120, 16
+    if not PEER_PYTHON.exists() and not args.no_peers:
+        print(f"peers: no venv at {PEER_PYTHON} (benchmarks/store_bench.py creates it); running without them")
+        args.no_peers = True
+
+    results: List[Result] = []
+    notes: List[str] = []
+    ready: Dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="agl-proxy-bench-") as tmp:
+        workdir = Path(tmp)
+        port = free_port()
+        log = workdir / "fake.log"
+        with process([sys.executable, str(BENCH_DIR / "_proxy_fake_backend.py"), str(port)], log) as fake:
+            wait_ready(f"http://127.0.0.1:{port}/v1/models", fake, log)
+            print("against the fast fake backend:", flush=True)
+            bench_backend(args, "fake", f"http://127.0.0.1:{port}/v1", MODEL, workdir, results, notes, ready)
+        if args.vllm:
+            sys.path.insert(0, str(REPO_ROOT))
+            from tests.support.vllm_server import build_tiny_model, running_vllm_server
+
+            print("against the tiny vLLM (starting it):", flush=True)
+            with running_vllm_server(build_tiny_model(), log_path=workdir / "vllm.log") as server:
+                bench_backend(args, "vllm", server.base_url, server.model, workdir, results, notes, ready)
+    add_deltas(results)
+    print()
+    print(table(results))
+    print()
+    for line in verdict(results, ready) + notes:
+        print("- " + line)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"results": [asdict(r) for r in results], "notes": notes, "ready_s": ready}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
