@@ -766,11 +766,10 @@ class _Where:
 
 
 def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any, metadata: Any) -> ops.NewRollout:
-    rollout = Rollout.model_construct(
+    rollout = Rollout(
         rollout_id=new_id("ro"),
         input=input,
         start_time=time.time(),
-        end_time=None,
         mode=_check_mode(mode),
         resources_id=resources_id,
         status="queuing",

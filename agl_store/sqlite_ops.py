@@ -325,7 +325,7 @@ def start_rollout(txn: Txn, new: NewRollout, worker_id: Optional[str]) -> Attemp
     _insert_attempt(txn, attempt)
     if worker_id:
         _sync_worker(txn, worker_id, attempt)
-    return AttemptedRollout(**{**dict(rollout), "status": "preparing"}, attempt=attempt)
+    return AttemptedRollout(**{**rollout.__dict__, "status": "preparing"}, attempt=attempt)
 
 
 def enqueue_rollouts(txn: Txn, news: List[NewRollout]) -> List[Rollout]:
@@ -333,7 +333,7 @@ def enqueue_rollouts(txn: Txn, news: List[NewRollout]) -> List[Rollout]:
     out = []
     for position, new in enumerate(news, start=last - len(news) + 1):
         _insert_rollout(txn, new, "queuing", position, None)
-        out.append(Rollout(**dict(new.rollout)))
+        out.append(new.rollout)
     return out
 
 
@@ -688,7 +688,8 @@ _UNHEALTHY_SQL = (
     "CASE WHEN r.timeout_seconds IS NOT NULL AND :now - a.start_time > r.timeout_seconds "
     "THEN 'timeout' ELSE 'unresponsive' END "
     "FROM rollouts r JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = r.latest_attempt_id "
-    "WHERE r.status IN ('preparing', 'running') AND a.status IN ('preparing', 'running') "
+    "WHERE (r.timeout_seconds IS NOT NULL OR r.unresponsive_seconds IS NOT NULL) "
+    "AND r.status IN ('preparing', 'running') AND a.status IN ('preparing', 'running') "
     "AND ((r.timeout_seconds IS NOT NULL AND :now - a.start_time > r.timeout_seconds) "
     "OR (r.unresponsive_seconds IS NOT NULL "
     "AND :now - coalesce(a.last_heartbeat_time, a.start_time) > r.unresponsive_seconds))"

@@ -121,6 +121,14 @@ MIGRATIONS: Tuple[Migration, ...] = (
             "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
         ),
     ),
+    (
+        "0002_watchdog_index",
+        (
+            # The watchdog's scan, every second: only rollouts with a timeout to watch.
+            "CREATE INDEX rollouts_watched ON rollouts (status) "
+            "WHERE timeout_seconds IS NOT NULL OR unresponsive_seconds IS NOT NULL",
+        ),
+    ),
 )
 """Every schema change, oldest first. Append only; never edit a released one."""
 
