@@ -644,13 +644,22 @@ class SQLiteStore(LightningStore):
         ids = list(dict.fromkeys(_as_list(rollout_ids, "rollout_ids")))
         if not ids:
             return 0
-        return await self._write(ops.delete_rollouts, ids)
+        deleted = await self._write(ops.delete_rollouts, ids)
+        await self._reclaim_space(deleted)
+        return deleted
 
     async def expire_rollouts(self, older_than_seconds: float) -> int:
         _check_number(older_than_seconds, "older_than_seconds")
         if older_than_seconds < 0:
             raise InvalidInputError(f"older_than_seconds must be >= 0, got {older_than_seconds}")
-        return await self._write(ops.expire_rollouts, older_than_seconds)
+        expired = await self._write(ops.expire_rollouts, older_than_seconds)
+        await self._reclaim_space(expired)
+        return expired
+
+    async def _reclaim_space(self, deleted: int) -> None:
+        # Users ran out of disk with stores that only grew: give freed pages back.
+        if deleted and not self.in_memory:
+            await self._call(ops.reclaim_space)
 
 
 def _store_error(exc: BaseException) -> BaseException:

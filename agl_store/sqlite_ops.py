@@ -793,3 +793,8 @@ def expire_rollouts(txn: Txn, older_than_seconds: float) -> int:
     ]
     _delete_rows(txn.conn, ids)
     return len(ids)
+
+
+def reclaim_space(conn: sqlite3.Connection) -> None:
+    """Return free pages to the file system (files created with auto_vacuum=INCREMENTAL)."""
+    conn.execute("PRAGMA incremental_vacuum").fetchall()

@@ -135,10 +135,16 @@ MIGRATIONS: Tuple[Migration, ...] = (
 
 def configure_connection(conn: sqlite3.Connection, *, busy_timeout_ms: int, in_memory: bool) -> None:
     """Per-connection settings: WAL with NORMAL sync (a committed write survives a killed
-    process), a busy timeout so concurrent writers queue instead of failing, foreign keys."""
+    process), a busy timeout so concurrent writers queue instead of failing, foreign keys,
+    and disk space that deleting rollouts gives back."""
     conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
     if not in_memory:
+        # Takes effect only on a file without tables yet: then `PRAGMA incremental_vacuum`
+        # after deletes returns freed pages to the file system.
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
+        # After a checkpoint the WAL file shrinks back to this size instead of keeping its peak.
+        conn.execute(f"PRAGMA journal_size_limit = {64 * 1024 * 1024}")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA temp_store = MEMORY")

@@ -284,3 +284,29 @@ async def test_spans_read_back_equal_to_what_was_written(tmp_path: Path) -> None
 
         assert read == span
         assert read.model_dump_json() == span.model_dump_json()
+
+
+async def test_deleting_rollouts_gives_disk_space_back(tmp_path: Path) -> None:
+    path = tmp_path / "space.db"
+    async with SQLiteStore(path) as store:
+        rollout = await store.start_rollout(input="big")
+        spans = [
+            Span(
+                rollout_id=rollout.rollout_id,
+                attempt_id=rollout.attempt.attempt_id,
+                name="c",
+                attributes={"text": "x" * 4000},
+            )
+            for _ in range(200)
+        ]
+        await store.add_many_spans(spans)
+        await store.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+
+        assert await store.delete_rollouts([rollout.rollout_id]) == 1
+
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
+            assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
+        finally:
+            conn.close()
