@@ -39,17 +39,17 @@ wanted=$(cat "$REQUIREMENTS" pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$wanted" ]; then
     pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
     log setup "installing $TORCH (CPU build)"
-    if ! "${pip[@]}" install -q "$TORCH"; then
+    if ! "${pip[@]}" install -qq "$TORCH"; then
         log setup "$TORCH not found locally; trying the PyTorch CPU index"
-        "${pip[@]}" install -q "$TORCH" --extra-index-url https://download.pytorch.org/whl/cpu
+        "${pip[@]}" install -qq "$TORCH" --extra-index-url https://download.pytorch.org/whl/cpu
     fi
     # --no-deps: the file is a complete lock (a pip freeze), and it keeps the unwanted packages out.
     log setup "installing $(grep -c '^[^#].*==' "$REQUIREMENTS") pinned packages from $REQUIREMENTS (minutes on a fresh venv)"
-    "${pip[@]}" install -q --no-deps -r "$REQUIREMENTS"
+    "${pip[@]}" install -qq --no-deps -r "$REQUIREMENTS"
     log setup "removing ${UNWANTED[*]} if present"
-    "${pip[@]}" uninstall -q -y "${UNWANTED[@]}" 2>/dev/null || true
+    "${pip[@]}" uninstall -qq -y "${UNWANTED[@]}" 2>/dev/null || true
     log setup "installing agl (editable)"
-    "${pip[@]}" install -q --no-deps -e .
+    "${pip[@]}" install -qq --no-deps -e .
     echo "$wanted" >"$STAMP"
 else
     log setup "requirements up to date ($STAMP)"

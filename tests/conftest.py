@@ -19,14 +19,16 @@ import pytest
 from tests.support.tiny_model import DEFAULT_DIR
 from tests.support.vllm_server import VLLMServer, build_tiny_model, external_vllm_server, running_vllm_server
 
-# LiteLLM fetches its model cost map from the internet at import time unless told not to.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 # Set to the base URL of a tiny vLLM you started yourself (python -m tests.support.vllm_server) to skip the
 # minute of start-up on every run while iterating.
 EXTERNAL_VLLM_ENV = "AGL_TEST_VLLM_BASE_URL"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Environment every test process needs, before any test module imports litellm or transformers."""
+    # LiteLLM fetches its model cost map from the internet at import time unless told not to.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

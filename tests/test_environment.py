@@ -12,35 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.conversations import TOOL_RESULT, messages, tool_history, tools
 from tests.support.tiny_model import IM_END, TOOL_CALL_TOKENS, build, is_built
 from tests.support.vllm_server import VLLMServer, build_tiny_model
-
-MESSAGES = [
-    {"role": "system", "content": "You are a terse assistant."},
-    {"role": "user", "content": "What is the weather in Paris today?"},
-]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-TOOL_HISTORY = [
-    *MESSAGES,
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "sunny", "celsius": 21}'},
-]
-
 
 def post(server: VLLMServer, path: str, body: dict[str, Any]) -> dict[str, Any]:
     response = httpx.post(f"{server.base_url}{path}", json={"model": server.model, **body}, timeout=120)
@@ -76,18 +50,18 @@ def test_the_tokenizer_has_qwen2_special_tokens_and_a_tool_template(tokenizer) -
     assert tokenizer.eos_token == IM_END
     for token in (*TOOL_CALL_TOKENS, "<|im_start|>", IM_END, "<|endoftext|>"):
         assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, f"{token} is not one token"
-    rendered = tokenizer.apply_chat_template(TOOL_HISTORY, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(tool_history(), tools=tools(), add_generation_prompt=True, tokenize=False)
     assert '"name": "get_weather"' in rendered  # the tool signature
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in rendered
-    assert "<tool_response>\n" + TOOL_HISTORY[-1]["content"] + "\n</tool_response>" in rendered
+    assert f"<tool_response>\n{TOOL_RESULT}\n</tool_response>" in rendered
     assert rendered.endswith("<|im_start|>assistant\n")
 
 
 @pytest.mark.vllm
 def test_chat_returns_token_ids_that_match_the_chat_template_and_the_text(vllm_server, tokenizer) -> None:
-    body = post(vllm_server, "/chat/completions", {"messages": MESSAGES, "max_tokens": 8, "return_token_ids": True})
+    body = post(vllm_server, "/chat/completions", {"messages": messages(), "max_tokens": 8, "return_token_ids": True})
 
-    assert body["prompt_token_ids"] == chat_template_ids(tokenizer, MESSAGES)
+    assert body["prompt_token_ids"] == chat_template_ids(tokenizer, messages())
     choice = body["choices"][0]
     assert len(choice["token_ids"]) == body["usage"]["completion_tokens"] > 0
     assert tokenizer.decode(choice["token_ids"], skip_special_tokens=True) == choice["message"]["content"]
@@ -95,10 +69,10 @@ def test_chat_returns_token_ids_that_match_the_chat_template_and_the_text(vllm_s
 
 @pytest.mark.vllm
 def test_chat_with_tools_and_tool_results_in_the_history(vllm_server, tokenizer) -> None:
-    request = {"messages": TOOL_HISTORY, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 4}
+    request = {"messages": tool_history(), "tools": tools(), "tool_choice": "auto", "max_tokens": 4}
     body = post(vllm_server, "/chat/completions", {**request, "return_token_ids": True})
 
-    assert body["prompt_token_ids"] == chat_template_ids(tokenizer, TOOL_HISTORY, tools=TOOLS)
+    assert body["prompt_token_ids"] == chat_template_ids(tokenizer, tool_history(), tools=tools())
     assert body["choices"][0]["token_ids"]
 
 
@@ -119,7 +93,7 @@ def test_completions_with_a_text_prompt_and_with_a_token_id_prompt(vllm_server, 
 
 @pytest.mark.vllm
 def test_streamed_chat_ids_equal_the_non_streamed_ids_at_temperature_zero(vllm_server) -> None:
-    request = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    request = {"messages": messages(), "max_tokens": 12, "temperature": 0, "return_token_ids": True}
     whole = post(vllm_server, "/chat/completions", request)
     chunks = stream(vllm_server, "/chat/completions", {**request, "stream_options": {"include_usage": True}})
 
@@ -148,7 +122,7 @@ def test_streamed_completion_ids_equal_the_non_streamed_ids_at_temperature_zero(
 
 @pytest.mark.vllm
 def test_chat_logprobs_align_with_token_ids(vllm_server) -> None:
-    request = {"messages": MESSAGES, "max_tokens": 5, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+    request = {"messages": messages(), "max_tokens": 5, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
     choice = post(vllm_server, "/chat/completions", request)["choices"][0]
 
     entries = choice["logprobs"]["content"]

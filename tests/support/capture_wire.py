@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from .conversations import tool_history, tools
 from .vllm_server import build_tiny_model, running_vllm_server
 
 _KEEP = 6  # items kept from a long array
@@ -69,29 +70,6 @@ def _section(title: str, method: str, path: str, body: Any, response: httpx.Resp
     return "\n".join(p for p in parts if p)
 
 
-_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-_HISTORY = [
-    {"role": "user", "content": "What is the weather in Paris?"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "sunny", "celsius": 21}'},
-]
-
-
 def _examples(model: str) -> Iterator[tuple[str, str, str, Any, bool]]:
     """(title, method, path, body, stream) for every example in the doc, in order."""
     user = [{"role": "user", "content": "Hello there"}]
@@ -129,14 +107,12 @@ def _examples(model: str) -> Iterator[tuple[str, str, str, Any, bool]]:
     comp_lp = {**completion, "max_tokens": 2, "logprobs": 0, "return_token_ids": True}
     yield "Completions, `logprobs: 0`", "POST", "/v1/completions", comp_lp, False
     yield "Completions, `logprobs: 0`, streamed", "POST", "/v1/completions", {**comp_lp, "stream": True}, True
-    tools = {**chat, "messages": _HISTORY, "tools": _TOOLS, "tool_choice": "auto", "max_tokens": 6}
-    yield "Tools: history with `tool_calls` and a `tool` result, `tool_choice: auto`", "POST", (
-        "/v1/chat/completions"
-    ), tools, False
+    auto = {**chat, "messages": tool_history(), "tools": tools(), "tool_choice": "auto", "max_tokens": 6}
+    yield "Tools: a history with `tool_calls` and a `tool` result", "POST", "/v1/chat/completions", auto, False
     named = {
         **chat,
-        "messages": _HISTORY[:1],
-        "tools": _TOOLS,
+        "messages": tool_history()[1:2],
+        "tools": tools(),
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         "max_tokens": 24,
     }

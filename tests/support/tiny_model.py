@@ -186,6 +186,7 @@ def build(outdir: Path = DEFAULT_DIR) -> Path:
         build_model(staging, len(tokenizer), token_ids)
         stamp = {"recipe": recipe_hash(), "served_model_name": SERVED_MODEL_NAME, "vocab_size": len(tokenizer)}
         (staging / _STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+        staging.chmod(0o755)  # mkdtemp makes it private; the model is not a secret
         if outdir.exists():
             shutil.rmtree(outdir)
         staging.rename(outdir)
