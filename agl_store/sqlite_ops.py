@@ -797,4 +797,5 @@ def expire_rollouts(txn: Txn, older_than_seconds: float) -> int:
 
 def reclaim_space(conn: sqlite3.Connection) -> None:
     """Return free pages to the file system (files created with auto_vacuum=INCREMENTAL)."""
-    conn.execute("PRAGMA incremental_vacuum").fetchall()
+    # executescript steps the pragma to the end; execute() would free a single page.
+    conn.executescript("PRAGMA incremental_vacuum;")
