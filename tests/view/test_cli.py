@@ -24,11 +24,11 @@ CALLS = [{"prompt": [1, 2, 3], "response": [4, 5]}]
 
 
 @contextlib.asynccontextmanager
-async def start_view(args: List[str]) -> AsyncIterator[str]:
-    """Run `agl view ARGS --port 0` and yield its URL once it listens; SIGTERM it after."""
+async def running_agl(*args: str) -> AsyncIterator[str]:
+    """Run `agl ARGS --port 0` and yield its URL once it listens; SIGTERM it after (it must stop cleanly)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agl_store.cli", "view", *args, "--port", "0",
+        sys.executable, "-m", "agl_store.cli", *args, "--port", "0",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
     )  # fmt: skip
     assert process.stdout is not None
@@ -38,7 +38,7 @@ async def start_view(args: List[str]) -> AsyncIterator[str]:
             line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
             output.append(line)
             if not line:
-                raise AssertionError("agl view exited:\n" + "".join(output))
+                raise AssertionError(f"agl {args[0]} exited:\n" + "".join(output))
             if "listening on " in line:
                 break
         yield line.split("listening on ", 1)[1].split()[0]
@@ -46,7 +46,7 @@ async def start_view(args: List[str]) -> AsyncIterator[str]:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
-        assert "agl view: stopped" in (await process.stdout.read()).decode()
+        assert ": stopped" in (await process.stdout.read()).decode()
 
 
 def test_agl_view_is_a_command_with_the_trainers_settings() -> None:
@@ -79,7 +79,7 @@ async def test_agl_view_serves_a_store_server_behind_its_key(tmp_path: Path) -> 
     try:
         async with SQLiteStore(str(tmp_path / "agl.db")) as store:
             done = await write_rollout(store, CALLS)
-        async with start_view(["--store", store_url, "--key", "s3cret"]) as url:
+        async with running_agl("view", "--store", store_url, "--key", "s3cret") as url:
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
                 assert "/view/app.js" in (await http.get("/")).text
                 assert (await http.get("/view/api/rollouts")).status_code == 401
@@ -103,6 +103,23 @@ async def test_agl_store_serve_serves_the_view_at_the_root(tmp_path: Path) -> No
             assert (await http.get("/view/api/rollouts")).json()["total"] == 0
     finally:
         await server.stop()
+
+
+async def test_agl_proxy_serve_serves_the_view_of_its_embedded_store(tmp_path: Path) -> None:
+    # No backend is called: the view only reads the store.
+    proxy = (
+        "proxy",
+        "serve",
+        "--backend",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "tiny",
+        "--db",
+        str(tmp_path / "agl.db"),
+    )
+    async with running_agl(*proxy) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+        assert "/view/app.js" in (await http.get("/")).text
+        assert (await http.get("/view/api/rollouts")).json()["total"] == 0
 
 
 @pytest.mark.parametrize("bad", [["--level", "episode"], ["--max-prompt-length", "0"]])
