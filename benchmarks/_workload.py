@@ -52,11 +52,11 @@ class Counts:
     single_spans: int = 600
     single_spans_c16: int = 1200
     batch_spans: int = 2000
-    batch_spans_c16: int = 2400
+    batch_spans_c16: int = 2000
     batch_size: int = 100
-    queries: int = 200
+    queries: int = 100
     cycles: int = 300
-    runner_rollouts: int = 400
+    runner_rollouts: int = 300
     runners: int = 100
     repeats: int = 3
 

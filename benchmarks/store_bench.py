@@ -1,7 +1,7 @@
 """agl's store measured side by side with agent-lightning 0.3's, in one run.
 
-    .venv/bin/python benchmarks/store_bench.py            # full run, about 10 minutes
-    .venv/bin/python benchmarks/store_bench.py --quick    # smoke run, about 2 minutes
+    .venv/bin/python benchmarks/store_bench.py            # full run, 10-20 minutes (mostly the peer)
+    .venv/bin/python benchmarks/store_bench.py --quick    # smoke run, 2-3 minutes
     .venv/bin/python benchmarks/store_bench.py --no-peer --json artifacts/store_bench.json
 
 Both stores run the same scenarios (`_workload.py`) on the same spans (LLM calls shaped
@@ -221,6 +221,23 @@ def render_table(lines: List[Metric], agl: Dict[str, Any], peer: Dict[str, Any])
     return "\n".join(out)
 
 
+def measure_peer(args: argparse.Namespace, counts: wl.Counts, log: Callable[[str], None]) -> tuple[Dict[str, Any], str]:
+    """The peer's results (empty when it cannot run) and a line saying what ran or why not."""
+    if args.no_peer:
+        return {}, "skipped (--no-peer)"
+    peer = _peers.ensure_peer(args.peer_cache, log)
+    if isinstance(peer, _peers.PeerUnavailable):
+        log(f"peer: skipped: {peer.reason}")
+        return {}, f"skipped: {peer.reason}"
+    log(f"peer: measuring agentlightning {peer.version}")
+    worker_args = ["--counts", json.dumps(asdict(counts)), "--transports", args.transports, "--only", args.only or ""]
+    try:
+        return _peers.run_peer_worker(peer, worker_args, log), f"agentlightning {peer.version}"
+    except RuntimeError as exc:
+        log(f"peer: failed: {exc}")
+        return {}, f"failed: {exc}"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small counts, one run each: a smoke run")
@@ -237,7 +254,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.repeats:
         counts = wl.Counts(**{**asdict(counts), "repeats": args.repeats})
     transports = [t for t in args.transports.split(",") if t]
+    if not transports or set(transports) - {"inproc", "http"}:
+        parser.error(f"--transports takes inproc and/or http, got {args.transports!r}")
     only = [name for name in args.only.split(",") if name] if args.only else None
+    try:
+        wl.select(wl.http_scenarios(), only)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     def log(message: str) -> None:
         print(message, flush=True)
@@ -245,30 +268,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     payload_bytes = wl.payload_bytes(wl.payload_pool()[0])
     log(f"store_bench: {os.cpu_count()} CPUs, Python {platform.python_version()}, span payload {payload_bytes:,} B, "
         f"{counts.repeats} run(s) per scenario")
-
     log("agl: measuring")
     with tempfile.TemporaryDirectory(prefix="agl-store-bench-") as tmp:
-        agl_results = asyncio.run(run_agl(counts, transports, only, Path(tmp), lambda m: log(f"  agl: {m}"), args.profile_server))
+        agl_results = asyncio.run(
+            run_agl(counts, transports, only, Path(tmp), lambda m: log(f"  agl: {m}"), args.profile_server)
+        )
+    peer_results, peer_note = measure_peer(args, counts, log)
 
-    peer_results: Dict[str, Any] = {}
-    peer_note = "skipped (--no-peer)"
-    if not args.no_peer:
-        peer = _peers.ensure_peer(args.peer_cache, log)
-        if isinstance(peer, _peers.PeerUnavailable):
-            peer_note = f"skipped: {peer.reason}"
-            log(f"peer: {peer_note}")
-        else:
-            log(f"peer: measuring agentlightning {peer.version}")
-            try:
-                peer_results = _peers.run_peer_worker(
-                    peer, ["--counts", json.dumps(asdict(counts)), "--transports", ",".join(transports), "--only", args.only or ""], log
-                )
-                peer_note = f"agentlightning {peer.version}"
-            except RuntimeError as exc:
-                peer_note = f"failed: {exc}"
-                log(f"peer: {peer_note}")
-
-    lines = metrics(counts.batch_size)
+    lines = [m for m in metrics(counts.batch_size) if m.key in agl_results or m.key in peer_results]
     print()
     print(render_table(lines, agl_results, peer_results))
     print(f"\npeer: {peer_note}. Medians of {counts.repeats} run(s). agl/peer above 1 is better for rates, "
