@@ -148,6 +148,18 @@ async def test_the_list_refreshes_while_a_run_is_going(store, store_url, page) -
     await expect(page.locator(f"tr[data-rollout-id='{rollout.rollout_id}']")).to_be_visible()
 
 
+async def test_a_running_rollouts_spans_appear_as_they_are_recorded(store, store_url, page) -> None:
+    running = await write_rollout(store, CALLS, reward=None, finish=False)
+    await page.goto(f"{store_url}/#/rollouts/{running.rollout_id}")
+    spans = page.locator("[data-testid=spans] tr.span-row")
+    await expect(spans).to_have_count(2)
+
+    await store.add_span(reward_span(running.rollout_id, running.attempt_id, 0.5))
+
+    await expect(spans).to_have_count(3)
+    await expect(spans.nth(2)).to_contain_text("agl.reward = 0.5")
+
+
 async def test_the_token_view_colours_a_known_rollout(store, page, monkeypatch, tiny_model_path, encode) -> None:
     monkeypatch.setenv("AGL_VIEW_TOKENIZER", str(tiny_model_path))
     known = await write_known_rollout(store, encode)

@@ -392,14 +392,19 @@ async function rolloutView(rolloutId) {
     h("p", {}, h("a", { href: "#/" }, "← all rollouts"), " · ", h("a", { href: `#/rollouts/${encodeURIComponent(rolloutId)}/tokens` }, "token view")),
     body,
   );
+  // Re-render only when something changed: a re-render closes the spans the user opened.
+  const signature = (d) => JSON.stringify([d.rollout.status, d.attempts.map((a) => a.status), d.spans.length, d.summary.reward]);
+  let shown = signature(detail);
   let finished = FINISHED.has(rollout.status);
   return {
     node,
     refresh: async (current) => {
-      if (finished) return; // nothing changes any more; keep opened spans open
+      if (finished) return; // a finished rollout no longer changes
       const fresh = await load(`/rollouts/${encodeURIComponent(rolloutId)}`);
+      if (!current() || signature(fresh) === shown) return;
+      shown = signature(fresh);
       finished = FINISHED.has(fresh.rollout.status);
-      if (current()) render(fresh);
+      render(fresh);
     },
   };
 }
