@@ -22,7 +22,7 @@ async def main(port: int, backend: str, model: str) -> None:
 
     store = InMemoryLightningStore()
     model_list = [{"model_name": model, "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": backend}}]
-    proxy = LLMProxy(port=port, model_list=model_list, store=store, host="127.0.0.1", launch_mode="thread")
+    proxy = LLMProxy(port=port, model_list=model_list, store=store, host="127.0.0.1", launch_mode="asyncio")
     await proxy.start()
     rollout = await store.start_rollout(input={"bench": True})
     print(json.dumps({"rollout_id": rollout.rollout_id, "attempt_id": rollout.attempt.attempt_id}), flush=True)

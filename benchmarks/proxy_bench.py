@@ -12,7 +12,7 @@ Every target serves the same OpenAI chat call, streamed and not, at concurrency 
   (the CPU floor of any Python proxy);
 - `agl`: `agl proxy serve` with its embedded SQLite store in the same process, calls attributed to a
   rollout, so its CPU includes the sequence number, the span build and the span export;
-- `al-0.3`: agent-lightning 0.3's `LLMProxy` (LiteLLM proxy + its in-memory store, thread mode);
+- `al-0.3`: agent-lightning 0.3's `LLMProxy` (LiteLLM proxy + its in-memory store, asyncio mode);
 - `litellm`: LiteLLM's own proxy (`litellm --config`), no tracing.
 
 Peers run from the agent-lightning 0.3 venv (`.cache/peers/agentlightning-0.3`, see `_peers.py`)
@@ -43,6 +43,8 @@ import psutil
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 PEER_PYTHON = REPO_ROOT / ".cache" / "peers" / "agentlightning-0.3" / "bin" / "python"
+# LiteLLM's proxy refuses to boot without a master key unless told this is local use.
+PEER_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
 START_TIMEOUT_S = 120.0
 MODEL = "bench"
 
@@ -214,7 +216,7 @@ def bare_target(backend_url: str, workdir: Path) -> Iterator[Target]:
 def al03_target(backend_url: str, model: str, workdir: Path) -> Iterator[Target]:
     port = free_port()
     log = workdir / "al03.log"
-    with process([str(PEER_PYTHON), str(BENCH_DIR / "_proxy_peer.py"), str(port), backend_url, model], log) as proc:
+    with process([str(PEER_PYTHON), str(BENCH_DIR / "_proxy_peer.py"), str(port), backend_url, model], log, PEER_ENV) as proc:
         start = time.monotonic()
         while True:
             text = log.read_text(errors="replace")
@@ -236,8 +238,7 @@ def litellm_target(backend_url: str, model: str, workdir: Path) -> Iterator[Targ
     config = workdir / "litellm.yaml"
     config.write_text(json.dumps({"model_list": [{"model_name": model, "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": backend_url}}]}))
     litellm = PEER_PYTHON.parent / "litellm"
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    with process([str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)], log, env) as proc:
+    with process([str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)], log, PEER_ENV) as proc:
         wait_ready(f"http://127.0.0.1:{port}/health/liveliness", proc, log)
         yield Target("litellm", f"http://127.0.0.1:{port}/v1", [proc.pid], "LiteLLM proxy, no tracing")
 
