@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from importlib.resources import files
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, TypeVar
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, TypeVar, get_args
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from agl_store.errors import InvalidInputError
-from agl_store.models import ROLLOUT_STATUSES
+from agl_store.models import ROLLOUT_STATUSES, RolloutMode
 from agl_store.server.wire import endpoint, store_of
 
 from ..aggregate import AGGREGATORS, Limits
@@ -46,7 +46,7 @@ _SECURITY_HEADERS = {
     "x-content-type-options": "nosniff",
     "cache-control": "no-cache",
 }
-MODES = ("train", "val", "test")
+MODES = get_args(RolloutMode)
 N = TypeVar("N", int, float)
 
 

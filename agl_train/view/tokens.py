@@ -16,6 +16,7 @@ happens to them, and nothing in a dropped row reaches the update.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional, Protocol
@@ -158,6 +159,10 @@ def token_view_of_trace(
 async def token_view(
     store: LightningStore, rollout_id: str, options: TokenViewOptions, tokenizer: Optional[TokenDecoder] = None
 ) -> Dict[str, Any]:
-    """Read a rollout's latest attempt the way the trainer does and build its token view."""
+    """Read a rollout's latest attempt the way the trainer does and build its token view.
+
+    The rows are built and decoded in a worker thread: a long trajectory takes CPU time that
+    the store server's event loop must not wait on.
+    """
     trace = await read_rollout(store, rollout_id, reward_fillna_value=options.reward_fillna_value)
-    return token_view_of_trace(trace, options, tokenizer)
+    return await asyncio.to_thread(token_view_of_trace, trace, options, tokenizer)
