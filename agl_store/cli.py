@@ -94,7 +94,9 @@ async def _serve_async(args: argparse.Namespace) -> int:
     except (StoreError, OSError) as exc:
         print(f"agl store serve: cannot open the store {url}: {exc}", file=sys.stderr)
         return 2
-    app = create_app(store, key=args.key, max_body_bytes=args.max_body_bytes, manage_store=False)
+    # Opened here so a bad URL fails before the port is taken; the app's lifespan owns it
+    # from then on (its open() is a no-op, its close() runs at shutdown).
+    app = create_app(store, key=args.key, max_body_bytes=args.max_body_bytes)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -121,7 +123,7 @@ async def _serve_async(args: argparse.Namespace) -> int:
         await server.serve(sockets=[sock])
     finally:
         announce.cancel()
-        await store.close()
+        await store.close()  # idempotent; covers a server that never ran its lifespan
     print("agl store serve: stopped", flush=True)
     return 0 if server.started else 1
 
