@@ -51,6 +51,7 @@ def vllm_server(
     """One vLLM OpenAI server on the tiny model for the whole session, stopped at the end."""
     external = os.environ.get(EXTERNAL_VLLM_ENV)
     if external:
+        _announce(request.config, f"[vllm] using the tiny vLLM at {external} ({EXTERNAL_VLLM_ENV})")
         yield external_vllm_server(external, tiny_model_path)
         return
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
@@ -70,5 +71,11 @@ def tokenizer(tiny_model_path: Path) -> Any:
 def _announce(config: pytest.Config, line: str) -> None:
     """Print one line past pytest's output capture, so a slow start-up is explained."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    if capture is None:
+        reporter.write_line(line)
+        return
+    with capture.global_and_fixture_disabled():
         reporter.write_line(line)

@@ -38,6 +38,7 @@ def chat_template_ids(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: 
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False, **kwargs))
 
 
+@pytest.mark.slow  # builds the model a second time, in a subprocess
 def test_the_tiny_model_build_is_cached_and_reproducible(tiny_model_path, tmp_path) -> None:
     assert is_built(tiny_model_path)
     assert build(tiny_model_path) == tiny_model_path  # a second build is a no-op
