@@ -155,12 +155,17 @@ class AglTrainer(RayPPOTrainer):
     batch not larger than `data.train_batch_size`, KL in the reward) raises ValueError.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.agl_settings = settings_from_config(self.config)
-        self.runner_settings = RunnerSettings.from_config(self.config)
-        if self.config.algorithm.use_kl_in_reward:
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        # agl's settings are checked before verl builds anything, so a bad one fails fast.
+        self.agl_settings = settings_from_config(config)
+        self.runner_settings = RunnerSettings.from_config(config)
+        if config.algorithm.get("use_kl_in_reward", False):
             raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
+        with warnings.catch_warnings():
+            # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
+            # v0 worker stack (SPEC section 5) and owns the loop, so the warning is noise here.
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*RayPPOTrainer.*")
+            super().__init__(config, *args, **kwargs)
         self._gateway: Optional[GatewayClient] = None
         self._loop = LoopThread("agl-trainer-loop")
         self._store: Optional[LightningStore] = None

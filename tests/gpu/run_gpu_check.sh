@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU check of agl's verl trainer (issue #5): a few real PPO steps on the tiny model, agents
+# as local subprocesses calling vLLM through agl's proxy. Needs one NVIDIA GPU and a Python
+# environment with GPU builds of torch, vLLM and verl plus agl (PYTHON=path/to/python; the
+# CPU-only .venv of the test machine cannot run it). Nothing is downloaded: the tiny model is
+# built locally. Output (proxy log, training log, composed config) goes to $OUT.
+#   PYTHON=/opt/venv/bin/python STEPS=3 tests/gpu/run_gpu_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${OUT:-/tmp/agl-gpu-check}
+STEPS=${STEPS:-3}
+mkdir -p "$OUT"
+export LITELLM_LOCAL_MODEL_COST_MAP=True TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU visible'; print('gpu:', torch.cuda.get_device_name(0))"
+MODEL=$("$PY" -c "from tests.support.tiny_model import build, DEFAULT_DIR; print(build(DEFAULT_DIR))")
+PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+
+# The proxy starts with no backend: the trainer registers verl's vLLM replicas every step.
+printf 'model_list: []\n' > "$OUT/models.yaml"
+"$PY" -m agl_store.cli proxy serve --config "$OUT/models.yaml" --port "$PORT" --db "$OUT/agl.db" > "$OUT/proxy.log" 2>&1 &
+PROXY_PID=$!
+trap 'kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/null || true' EXIT
+for _ in $(seq 1 60); do
+    curl -fsS "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break
+    sleep 1
+done
+curl -fsS "http://127.0.0.1:$PORT/health" > /dev/null
+
+"$PY" tests/gpu/gpu_check.py --model "$MODEL" --base-url "http://127.0.0.1:$PORT" --steps "$STEPS" --out "$OUT" 2>&1 | tee "$OUT/train.log"
+
+# What to look for: one line of metrics per step (training/global_step:1..STEPS) with
+# rollout/n_done > 0, training/n_update_rows > 0 and actor/pg_loss present.
+grep -c "training/global_step" "$OUT/train.log" || { echo "no training step was logged" >&2; exit 1; }
+echo "gpu check finished; logs in $OUT"
