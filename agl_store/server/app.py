@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from typing import Any, AsyncIterator, Dict, FrozenSet, List, Optional, Tuple
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
@@ -18,6 +19,7 @@ from .limits import BodySizeLimitMiddleware
 from .metrics import MetricsMiddleware, ServerMetrics
 from .routes import all_routes
 from .routes.system import HEALTH_PATHS
+from .wire import http_error_response
 
 logger = logging.getLogger("agl_store.server")
 
@@ -84,6 +86,11 @@ def create_app(
     if key:
         middleware.append(Middleware(BearerKeyMiddleware, key=key, open_paths=open_paths))
     middleware.append(Middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes))
-    app = Starlette(routes=[*all_routes(), *otlp.routes(), *page_routes], middleware=middleware, lifespan=lifespan)
+    app = Starlette(
+        routes=[*all_routes(), *otlp.routes(), *page_routes],
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error_response},
+    )
     app.state.open_paths = open_paths
     return app

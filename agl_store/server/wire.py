@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Sequence, Type, TypeVar
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import to_json
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -61,6 +62,17 @@ def error_body(code: str, message: str) -> bytes:
 
 def error_response(error: StoreError) -> Response:
     return Response(error_body(error.code, error.message), status_code=error.status_code, media_type=JSON_MEDIA_TYPE)
+
+
+async def http_error_response(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no such route) and 405 (wrong method) in the store's error shape.
+
+    The codes differ from `not_found` on purpose: an unknown route is not an unknown id.
+    """
+    assert isinstance(exc, HTTPException)
+    code = {404: "no_such_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = f"{exc.detail}: {request.method} {request.url.path}"
+    return Response(error_body(code, message), exc.status_code, headers=exc.headers, media_type=JSON_MEDIA_TYPE)
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -305,6 +305,14 @@ async def test_a_finished_rollout_cannot_be_reopened_or_deleted_while_running(
     assert await store.get_rollout_by_id(running.rollout_id) is None
 
 
+async def test_unknown_routes_and_methods_answer_in_the_error_shape(http: httpx.AsyncClient) -> None:
+    missing = await http.get("/no/such/thing")
+    assert missing.status_code == 404 and error_of(missing)["code"] == "no_such_route"
+    wrong = await http.delete("/statistics")
+    assert wrong.status_code == 405 and error_of(wrong)["code"] == "method_not_allowed"
+    assert "GET" in wrong.headers["allow"]
+
+
 # --- auth -------------------------------------------------------------------------------
 
 
