@@ -436,3 +436,21 @@ async def test_agent_lightning_03_client_works_against_our_server(tmp_path: Path
         "missing": None,
         "stats": ["database_bytes", "name", "rollouts_by_status"],
     }
+
+
+def test_a_broken_pages_plugin_is_skipped_not_fatal(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agl_store.base import LightningStore
+    from agl_store.server import app as app_module
+
+    class BrokenEntryPoint:
+        name = "broken"
+
+        def load(self) -> object:
+            raise ImportError("No module named 'missing_view'")
+
+    monkeypatch.setattr(app_module, "entry_points", lambda group: [BrokenEntryPoint()])
+    app = app_module.create_app(LightningStore(), key="k")
+    assert app.state.open_paths == frozenset({"/health", "/v1/agl/health"})
+    assert "store pages 'broken' skipped: No module named 'missing_view'" in caplog.text
