@@ -186,7 +186,7 @@ class SQLiteStore(LightningStore):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
         if self._flusher is not None:
-            # Writes already queued finish (or fail with StoreClosedError) before the close.
+            # Writes accepted before close() still commit; later ones get StoreClosedError.
             await asyncio.gather(self._flusher, return_exceptions=True)
         self._wake_waiters()
         if self._db is not None:
@@ -194,14 +194,22 @@ class SQLiteStore(LightningStore):
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)` on the connection thread."""
+        self._check_open()
+        return await self._run(fn, *args)
+
+    def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError("the store is closed")
         if self._db is None:
             raise StoreClosedError("the store is not open; call `await store.open()` first")
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        # Without the open check: the write flusher finishes accepted writes during close().
+        assert self._db is not None
         try:
             return await self._db._execute(fn, self._conn, *args)
         except ValueError as exc:
-            if self._closed or str(exc) == "Connection closed":
+            if str(exc) == "Connection closed":
                 raise StoreClosedError("the store is closed") from exc
             raise
         except sqlite3.Error as exc:
@@ -215,8 +223,7 @@ class SQLiteStore(LightningStore):
         `add_span`), each in its own savepoint so one call's error undoes only its own
         changes.
         """
-        if self._closed:
-            raise StoreClosedError("the store is closed")
+        self._check_open()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending_writes.append((fn, args, future))
         if self._flusher is None or self._flusher.done():
@@ -228,7 +235,7 @@ class SQLiteStore(LightningStore):
             batch = self._pending_writes[:MAX_WRITES_PER_COMMIT]
             del self._pending_writes[:MAX_WRITES_PER_COMMIT]
             try:
-                outcomes = await self._call(ops.run_writes, [(fn, args) for fn, args, _ in batch])
+                outcomes = await self._run(ops.run_writes, [(fn, args) for fn, args, _ in batch])
             except BaseException as exc:  # nothing of the batch was committed
                 outcomes = [(False, exc, ())] * len(batch)
                 if isinstance(exc, asyncio.CancelledError):

@@ -310,3 +310,22 @@ async def test_deleting_rollouts_gives_disk_space_back(tmp_path: Path) -> None:
             assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
         finally:
             conn.close()
+
+
+async def test_writes_accepted_before_close_are_committed(tmp_path: Path) -> None:
+    path = tmp_path / "closing.db"
+    store = await SQLiteStore(path).open()
+    rollout = await store.start_rollout(input=None)
+    pending = [
+        asyncio.create_task(
+            store.add_span(Span(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name="s"))
+        )
+        for _ in range(20)
+    ]
+    await asyncio.sleep(0)  # the calls are in, their commit is not done yet
+
+    await store.close()
+
+    assert all(isinstance(span, Span) for span in await asyncio.gather(*pending))
+    async with SQLiteStore(path) as reopened:
+        assert len(await reopened.query_spans(rollout.rollout_id)) == 20
