@@ -118,7 +118,11 @@ async def forward(
         timeout=timeout,
     )
     try:
-        response = await client.send(request, stream=True)
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.RemoteProtocolError:
+            # A kept-alive connection the server had just closed: the request never ran.
+            response = await client.send(request, stream=True)
     except httpx.ConnectError as exc:
         raise RetryableBackendError(BackendFailedError(f"backend {label} refused the connection: {exc}")) from exc
     except httpx.TimeoutException as exc:

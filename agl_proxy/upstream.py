@@ -18,7 +18,9 @@ try:
 except ImportError:  # optional: httpx's own transport is used instead
     aiohttp = None  # type: ignore[assignment]
 
-KEEPALIVE_S = 30.0
+# Below uvicorn's (and so vLLM's) 5 s keep-alive, so that the proxy drops an idle connection
+# before the server does, instead of racing it.
+KEEPALIVE_S = 4.0
 
 
 def _translate(exc: BaseException, request: httpx.Request, connecting: bool) -> httpx.TransportError:
