@@ -159,7 +159,11 @@ class SQLiteStore(LightningStore):
         # Autocommit mode: every transaction is an explicit `atomic()`.
         db = await aiosqlite.connect(self.path, isolation_level=None, cached_statements=256)
         try:
-            conn = db._conn  # used only on db's own thread, through db._execute
+            # aiosqlite has no public call for "run this function on your thread"; its
+            # `_execute` is exactly that (aiosqlite is pinned). It buys one thread hop per
+            # operation instead of one per statement, and whole transactions that no other
+            # coroutine can interleave with. `conn` is only ever touched on that thread.
+            conn = db._conn
             await db._execute(
                 configure_connection, conn, busy_timeout_ms=int(self.busy_timeout * 1000), in_memory=self.in_memory
             )
