@@ -426,7 +426,8 @@ function legend() {
 }
 
 function windowText(ids, pieces, decoded) {
-  return ids.map((id) => tokenText(id, pieces, decoded)).join("");
+  // One line: newlines shown as ⏎, so the two windows line up for comparison.
+  return ids.map((id) => tokenText(id, pieces, decoded)).join("").replaceAll("\n", "⏎");
 }
 
 function breakBox(record, pieces, decoded) {
