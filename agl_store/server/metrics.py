@@ -70,7 +70,7 @@ class ServerMetrics:
         for (route, method), histogram in sorted(self._latency.items()):
             labels = f'route="{_escape(route)}",method="{method}"'
             cumulative = 0
-            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), histogram.counts):
+            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), histogram.counts, strict=True):
                 cumulative += count
                 le = "+Inf" if bound == float("inf") else repr(bound)
                 lines.append(f'agl_store_http_request_duration_seconds_bucket{{{labels},le="{le}"}} {cumulative}')
