@@ -281,6 +281,18 @@ async def test_bad_requests(
     assert message in error["message"]
 
 
+async def test_an_oversized_chunked_body_is_refused_while_it_is_read(
+    store: LightningStoreClient, http: httpx.AsyncClient
+) -> None:
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: the server must count
+        for _ in range(MAX_BODY_BYTES // 10_000 + 2):
+            yield b"x" * 10_000
+
+    answer = await unchanged_after(store, http, "POST", "/spans/batch", content=chunks())
+    assert answer.status_code == 413
+    assert "over the limit" in error_of(answer)["message"]
+
+
 async def test_bad_status_values_name_the_field_and_change_nothing(
     store: LightningStoreClient, http: httpx.AsyncClient
 ) -> None:
