@@ -139,10 +139,12 @@ async def rollout_step(
 LLM_RESOURCE_NAME = "main_llm"
 
 
-def served_model_name(server_address: str, timeout_s: float = 30.0) -> str:
+async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str:
     """The model id a vLLM replica serves (its `/v1/models`), which is what the proxy must ask for."""
-    url = server_address if "://" in server_address else f"http://{server_address}"
-    answer = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+    url = (server_address if "://" in server_address else f"http://{server_address}").rstrip("/")
+    url = url[: -len("/v1")] if url.endswith("/v1") else url
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+        answer = await http.get(url + "/v1/models")
     answer.raise_for_status()
     return answer.json()["data"][0]["id"]
 
@@ -210,7 +212,7 @@ class AglTrainer(RayPPOTrainer):
         """Register the rollout engine's replicas with the proxy and publish a new LLM resource
         (one resources id per weight version); returns the resources id."""
         addresses = [replica.server_address for replica in self.llm_server_manager.get_replicas()]
-        served = served_model_name(addresses[0])
+        served = await served_model_name(addresses[0])
         version = str(self.global_steps)
         await self.gateway.update_model_list(vllm_model_list(addresses, served, version=version))
         resource = ProxyLLM(

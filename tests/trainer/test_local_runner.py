@@ -128,3 +128,11 @@ async def test_past_the_timeout_the_agent_and_its_children_are_killed_and_the_ro
     assert "rollout timeout of 3 s" in attempt.metadata[METADATA_KEY]["message"]
     agent_pid, child_pid = map(int, pids.read_text().split())
     assert process_gone(agent_pid) and process_gone(child_pid)
+
+
+async def test_the_trainer_asks_a_replica_for_the_name_it_serves(vllm_server) -> None:
+    from agl_train.trainer import served_model_name
+
+    address = vllm_server.base_url.removeprefix("http://").removesuffix("/v1")
+    assert await served_model_name(address) == vllm_server.model
+    assert await served_model_name(vllm_server.base_url) == vllm_server.model
