@@ -113,6 +113,8 @@ class LLMCallEndpoint:
             no_backend: Optional[NoBackendError] = exc
         else:
             no_backend = None
+        if rollout_id and not attempt_id:
+            record.attempt_id = attempt_id = await gw.latest_attempt_id(rollout_id)
         sequence = gw.exporter.reserve_sequence(rollout_id, attempt_id)
         try:
             if no_backend is not None:

@@ -56,6 +56,17 @@ class Gateway:
         overrides = await self.sampling.for_rollout(rollout_id)
         return RequestOptions(logprobs=self.options.logprobs, sampling_overrides=overrides)
 
+    async def latest_attempt_id(self, rollout_id: str) -> str:
+        """The rollout's latest attempt, for calls that name only `x-rollout-id` ("" if unknown)."""
+        if self.store is None:
+            return ""
+        try:
+            attempt = await self.store.get_latest_attempt(rollout_id)
+        except Exception as exc:  # noqa: BLE001 - the call goes on; its span will be dropped and counted
+            logger.warning("agl_proxy: cannot find the latest attempt of rollout %r: %r", rollout_id, exc)
+            return ""
+        return attempt.attempt_id if attempt is not None else ""
+
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
         """Replace the backends. Calls in flight finish on the deployment they started on."""
         # Parse first: a bad list raises and leaves the current one serving.

@@ -56,6 +56,10 @@ class FlakyStore(LightningStore):
         self._check("get_next_span_sequence_id")
         return await self.inner.get_next_span_sequence_id(rollout_id, attempt_id)
 
+    async def get_latest_attempt(self, rollout_id: str) -> Any:
+        self._check("get_latest_attempt")
+        return await self.inner.get_latest_attempt(rollout_id)
+
     async def get_rollout_by_id(self, rollout_id: str) -> Any:
         self._check("get_rollout_by_id")
         return await self.inner.get_rollout_by_id(rollout_id)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import openai
 import orjson
+import pytest
 
+from agl_proxy.deployments import parse_deployment
 from agl_proxy.proxy import LLMProxy
 
 from .conftest import chat_body
 from .fake_backend import WORDS, fake_token_ids, word_ids
-from .helpers import wait_for_spans
+from .helpers import model_entry, wait_for_spans
 
 
 async def test_chat_returns_backend_body_and_records_token_ids(new_rollout, proxy: LLMProxy, backend, store, http) -> None:
@@ -92,8 +94,6 @@ async def test_streamed_completion_keeps_every_token_id(new_rollout, proxy: LLMP
 
 async def test_logprobs_are_requested_when_configured(new_rollout, proxy_factory, backend, store, http) -> None:
     ids = await new_rollout()
-    from .helpers import model_entry
-
     proxy = await proxy_factory([model_entry("tiny", backend[1])], logprobs=True, sampling_overrides={"temperature": 0.0})
     await http.post(proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body(temperature=0.9))
     fake, _ = backend
@@ -110,8 +110,6 @@ async def test_calls_without_rollout_are_served(proxy: LLMProxy, http) -> None:
 
 
 async def test_sampling_overrides_follow_the_rollout_mode(proxy_factory, backend, store, http) -> None:
-    from .helpers import model_entry
-
     fake, url = backend
     by_mode = {"train": {"temperature": 1.0}, "val": {"temperature": 0.0, "top_p": 1.0}}
     proxy = await proxy_factory([model_entry("tiny", url)], sampling_by_mode=by_mode)
@@ -122,3 +120,28 @@ async def test_sampling_overrides_follow_the_rollout_mode(proxy_factory, backend
         assert fake.requests[-1]["temperature"] == expected
     await http.post(proxy.base_url + "/chat/completions", json=chat_body(temperature=0.5))
     assert fake.requests[-1]["temperature"] == 0.5  # no rollout, no mode: the client's value
+
+
+async def test_rollout_header_alone_means_its_latest_attempt(new_rollout, proxy: LLMProxy, backend, store, http) -> None:
+    rollout_id, attempt_id = await new_rollout()
+    response = await http.post(proxy.base_url + "/chat/completions", json=chat_body(), headers={"x-rollout-id": rollout_id})
+    assert response.status_code == 200
+    [span] = await wait_for_spans(store, rollout_id, 1)
+    assert span.attempt_id == attempt_id and span.sequence_id == 1
+    assert backend[0].headers[-1]["x-attempt-id"] == attempt_id
+
+
+def test_as_resource_gives_per_rollout_urls(proxy: LLMProxy) -> None:
+    resource = proxy.as_resource(sampling_parameters={"temperature": 0.7})
+    assert resource.model == "tiny" and resource.sampling_parameters == {"temperature": 0.7}
+    assert resource.get_base_url() == proxy.url + "/v1"
+    assert resource.get_base_url("ro-1", "at-1") == proxy.url + "/rollout/ro-1/attempt/at-1/v1"
+
+
+def test_update_model_list_in_python(proxy: LLMProxy, backend) -> None:
+    proxy.update_model_list([model_entry("tiny", backend[1]), model_entry("big", backend[1], backend_model="big-7b")])
+    assert proxy.gateway.registry.model_names == ["tiny", "big"]
+    with pytest.raises(ValueError, match="needs litellm_params.model"):
+        proxy.update_model_list([{"model_name": "x", "litellm_params": {}}])
+    assert proxy.gateway.registry.model_names == ["tiny", "big"]  # a bad list changes nothing
+    assert parse_deployment(model_entry("big", backend[1], backend_model="big-7b")).model == "big-7b"
