@@ -112,7 +112,14 @@ def running_vllm_server(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         # A new session makes the server and the engine processes it forks one process group to stop.
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
     server = VLLMServer(
         base_url=f"http://127.0.0.1:{port}/v1",
         model=served_model_name,
@@ -126,6 +133,19 @@ def running_vllm_server(
         yield server
     finally:
         _stop(process)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the test process dies, even by SIGKILL (Linux only).
+
+    Without it a killed pytest would leave a vLLM server (in its own session) running on a shared machine;
+    vLLM's engine processes exit when their API server does.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _wait_until_ready(process: subprocess.Popen[bytes], server: VLLMServer, timeout_s: float) -> None:
