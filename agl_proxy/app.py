@@ -53,11 +53,20 @@ def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
 
     async def models(request: Request) -> Response:
         created = int(time.time())
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "agl"} for name in gateway.registry.model_names]
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "agl"}
+            for name in gateway.registry.model_names
+        ]
         return JSONBytesResponse({"object": "list", "data": data})
 
     async def state(request: Request) -> Response:
-        return JSONBytesResponse({**gateway.gate.state(), "models": gateway.registry.model_names, "spans_buffered": gateway.exporter.buffered})
+        return JSONBytesResponse(
+            {
+                **gateway.gate.state(),
+                "models": gateway.registry.model_names,
+                "spans_buffered": gateway.exporter.buffered,
+            }
+        )
 
     async def pause(request: Request) -> Response:
         """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight."""

@@ -11,7 +11,15 @@ from typing import Any, Dict, List, Optional
 
 import orjson
 
-_TOP_LEVEL_KEYS = ("id", "created", "model", "system_fingerprint", "prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
+_TOP_LEVEL_KEYS = (
+    "id",
+    "created",
+    "model",
+    "system_fingerprint",
+    "prompt_token_ids",
+    "prompt_logprobs",
+    "kv_transfer_params",
+)
 
 
 class SSEParser:
@@ -87,7 +95,9 @@ class StreamAssembler:
             if delta_choice.get("token_ids"):
                 choice["token_ids"].extend(delta_choice["token_ids"])
                 self.first_token_seen = True
-            elif not self.first_token_seen and (delta_choice.get("text") or (delta_choice.get("delta") or {}).get("content")):
+            elif not self.first_token_seen and (
+                delta_choice.get("text") or (delta_choice.get("delta") or {}).get("content")
+            ):
                 self.first_token_seen = True
             for key in ("finish_reason", "stop_reason"):
                 if delta_choice.get(key) is not None:
@@ -140,7 +150,10 @@ class StreamAssembler:
 
     def result(self) -> Dict[str, Any]:
         """The response as the backend would have returned it without `stream`."""
-        response: Dict[str, Any] = {"id": self._top.get("id"), "object": "chat.completion" if self.chat else "text_completion"}
+        response: Dict[str, Any] = {
+            "id": self._top.get("id"),
+            "object": "chat.completion" if self.chat else "text_completion",
+        }
         response.update({k: v for k, v in self._top.items() if k != "id"})
         response["choices"] = [self._choices[i] for i in sorted(self._choices)]
         response["usage"] = self._usage

@@ -38,9 +38,13 @@ class BearerKeyMiddleware:
                 given = value
                 break
         if given is None:
-            await send_error(send, AuthenticationError("missing bearer key: send the header 'Authorization: Bearer <agl key>'"))
+            await send_error(
+                send, AuthenticationError("missing bearer key: send the header 'Authorization: Bearer <agl key>'")
+            )
             return
         if not hmac.compare_digest(given, self._expected):
-            await send_error(send, AuthenticationError("wrong bearer key: the Authorization header does not carry this proxy's key"))
+            await send_error(
+                send, AuthenticationError("wrong bearer key: the Authorization header does not carry this proxy's key")
+            )
             return
         await self.app(scope, receive, send)

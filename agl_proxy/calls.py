@@ -128,7 +128,13 @@ class LLMCallEndpoint:
             if record.ttft_s is None and record.error is None:
                 record.ttft_s = record.latency_s
             backend = record.deployment.label if record.deployment else ""
-            gw.metrics.observe_call(record.requested_model or "", backend, record.status_code, record.latency_s, record.ttft_s if record.stream else None)
+            gw.metrics.observe_call(
+                record.requested_model or "",
+                backend,
+                record.status_code,
+                record.latency_s,
+                record.ttft_s if record.stream else None,
+            )
             if record.error is not None:
                 gw.metrics.observe_error(record.requested_model or "", backend, record.error["type"])
             gw.exporter.submit(record, sequence)
@@ -163,6 +169,8 @@ class LLMCallEndpoint:
             except RetryableBackendError as exc:
                 gw.balancer.mark_failed(deployment)
                 last_error = exc.error
-                logger.warning("agl_proxy: %s; replica cooling down for %.0f s", exc.error.message, gw.balancer.cooldown_s)
+                logger.warning(
+                    "agl_proxy: %s; replica cooling down for %.0f s", exc.error.message, gw.balancer.cooldown_s
+                )
             finally:
                 gw.balancer.release(deployment)

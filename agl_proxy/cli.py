@@ -85,7 +85,9 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
         from agl_store.server import create_app as create_store_app
 
         store_app = create_store_app(store, key=args.key, manage_store=False)
-    proxy = LLMProxy(model_list, store, host=args.host, port=args.port, key=args.key, logprobs=args.logprobs, store_app=store_app)
+    proxy = LLMProxy(
+        model_list, store, host=args.host, port=args.port, key=args.key, logprobs=args.logprobs, store_app=store_app
+    )
     try:
         await proxy.start()
     except (RuntimeError, OSError) as exc:
@@ -98,7 +100,10 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
         loop.add_signal_handler(sig, stop.set)
     models = ", ".join(proxy.gateway.registry.model_names)
     where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
-    print(f"agl proxy serve: listening on {proxy.url} (models: {models}; {where}; {'bearer key required' if args.key else 'no key'})", flush=True)
+    print(
+        f"agl proxy serve: listening on {proxy.url} (models: {models}; {where}; {'bearer key required' if args.key else 'no key'})",
+        flush=True,
+    )
     try:
         await stop.wait()
     finally:

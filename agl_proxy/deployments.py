@@ -18,7 +18,18 @@ OPENAI_COMPATIBLE_PROVIDERS = frozenset({"hosted_vllm", "openai", "text-completi
 DEFAULT_TIMEOUT_S = 600.0
 # Keys of `litellm_params` that describe the connection rather than the request.
 _CONNECTION_KEYS = frozenset(
-    {"model", "api_base", "base_url", "api_key", "timeout", "stream_timeout", "max_retries", "rpm", "tpm", "organization"}
+    {
+        "model",
+        "api_base",
+        "base_url",
+        "api_key",
+        "timeout",
+        "stream_timeout",
+        "max_retries",
+        "rpm",
+        "tpm",
+        "organization",
+    }
 )
 
 

@@ -161,10 +161,12 @@ class SpanExporter:
             except asyncio.CancelledError:
                 self._buffer.extendleft(reversed(spans))
                 raise
-            except Exception as exc:  # the store is down or failing: keep the spans, retry later
+            except Exception as exc:  # noqa: BLE001 - store down or failing: keep the spans, retry later
                 remaining = exc.remaining if isinstance(exc, _PartialWrite) else spans
                 self.failed_attempts += 1
-                logger.warning("agl_proxy could not export %d span(s), retrying in %.1f s: %r", len(remaining), backoff, exc)
+                logger.warning(
+                    "agl_proxy could not export %d span(s), retrying in %.1f s: %r", len(remaining), backoff, exc
+                )
                 self._requeue(remaining)
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, RETRY_MAX_S)
@@ -173,7 +175,7 @@ class SpanExporter:
         room = self.max_buffer - len(self._buffer)
         if room < len(spans):
             self._drop(len(spans) - room, f"span buffer full ({self.max_buffer}) while the store is unavailable")
-            spans = spans[len(spans) - max(room, 0):]
+            spans = spans[len(spans) - max(room, 0) :]
         self._buffer.extendleft(reversed(spans))
 
     async def _build(self, batch: List[_Item]) -> List[Span]:

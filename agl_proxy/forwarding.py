@@ -45,7 +45,9 @@ class RequestOptions:
     """Request fields that replace the client's (e.g. a training temperature)."""
 
 
-def backend_body(body: Mapping[str, Any], deployment: Deployment, operation: str, options: RequestOptions) -> Dict[str, Any]:
+def backend_body(
+    body: Mapping[str, Any], deployment: Deployment, operation: str, options: RequestOptions
+) -> Dict[str, Any]:
     """The request body as the backend gets it."""
     out = dict(body)
     for key, value in deployment.request_defaults.items():
@@ -144,12 +146,18 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
     try:
         data = await response.aread()
     except httpx.TimeoutException as exc:
-        raise BackendTimeoutError(f"backend {label} did not finish its answer within {deployment.timeout_s:g} s") from exc
+        raise BackendTimeoutError(
+            f"backend {label} did not finish its answer within {deployment.timeout_s:g} s"
+        ) from exc
     except httpx.TransportError as exc:
-        raise RetryableBackendError(BackendFailedError(f"backend {label} dropped the connection: {type(exc).__name__}: {exc}")) from exc
+        raise RetryableBackendError(
+            BackendFailedError(f"backend {label} dropped the connection: {type(exc).__name__}: {exc}")
+        ) from exc
     status = response.status_code
     if status >= 500:
-        raise RetryableBackendError(BackendFailedError(f"backend {label} answered HTTP {status}: {_error_message(data)}"))
+        raise RetryableBackendError(
+            BackendFailedError(f"backend {label} answered HTTP {status}: {_error_message(data)}")
+        )
     if status < 300:
         try:
             parsed = orjson.loads(data)
@@ -157,7 +165,9 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
             parsed = None
         if not isinstance(parsed, dict) or "choices" not in parsed:
             raise RetryableBackendError(
-                BackendFailedError(f"backend {label} answered HTTP {status} with a body that is not an OpenAI response: {data[:200]!r}")
+                BackendFailedError(
+                    f"backend {label} answered HTTP {status} with a body that is not an OpenAI response: {data[:200]!r}"
+                )
             )
         record.response = parsed
     else:
@@ -169,7 +179,12 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
 
 
 async def _relay_stream(
-    response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send, t0: float, receive: Optional[Receive]
+    response: httpx.Response,
+    deployment: Deployment,
+    record: CallRecord,
+    send: Send,
+    t0: float,
+    receive: Optional[Receive],
 ) -> None:
     assembler = StreamAssembler(record.operation)
     record.status_code = response.status_code
@@ -183,7 +198,9 @@ async def _relay_stream(
     except httpx.TimeoutException as exc:
         raise BackendTimeoutError(f"backend {label} sent no data within {deployment.timeout_s:g} s") from exc
     except httpx.TransportError as exc:
-        raise RetryableBackendError(BackendFailedError(f"backend {label} dropped the stream: {type(exc).__name__}: {exc}")) from exc
+        raise RetryableBackendError(
+            BackendFailedError(f"backend {label} dropped the stream: {type(exc).__name__}: {exc}")
+        ) from exc
     await send({"type": "http.response.start", "status": response.status_code, "headers": _response_headers(response)})
     error: Optional[ProxyError] = None
     data = first
@@ -214,7 +231,9 @@ async def _relay_stream(
         pass
     elif error is None and assembler.error is not None:
         message = assembler.error.get("message") if isinstance(assembler.error, dict) else str(assembler.error)
-        record.fail("backend_stream_error", f"backend {label} reported an error mid-stream: {message}", record.status_code)
+        record.fail(
+            "backend_stream_error", f"backend {label} reported an error mid-stream: {message}", record.status_code
+        )
     elif error is None and assembler.garbage is not None:
         record.fail("backend_garbage", f"backend {label} streamed data that is not JSON: {assembler.garbage!r}", 502)
     elif error is not None:

@@ -90,6 +90,12 @@ class Gateway:
             "agl_proxy_paused": ("1 while the proxy refuses new calls.", lambda: int(self.gate.paused)),
             "agl_proxy_spans_exported_total": ("Spans written to the store.", lambda: self.exporter.exported),
             "agl_proxy_spans_buffered": ("Spans waiting to be written.", lambda: self.exporter.buffered),
-            "agl_proxy_spans_dropped_total": ("Spans given up on (buffer full or rejected).", lambda: self.exporter.dropped),
-            "agl_proxy_span_export_failures_total": ("Failed span export attempts (retried).", lambda: self.exporter.failed_attempts),
+            "agl_proxy_spans_dropped_total": (
+                "Spans given up on (buffer full or rejected).",
+                lambda: self.exporter.dropped,
+            ),
+            "agl_proxy_span_export_failures_total": (
+                "Failed span export attempts (retried).",
+                lambda: self.exporter.failed_attempts,
+            ),
         }

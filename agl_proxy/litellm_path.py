@@ -21,7 +21,15 @@ from .forwarding import RequestOptions, RetryableBackendError
 from .spans import CallRecord
 
 # litellm_params that configure LiteLLM's call rather than the request body.
-_CALL_KEYS = ("api_base", "api_key", "api_version", "organization", "aws_region_name", "vertex_project", "vertex_location")
+_CALL_KEYS = (
+    "api_base",
+    "api_key",
+    "api_version",
+    "organization",
+    "aws_region_name",
+    "vertex_project",
+    "vertex_location",
+)
 
 
 def _litellm() -> Any:
@@ -65,7 +73,9 @@ async def complete_with_litellm(
             raise RetryableBackendError(BackendFailedError(message)) from exc
         record.fail("backend_rejected", message, status)
         error = {"error": {"message": message, "type": type(exc).__name__, "code": status}}
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
         await send({"type": "http.response.body", "body": orjson.dumps(error)})
         return
     record.status_code = 200

@@ -9,7 +9,22 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Dict, List, Tuple
 
-LATENCY_BUCKETS_S: Tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+LATENCY_BUCKETS_S: Tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
 
 _Labels = Tuple[str, ...]
 
@@ -19,7 +34,7 @@ def _escape(value: str) -> str:
 
 
 def _labels(names: Tuple[str, ...], values: _Labels, extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values)]
+    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
     if extra:
         parts.append(extra)
     return "{" + ",".join(parts) + "}" if parts else ""
@@ -58,26 +73,42 @@ class ProxyMetrics:
     def render(self, gauges: Dict[str, Tuple[str, Callable[[], float]]]) -> str:
         """Prometheus text format; `gauges` maps name to (help, read function)."""
         lines: List[str] = []
-        lines += ["# HELP agl_proxy_calls_total LLM calls by model, backend and HTTP status.", "# TYPE agl_proxy_calls_total counter"]
+        lines += [
+            "# HELP agl_proxy_calls_total LLM calls by model, backend and HTTP status.",
+            "# TYPE agl_proxy_calls_total counter",
+        ]
         for key, value in self.calls.items():
             lines.append(f"agl_proxy_calls_total{_labels(('model', 'backend', 'status'), key)} {value}")
-        lines += ["# HELP agl_proxy_errors_total Failed LLM calls by model, backend and error type.", "# TYPE agl_proxy_errors_total counter"]
+        lines += [
+            "# HELP agl_proxy_errors_total Failed LLM calls by model, backend and error type.",
+            "# TYPE agl_proxy_errors_total counter",
+        ]
         for key, value in self.errors.items():
             lines.append(f"agl_proxy_errors_total{_labels(('model', 'backend', 'type'), key)} {value}")
-        self._render_histogram(lines, "agl_proxy_call_latency_seconds", "Latency of LLM calls.", self._latency_counts, self._latency_sums)
-        self._render_histogram(lines, "agl_proxy_ttft_seconds", "Time to first token of streamed calls.", self._ttft_counts, self._ttft_sums)
+        self._render_histogram(
+            lines, "agl_proxy_call_latency_seconds", "Latency of LLM calls.", self._latency_counts, self._latency_sums
+        )
+        self._render_histogram(
+            lines,
+            "agl_proxy_ttft_seconds",
+            "Time to first token of streamed calls.",
+            self._ttft_counts,
+            self._ttft_sums,
+        )
         for name, (help_text, read) in gauges.items():
             kind = "counter" if name.endswith("_total") else "gauge"
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {read():g}"]
         return "\n".join(lines) + "\n"
 
     @staticmethod
-    def _render_histogram(lines: List[str], name: str, help_text: str, counts: Dict[_Labels, List[int]], sums: Dict[_Labels, float]) -> None:
+    def _render_histogram(
+        lines: List[str], name: str, help_text: str, counts: Dict[_Labels, List[int]], sums: Dict[_Labels, float]
+    ) -> None:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
         names = ("model", "backend")
         for key, buckets in counts.items():
             cumulative = 0
-            for bound, count in zip(LATENCY_BUCKETS_S, buckets):
+            for bound, count in zip(LATENCY_BUCKETS_S, buckets[:-1], strict=True):
                 cumulative += count
                 le = 'le="%g"' % bound
                 lines.append(f"{name}_bucket{_labels(names, key, le)} {cumulative}")

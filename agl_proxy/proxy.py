@@ -158,4 +158,6 @@ class LLMProxy:
             if len(names) != 1:
                 raise ValueError(f"as_resource needs model= when the proxy serves {len(names)} models: {names}")
             model = names[0]
-        return ProxyLLM(endpoint=self.base_url, model=model, api_key=self.key, sampling_parameters=dict(sampling_parameters or {}))
+        return ProxyLLM(
+            endpoint=self.base_url, model=model, api_key=self.key, sampling_parameters=dict(sampling_parameters or {})
+        )

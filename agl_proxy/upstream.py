@@ -84,7 +84,9 @@ class AiohttpStreamingTransport(httpx.AsyncBaseTransport):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             connecting = isinstance(exc, (aiohttp.ClientConnectorError, asyncio.TimeoutError))
             raise _translate(exc, request, connecting) from exc
-        return httpx.Response(answer.status, headers=list(answer.raw_headers), stream=_StreamedBody(answer, request), request=request)
+        return httpx.Response(
+            answer.status, headers=list(answer.raw_headers), stream=_StreamedBody(answer, request), request=request
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:

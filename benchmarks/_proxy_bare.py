@@ -1,6 +1,6 @@
 """The floor for any proxy: forward bytes with one shared httpx client, parse nothing, record nothing.
 
-    python benchmarks/_proxy_bare.py PORT BACKEND_BASE_URL
+python benchmarks/_proxy_bare.py PORT BACKEND_BASE_URL
 """
 
 from __future__ import annotations

@@ -37,7 +37,13 @@ def _chunks(model: str) -> list[bytes]:
     out = [b"data: " + json.dumps(first).encode() + b"\n\n"]
     for i, token in enumerate(TOKEN_IDS):
         last = i == N_TOKENS - 1
-        choice = {"index": 0, "delta": {"content": "tok "}, "logprobs": None, "finish_reason": "length" if last else None, "token_ids": [token]}
+        choice = {
+            "index": 0,
+            "delta": {"content": "tok "},
+            "logprobs": None,
+            "finish_reason": "length" if last else None,
+            "token_ids": [token],
+        }
         out.append(b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n")
     out.append(b"data: [DONE]\n\n")
     return out

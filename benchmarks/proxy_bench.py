@@ -100,7 +100,9 @@ def cpu_seconds(pids: List[int]) -> float:
 @contextlib.contextmanager
 def process(cmd: List[str], log: Path, env: Optional[Dict[str, str]] = None) -> Iterator[subprocess.Popen]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=REPO_ROOT)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=REPO_ROOT
+        )
     try:
         yield proc
     finally:
@@ -139,9 +141,17 @@ async def one_call(client: httpx.AsyncClient, url: str, body: Dict[str, Any], st
     return time.perf_counter() - t0
 
 
-async def run_load(target: Target, backend: str, model: str, stream: bool, concurrency: int, calls: int, max_tokens: int) -> Result:
+async def run_load(
+    target: Target, backend: str, model: str, stream: bool, concurrency: int, calls: int, max_tokens: int
+) -> Result:
     url = target.base_url + "/chat/completions"
-    body = {"model": model, "messages": [{"role": "user", "content": "Benchmark me."}], "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Benchmark me."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
     latencies: List[float] = []
     errors = 0
     remaining = [calls]
@@ -187,12 +197,29 @@ def agl_target(backend_url: str, model: str, workdir: Path, ready: Dict[str, flo
     port = free_port()
     log = workdir / "agl-proxy.log"
     agl = str(Path(sys.executable).parent / "agl")
-    cmd = [agl, "proxy", "serve", "--backend", backend_url, "--model", model, "--db", str(workdir / "agl.db"), "--port", str(port)]
+    cmd = [
+        agl,
+        "proxy",
+        "serve",
+        "--backend",
+        backend_url,
+        "--model",
+        model,
+        "--db",
+        str(workdir / "agl.db"),
+        "--port",
+        str(port),
+    ]
     with process(cmd, log) as proc:
         url = f"http://127.0.0.1:{port}"
         ready["agl"] = wait_ready(url + "/health", proc, log)
         rollout = asyncio.run(_agl_rollout(url))
-        yield Target("agl", f"{url}/rollout/{rollout[0]}/attempt/{rollout[1]}/v1", [proc.pid], "embedded SQLite store, spans exported")
+        yield Target(
+            "agl",
+            f"{url}/rollout/{rollout[0]}/attempt/{rollout[1]}/v1",
+            [proc.pid],
+            "embedded SQLite store, spans exported",
+        )
 
 
 async def _agl_rollout(url: str) -> tuple[str, str]:
@@ -216,7 +243,9 @@ def bare_target(backend_url: str, workdir: Path) -> Iterator[Target]:
 def al03_target(backend_url: str, model: str, workdir: Path) -> Iterator[Target]:
     port = free_port()
     log = workdir / "al03.log"
-    with process([str(PEER_PYTHON), str(BENCH_DIR / "_proxy_peer.py"), str(port), backend_url, model], log, PEER_ENV) as proc:
+    with process(
+        [str(PEER_PYTHON), str(BENCH_DIR / "_proxy_peer.py"), str(port), backend_url, model], log, PEER_ENV
+    ) as proc:
         start = time.monotonic()
         while True:
             text = log.read_text(errors="replace")
@@ -236,21 +265,43 @@ def litellm_target(backend_url: str, model: str, workdir: Path) -> Iterator[Targ
     port = free_port()
     log = workdir / "litellm.log"
     config = workdir / "litellm.yaml"
-    config.write_text(json.dumps({"model_list": [{"model_name": model, "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": backend_url}}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {"model_name": model, "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": backend_url}}
+                ]
+            }
+        )
+    )
     litellm = PEER_PYTHON.parent / "litellm"
-    with process([str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)], log, PEER_ENV) as proc:
+    with process(
+        [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)], log, PEER_ENV
+    ) as proc:
         wait_ready(f"http://127.0.0.1:{port}/health/liveliness", proc, log)
         yield Target("litellm", f"http://127.0.0.1:{port}/v1", [proc.pid], "LiteLLM proxy, no tracing")
 
 
-def bench_backend(args: argparse.Namespace, backend: str, backend_url: str, model: str, workdir: Path, results: List[Result], notes: List[str], ready: Dict[str, float]) -> None:
+def bench_backend(
+    args: argparse.Namespace,
+    backend: str,
+    backend_url: str,
+    model: str,
+    workdir: Path,
+    results: List[Result],
+    notes: List[str],
+    ready: Dict[str, float],
+) -> None:
     calls = args.calls if backend == "fake" else args.vllm_calls
     max_tokens = 16 if backend == "fake" else 8
     makers = [("direct", lambda: contextlib.nullcontext(Target("direct", backend_url, [], "the backend itself"))),
               ("bare", lambda: bare_target(backend_url, workdir)),
               ("agl", lambda: agl_target(backend_url, model, workdir, ready))]  # fmt: skip
     if not args.no_peers and backend == "fake":
-        makers += [("al-0.3", lambda: al03_target(backend_url, model, workdir)), ("litellm", lambda: litellm_target(backend_url, model, workdir))]
+        makers += [
+            ("al-0.3", lambda: al03_target(backend_url, model, workdir)),
+            ("litellm", lambda: litellm_target(backend_url, model, workdir)),
+        ]
     for name, make in makers:
         if args.only and name not in args.only.split(","):
             continue
@@ -283,11 +334,16 @@ def add_deltas(results: List[Result]) -> None:
 
 
 def table(results: List[Result]) -> str:
-    lines = ["| backend | target | stream | c | calls/s | mean ms | p50 ms | p99 ms | added ms vs direct | server CPU ms/call |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| backend | target | stream | c | calls/s | mean ms | p50 ms | p99 ms | added ms vs direct | server CPU ms/call |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         cpu = "-" if r.cpu_ms_per_call is None else f"{r.cpu_ms_per_call:.2f}"
         added = "-" if r.added_ms is None else f"{r.added_ms:+.2f}"
-        lines.append(f"| {r.backend} | {r.target} | {'yes' if r.stream else 'no'} | {r.concurrency} | {r.calls_per_s:.1f} | {r.mean_ms:.2f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {cpu} |")
+        lines.append(
+            f"| {r.backend} | {r.target} | {'yes' if r.stream else 'no'} | {r.concurrency} | {r.calls_per_s:.1f} | {r.mean_ms:.2f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {cpu} |"
+        )
     return "\n".join(lines)
 
 
@@ -312,7 +368,9 @@ def verdict(results: List[Result], ready: Dict[str, float]) -> List[str]:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
-    parser.add_argument("--calls", type=int, default=600, help="calls per scenario at c=32 against the fake backend (half at c=1)")
+    parser.add_argument(
+        "--calls", type=int, default=600, help="calls per scenario at c=32 against the fake backend (half at c=1)"
+    )
     parser.add_argument("--vllm", action="store_true", help="also run against the tiny vLLM (starts it; minutes)")
     parser.add_argument("--vllm-calls", type=int, default=64)
     parser.add_argument("--no-peers", action="store_true", help="skip agent-lightning 0.3 and LiteLLM's proxy")
@@ -351,7 +409,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("- " + line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"results": [asdict(r) for r in results], "notes": notes, "ready_s": ready}, indent=2))
+        args.json.write_text(
+            json.dumps({"results": [asdict(r) for r in results], "notes": notes, "ready_s": ready}, indent=2)
+        )
     return 0
 
 

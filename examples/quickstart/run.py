@@ -71,7 +71,9 @@ async def show(proxy_url: str, model: str) -> None:
         print(f"\nagent base URL: {base_url}")
         answer = await run_agent(base_url, model, QUESTION)
         print(f"agent answer: {answer!r}")
-        await store.add_span(reward_span(rollout.rollout_id, attempt_id, 1.0 if re.search(r"(?<![\d.])84(?![\d.])", answer) else 0.0))
+        await store.add_span(
+            reward_span(rollout.rollout_id, attempt_id, 1.0 if re.search(r"(?<![\d.])84(?![\d.])", answer) else 0.0)
+        )
         await store.update_attempt(rollout.rollout_id, attempt_id, status="succeeded")
 
         for _ in range(100):  # the proxy writes spans in the background
@@ -90,7 +92,9 @@ async def show(proxy_url: str, model: str) -> None:
                   f" ({attrs['agl.latency_s'] * 1000:.0f} ms)")  # fmt: skip
             print(f"      prompt_token_ids   ({len(prompt)}): {prompt[:12]}{' ...' if len(prompt) > 12 else ''}")
             for choice in attrs["agl.choices"]:
-                print(f"      response token_ids ({len(choice['token_ids'] or [])}): {choice['token_ids']}  finish={choice['finish_reason']}")
+                print(
+                    f"      response token_ids ({len(choice['token_ids'] or [])}): {choice['token_ids']}  finish={choice['finish_reason']}"
+                )
     finally:
         await store.close()
 

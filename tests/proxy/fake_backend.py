@@ -58,7 +58,12 @@ class FakeBackend:
         async def completions(request: Request) -> Response:
             return await self._answer(request, chat=False)
 
-        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/completions", completions, methods=["POST"])])
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+                Route("/v1/completions", completions, methods=["POST"]),
+            ]
+        )
 
     async def _answer(self, request: Request, chat: bool) -> Response:
         body = orjson.loads(await request.body())
@@ -67,9 +72,17 @@ class FakeBackend:
         if self.mode == "hang":
             await self.release.wait()
         if self.mode == "error500":
-            return Response(b'{"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}', status_code=500, media_type="application/json")
+            return Response(
+                b'{"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}',
+                status_code=500,
+                media_type="application/json",
+            )
         if self.mode == "reject400":
-            return Response(b'{"error": {"message": "prompt too long", "type": "BadRequestError", "code": 400}}', status_code=400, media_type="application/json")
+            return Response(
+                b'{"error": {"message": "prompt too long", "type": "BadRequestError", "code": 400}}',
+                status_code=400,
+                media_type="application/json",
+            )
         if self.mode == "garbage":
             return Response(b"<html>oops</html>", status_code=200, media_type="text/html")
         n = int(body.get("n") or 1)
@@ -83,13 +96,25 @@ class FakeBackend:
         for i in range(n):
             choice: Dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": "stop", "stop_reason": None}
             if chat:
-                choice["message"] = {"role": "assistant", "content": "".join(WORDS), "tool_calls": [], "reasoning_content": None}
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": "".join(WORDS),
+                    "tool_calls": [],
+                    "reasoning_content": None,
+                }
                 if body.get("logprobs"):
-                    choice["logprobs"] = {"content": [{"token": w, "logprob": -0.5, "bytes": None, "top_logprobs": []} for w in WORDS]}
+                    choice["logprobs"] = {
+                        "content": [{"token": w, "logprob": -0.5, "bytes": None, "top_logprobs": []} for w in WORDS]
+                    }
             else:
                 choice["text"] = "".join(WORDS)
                 if body.get("logprobs") is not None:
-                    choice["logprobs"] = {"text_offset": list(range(len(WORDS))), "token_logprobs": [-0.5] * len(WORDS), "tokens": WORDS, "top_logprobs": None}
+                    choice["logprobs"] = {
+                        "text_offset": list(range(len(WORDS))),
+                        "token_logprobs": [-0.5] * len(WORDS),
+                        "tokens": WORDS,
+                        "top_logprobs": None,
+                    }
                 if body.get("return_token_ids"):
                     choice["prompt_token_ids"] = prompt_ids
             if body.get("return_token_ids"):
@@ -101,7 +126,11 @@ class FakeBackend:
             "created": int(time.time()),
             "model": body["model"],
             "choices": choices,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": n * len(WORDS), "total_tokens": len(prompt_ids) + n * len(WORDS)},
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": n * len(WORDS),
+                "total_tokens": len(prompt_ids) + n * len(WORDS),
+            },
         }
         if chat and body.get("return_token_ids"):
             response["prompt_token_ids"] = prompt_ids
@@ -109,10 +138,21 @@ class FakeBackend:
 
     async def _stream(self, body: Dict[str, Any], chat: bool, n: int, prompt_ids: List[int]):
         ids = word_ids(WORDS)
-        base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{self.name}", "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()), "model": body["model"]}
+        base = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{self.name}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body["model"],
+        }
         with_ids = bool(body.get("return_token_ids"))
         if chat:
-            first = {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None} for i in range(n)]}
+            first = {
+                **base,
+                "choices": [
+                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                    for i in range(n)
+                ],
+            }
             if with_ids:
                 first["prompt_token_ids"] = prompt_ids
                 for c in first["choices"]:
@@ -124,11 +164,24 @@ class FakeBackend:
             for i in range(n):
                 last = k == len(WORDS) - 1
                 if chat:
-                    choice: Dict[str, Any] = {"index": i, "delta": {"content": word}, "logprobs": None, "finish_reason": "stop" if last else None}
+                    choice: Dict[str, Any] = {
+                        "index": i,
+                        "delta": {"content": word},
+                        "logprobs": None,
+                        "finish_reason": "stop" if last else None,
+                    }
                     if body.get("logprobs"):
-                        choice["logprobs"] = {"content": [{"token": word, "logprob": -0.5, "bytes": None, "top_logprobs": []}]}
+                        choice["logprobs"] = {
+                            "content": [{"token": word, "logprob": -0.5, "bytes": None, "top_logprobs": []}]
+                        }
                 else:
-                    choice = {"index": i, "text": word, "logprobs": None, "finish_reason": "stop" if last else None, "stop_reason": None}
+                    choice = {
+                        "index": i,
+                        "text": word,
+                        "logprobs": None,
+                        "finish_reason": "stop" if last else None,
+                        "stop_reason": None,
+                    }
                     if with_ids and k == 0:
                         choice["prompt_token_ids"] = prompt_ids
                 if with_ids:

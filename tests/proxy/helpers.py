@@ -71,9 +71,14 @@ class FlakyStore(LightningStore):
         await self.inner.close()
 
 
-def model_entry(name: str, api_base: str, provider: str = "hosted_vllm", backend_model: str = "tiny", **info: Any) -> Dict[str, Any]:
+def model_entry(
+    name: str, api_base: str, provider: str = "hosted_vllm", backend_model: str = "tiny", **info: Any
+) -> Dict[str, Any]:
     """One LiteLLM `model_list` entry."""
-    entry: Dict[str, Any] = {"model_name": name, "litellm_params": {"model": f"{provider}/{backend_model}", "api_base": api_base}}
+    entry: Dict[str, Any] = {
+        "model_name": name,
+        "litellm_params": {"model": f"{provider}/{backend_model}", "api_base": api_base},
+    }
     if info:
         entry["model_info"] = info
     return entry
@@ -92,4 +97,3 @@ async def wait_for_spans(store: LightningStore, rollout_id: str, count: int, tim
 
 def pairs(spans: Sequence[Span]) -> List[Tuple[Optional[int], str]]:
     return [(s.sequence_id, s.attributes.get("agl.backend")) for s in spans]
-

@@ -12,11 +12,48 @@ def sse(*chunks: dict) -> bytes:
 
 
 TOOL_STREAM = sse(
-    {"id": "c1", "model": "m", "created": 1, "prompt_token_ids": [1, 2, 3], "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}]},
+    {
+        "id": "c1",
+        "model": "m",
+        "created": 1,
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}],
+    },
     {"id": "c1", "choices": [{"index": 0, "delta": {}, "token_ids": [2048]}]},
-    {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather"}}]}, "token_ids": [7, 8]}]},
-    {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}, "token_ids": [9]}]},
-    {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}, "token_ids": [10, 2049]}]},
+    {
+        "id": "c1",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {
+                    "tool_calls": [
+                        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather"}}
+                    ]
+                },
+                "token_ids": [7, 8],
+            }
+        ],
+    },
+    {
+        "id": "c1",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+                "token_ids": [9],
+            }
+        ],
+    },
+    {
+        "id": "c1",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
+                "token_ids": [10, 2049],
+            }
+        ],
+    },
     {"id": "c1", "choices": [{"index": 0, "delta": {}, "token_ids": [2], "finish_reason": "tool_calls"}]},
 )
 
@@ -39,8 +76,41 @@ def test_tool_call_stream_in_awkward_splits() -> None:
 
 def test_completion_stream_with_logprobs() -> None:
     stream = sse(
-        {"id": "x", "choices": [{"index": 0, "text": "a", "prompt_token_ids": [5], "token_ids": [1], "logprobs": {"tokens": ["a"], "token_logprobs": [-0.1], "text_offset": [0], "top_logprobs": [{"a": -0.1}]}}]},
-        {"id": "x", "choices": [{"index": 0, "text": "b", "prompt_token_ids": None, "token_ids": [2], "logprobs": {"tokens": ["b"], "token_logprobs": [-0.2], "text_offset": [1], "top_logprobs": [{"b": -0.2}]}, "finish_reason": "length"}]},
+        {
+            "id": "x",
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "a",
+                    "prompt_token_ids": [5],
+                    "token_ids": [1],
+                    "logprobs": {
+                        "tokens": ["a"],
+                        "token_logprobs": [-0.1],
+                        "text_offset": [0],
+                        "top_logprobs": [{"a": -0.1}],
+                    },
+                }
+            ],
+        },
+        {
+            "id": "x",
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "b",
+                    "prompt_token_ids": None,
+                    "token_ids": [2],
+                    "logprobs": {
+                        "tokens": ["b"],
+                        "token_logprobs": [-0.2],
+                        "text_offset": [1],
+                        "top_logprobs": [{"b": -0.2}],
+                    },
+                    "finish_reason": "length",
+                }
+            ],
+        },
     )
     assembler = StreamAssembler("text_completion")
     assembler.feed(stream)

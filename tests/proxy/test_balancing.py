@@ -71,8 +71,12 @@ async def test_update_model_list_while_calls_stream(new_rollout, proxy_factory, 
         streaming = asyncio.create_task(streamed())
         while not old.requests:
             await asyncio.sleep(0.01)
-        admin = await http.post(proxy.url + "/proxy/model_list", json={"model_list": [model_entry("tiny", new_url + "/v1")]})
-        assert admin.status_code == 200 and admin.json()["model_list"][0]["litellm_params"]["api_base"] == new_url + "/v1"
+        admin = await http.post(
+            proxy.url + "/proxy/model_list", json={"model_list": [model_entry("tiny", new_url + "/v1")]}
+        )
+        assert (
+            admin.status_code == 200 and admin.json()["model_list"][0]["litellm_params"]["api_base"] == new_url + "/v1"
+        )
         assert (await http.post(base + "/chat/completions", json=chat_body())).status_code == 200
         assert (await streaming).endswith(b"data: [DONE]\n\n")  # the call in flight finished on the old one
         spans = await wait_for_spans(store, ids[0], 2)
@@ -90,7 +94,9 @@ async def test_replica_killed_mid_run(new_rollout, proxy_factory, store, http) -
     first, second = FakeBackend(name="first"), FakeBackend(name="second")
     async with serve(second.app()) as second_url:
         async with serve(first.app()) as first_url:
-            proxy = await proxy_factory([model_entry("tiny", first_url + "/v1"), model_entry("tiny", second_url + "/v1")])
+            proxy = await proxy_factory(
+                [model_entry("tiny", first_url + "/v1"), model_entry("tiny", second_url + "/v1")]
+            )
             rollouts = [await new_rollout() for _ in range(2)]
             for ids in rollouts:
                 await http.post(proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body())
@@ -98,7 +104,9 @@ async def test_replica_killed_mid_run(new_rollout, proxy_factory, store, http) -
         # `first` is gone; its rollout moves to `second` and keeps working.
         for _ in range(3):
             for ids in rollouts:
-                response = await http.post(proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body())
+                response = await http.post(
+                    proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body()
+                )
                 assert response.status_code == 200
         assert len(second.requests) == 7
         state = (await http.get(proxy.url + "/metrics")).text

@@ -14,7 +14,9 @@ from .fake_backend import WORDS, fake_token_ids, word_ids
 from .helpers import model_entry, wait_for_spans
 
 
-async def test_chat_returns_backend_body_and_records_token_ids(new_rollout, proxy: LLMProxy, backend, store, http) -> None:
+async def test_chat_returns_backend_body_and_records_token_ids(
+    new_rollout, proxy: LLMProxy, backend, store, http
+) -> None:
     ids = await new_rollout()
     fake, _ = backend
     base = proxy.as_resource().get_base_url(*ids)
@@ -33,7 +35,9 @@ async def test_chat_returns_backend_body_and_records_token_ids(new_rollout, prox
     assert span.name == "agl.llm_call" and span.attempt_id == ids[1] and span.sequence_id == 1
     assert span.status.status_code == "OK"
     assert attrs["agl.prompt_token_ids"] == fake_token_ids("hi")
-    assert attrs["agl.choices"] == [{"index": 0, "token_ids": word_ids(WORDS), "logprobs": None, "finish_reason": "stop"}]
+    assert attrs["agl.choices"] == [
+        {"index": 0, "token_ids": word_ids(WORDS), "logprobs": None, "finish_reason": "stop"}
+    ]
     assert attrs["agl.request"]["return_token_ids"] is True
     assert attrs["agl.response"] == body
     assert attrs["gen_ai.request.model"] == "tiny" and attrs["gen_ai.system"] == "vllm"
@@ -45,7 +49,9 @@ async def test_chat_returns_backend_body_and_records_token_ids(new_rollout, prox
 async def test_streamed_chat_passes_chunks_through_and_assembles_the_span(new_rollout, proxy: LLMProxy, store) -> None:
     ids = await new_rollout()
     client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="unused")
-    stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True, n=2)
+    stream = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True, n=2
+    )
     texts = {0: "", 1: ""}
     async for chunk in stream:
         for choice in chunk.choices:
@@ -82,7 +88,9 @@ async def test_completion_with_token_id_prompt(new_rollout, proxy: LLMProxy, sto
 async def test_streamed_completion_keeps_every_token_id(new_rollout, proxy: LLMProxy, store, http) -> None:
     ids = await new_rollout()
     async with http.stream(
-        "POST", proxy.as_resource().get_base_url(*ids) + "/completions", json={"model": "tiny", "prompt": "abc", "stream": True}
+        "POST",
+        proxy.as_resource().get_base_url(*ids) + "/completions",
+        json={"model": "tiny", "prompt": "abc", "stream": True},
     ) as response:
         raw = b"".join([chunk async for chunk in response.aiter_raw()])
     assert raw.endswith(b"data: [DONE]\n\n")
@@ -94,7 +102,9 @@ async def test_streamed_completion_keeps_every_token_id(new_rollout, proxy: LLMP
 
 async def test_logprobs_are_requested_when_configured(new_rollout, proxy_factory, backend, store, http) -> None:
     ids = await new_rollout()
-    proxy = await proxy_factory([model_entry("tiny", backend[1])], logprobs=True, sampling_overrides={"temperature": 0.0})
+    proxy = await proxy_factory(
+        [model_entry("tiny", backend[1])], logprobs=True, sampling_overrides={"temperature": 0.0}
+    )
     await http.post(proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body(temperature=0.9))
     fake, _ = backend
     assert fake.requests[-1]["logprobs"] is True and fake.requests[-1]["temperature"] == 0.0
@@ -122,9 +132,13 @@ async def test_sampling_overrides_follow_the_rollout_mode(proxy_factory, backend
     assert fake.requests[-1]["temperature"] == 0.5  # no rollout, no mode: the client's value
 
 
-async def test_rollout_header_alone_means_its_latest_attempt(new_rollout, proxy: LLMProxy, backend, store, http) -> None:
+async def test_rollout_header_alone_means_its_latest_attempt(
+    new_rollout, proxy: LLMProxy, backend, store, http
+) -> None:
     rollout_id, attempt_id = await new_rollout()
-    response = await http.post(proxy.base_url + "/chat/completions", json=chat_body(), headers={"x-rollout-id": rollout_id})
+    response = await http.post(
+        proxy.base_url + "/chat/completions", json=chat_body(), headers={"x-rollout-id": rollout_id}
+    )
     assert response.status_code == 200
     [span] = await wait_for_spans(store, rollout_id, 1)
     assert span.attempt_id == attempt_id and span.sequence_id == 1

@@ -44,7 +44,9 @@ async def _stop(process: asyncio.subprocess.Process) -> bytes:
 
 async def test_serve_with_backend_and_embedded_store(backend, tmp_path: Path) -> None:
     _, url = backend
-    process, proxy_url = await _start("--backend", url, "--model", "tiny", "--db", str(tmp_path / "agl.db"), "--key", "k")
+    process, proxy_url = await _start(
+        "--backend", url, "--model", "tiny", "--db", str(tmp_path / "agl.db"), "--key", "k"
+    )
     try:
         store = LightningStoreClient(proxy_url, key="k")
         await store.open()

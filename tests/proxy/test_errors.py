@@ -25,7 +25,9 @@ async def test_unknown_model_is_404_naming_known_models(proxy: LLMProxy, http) -
 async def test_no_backend_is_503_and_recorded(new_rollout, proxy_factory, store, http) -> None:
     ids = await new_rollout()
     proxy = await proxy_factory([])
-    response = await http.post(proxy.as_resource(model="tiny").get_base_url(*ids) + "/chat/completions", json=chat_body())
+    response = await http.post(
+        proxy.as_resource(model="tiny").get_base_url(*ids) + "/chat/completions", json=chat_body()
+    )
     assert response.status_code == 503
     assert "no backend" in response.json()["error"]["message"]
     [span] = await wait_for_spans(store, ids[0], 1)
@@ -58,7 +60,9 @@ async def test_timeout_is_504(new_rollout, proxy_factory, backend, store, http) 
     assert span.attributes["agl.error"]["status_code"] == 504
 
 
-@pytest.mark.parametrize("mode, status, words", [("garbage", 502, "not an OpenAI response"), ("error500", 502, "engine died")])
+@pytest.mark.parametrize(
+    "mode, status, words", [("garbage", 502, "not an OpenAI response"), ("error500", 502, "engine died")]
+)
 async def test_bad_backend_answers_are_502(proxy: LLMProxy, backend, http, mode: str, status: int, words: str) -> None:
     backend[0].mode = mode
     response = await http.post(proxy.base_url + "/chat/completions", json=chat_body())
@@ -81,7 +85,9 @@ async def test_stream_dropped_midway_ends_with_an_error_event(new_rollout, proxy
     client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="unused", max_retries=0)
     received = ""
     with pytest.raises(openai.APIError, match="dropped the stream"):
-        stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True)
+        stream = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
         async for chunk in stream:
             received += chunk.choices[0].delta.content or "" if chunk.choices else ""
     await client.close()
@@ -136,7 +142,9 @@ async def test_paused_proxy_refuses_new_calls_and_drains(proxy: LLMProxy, backen
 async def test_client_leaving_mid_stream_stops_the_relay(new_rollout, proxy: LLMProxy, backend, store, http) -> None:
     backend[0].chunk_delay_s = 0.2
     ids = await new_rollout()
-    async with http.stream("POST", proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body(stream=True)) as response:
+    async with http.stream(
+        "POST", proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body(stream=True)
+    ) as response:
         async for _ in response.aiter_raw():
             break  # the agent gives up after the first bytes
     [span] = await wait_for_spans(store, ids[0], 1)

@@ -14,7 +14,9 @@ async def test_litellm_deployment_serves_and_records(new_rollout, proxy_factory,
     ids = await new_rollout()
     client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="unused", max_retries=0)
     reply = await client.chat.completions.create(model="via-litellm", messages=[{"role": "user", "content": "hi"}])
-    stream = await client.chat.completions.create(model="via-litellm", messages=[{"role": "user", "content": "hi"}], stream=True)
+    stream = await client.chat.completions.create(
+        model="via-litellm", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     await client.close()
     assert reply.choices[0].message.content == text == "Hello from the fake backend."

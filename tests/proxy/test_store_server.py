@@ -19,7 +19,15 @@ from .test_cli import AGL, _start, _stop
 
 async def _store_server(db: Path, port: int = 0) -> Tuple[asyncio.subprocess.Process, str]:
     process = await asyncio.create_subprocess_exec(
-        AGL, "store", "serve", "--db", str(db), "--port", str(port), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        AGL,
+        "store",
+        "serve",
+        "--db",
+        str(db),
+        "--port",
+        str(port),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     assert process.stdout is not None
     line = await asyncio.wait_for(process.stdout.readline(), 60)

@@ -24,14 +24,18 @@ SAMPLING = {"temperature": 0, "max_tokens": 8}
 
 @pytest.fixture
 async def vllm_proxy(proxy_factory, vllm_server):
-    return await proxy_factory([model_entry(vllm_server.model, vllm_server.base_url, backend_model=vllm_server.model)], logprobs=True)
+    return await proxy_factory(
+        [model_entry(vllm_server.model, vllm_server.base_url, backend_model=vllm_server.model)], logprobs=True
+    )
 
 
 async def _client(proxy, ids) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="unused", max_retries=0)
 
 
-async def test_chat_stream_and_not_record_the_same_exact_ids(vllm_proxy, vllm_server, new_rollout, store, tokenizer) -> None:
+async def test_chat_stream_and_not_record_the_same_exact_ids(
+    vllm_proxy, vllm_server, new_rollout, store, tokenizer
+) -> None:
     ids = await new_rollout()
     client = await _client(vllm_proxy, ids)
     reply = await client.chat.completions.create(model=vllm_server.model, messages=MESSAGES, **SAMPLING)
@@ -47,7 +51,11 @@ async def test_chat_stream_and_not_record_the_same_exact_ids(vllm_proxy, vllm_se
     assert plain.attributes["agl.choices"][0]["token_ids"] == reply.choices[0].model_extra["token_ids"]
     assert streamed.attributes["agl.prompt_token_ids"] == returned_ids
     assert streamed.attributes["agl.choices"][0]["token_ids"] == plain.attributes["agl.choices"][0]["token_ids"]
-    assert streamed.attributes["agl.response"]["choices"][0]["message"]["content"] == streamed_text == reply.choices[0].message.content
+    assert (
+        streamed.attributes["agl.response"]["choices"][0]["message"]["content"]
+        == streamed_text
+        == reply.choices[0].message.content
+    )
     for span in (plain, streamed):
         choice = span.attributes["agl.choices"][0]
         assert len(choice["logprobs"]) == len(choice["token_ids"]) == span.attributes["gen_ai.usage.output_tokens"]
@@ -76,7 +84,9 @@ async def test_langchain_agent_with_a_tool_conversation(vllm_proxy, vllm_server,
     from langchain_openai import ChatOpenAI
 
     ids = await new_rollout()
-    llm = ChatOpenAI(base_url=vllm_proxy.as_resource().get_base_url(*ids), api_key="unused", model=vllm_server.model, **SAMPLING)
+    llm = ChatOpenAI(
+        base_url=vllm_proxy.as_resource().get_base_url(*ids), api_key="unused", model=vllm_server.model, **SAMPLING
+    )
     agent = llm.bind_tools(TOOLS)
     history: List[Any] = [SystemMessage(MESSAGES[0]["content"]), HumanMessage(MESSAGES[1]["content"])]
     first = await agent.ainvoke(history)
