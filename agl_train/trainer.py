@@ -149,6 +149,43 @@ async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str
     return answer.json()["data"][0]["id"]
 
 
+async def publish_replicas(
+    store: LightningStore,
+    gateway: GatewayClient,
+    server_addresses: Sequence[str],
+    *,
+    version: str,
+    api_key: Optional[str] = None,
+    sampling_parameters: Optional[Dict[str, Any]] = None,
+) -> str:
+    """Register the rollout engine's replicas with the proxy (one `model_list` entry each,
+    tagged with the weight `version`) and publish a new resource set whose `main_llm` is the
+    proxy; returns its resources id (a new one per call, so runners never see a stale one)."""
+    if not server_addresses:
+        raise ValueError("the rollout engine has no replica to register")
+    served = await served_model_name(server_addresses[0])
+    await gateway.update_model_list(vllm_model_list(server_addresses, served, version=version))
+    resource = ProxyLLM(
+        endpoint=gateway.openai_base_url,
+        model=served,
+        api_key=api_key,
+        sampling_parameters=dict(sampling_parameters or {}),
+    )
+    update = await store.add_resources({LLM_RESOURCE_NAME: resource})
+    return update.resources_id
+
+
+async def pause_for_update(gateway: GatewayClient) -> Dict[str, float]:
+    """Pause the proxy and wait until its calls in flight are done: the replicas may sleep and
+    take new weights next. New calls get 429 + Retry-After until `gateway.resume()`."""
+    drained = await gateway.pause("weight update", drain=True)
+    state = await gateway.state()
+    return {
+        "rollout/proxy_drained": float(bool(drained.get("drained"))),
+        "rollout/proxy_in_flight_at_update": float(state.get("in_flight", 0)),
+    }
+
+
 class AglTrainer(RayPPOTrainer):
     """verl's PPO trainer with agent rollouts through agl's gateway.
 
@@ -197,7 +234,7 @@ class AglTrainer(RayPPOTrainer):
             await self._dispatcher.start()
         # The store's own timeout is a backstop for runners that vanish: later than the
         # runner's kill, so the runner's verdict (and message) normally wins.
-        config = RolloutConfig(timeout_seconds=settings.rollout_timeout_seconds + 2 * 30.0)
+        config = RolloutConfig(timeout_seconds=settings.rollout_timeout_seconds + 2 * WAIT_GRACE_S)
         self._tracker = GroupTracker(store, self.agl_settings.rollout_n, rollout_config=config)
 
     async def _close_agl(self) -> None:
@@ -209,21 +246,15 @@ class AglTrainer(RayPPOTrainer):
             await self._gateway.aclose()
 
     async def _publish_replicas(self) -> str:
-        """Register the rollout engine's replicas with the proxy and publish a new LLM resource
-        (one resources id per weight version); returns the resources id."""
-        addresses = [replica.server_address for replica in self.llm_server_manager.get_replicas()]
-        served = await served_model_name(addresses[0])
-        version = str(self.global_steps)
-        await self.gateway.update_model_list(vllm_model_list(addresses, served, version=version))
-        resource = ProxyLLM(
-            endpoint=self.gateway.openai_base_url,
-            model=served,
+        assert self._store is not None
+        return await publish_replicas(
+            self._store,
+            self.gateway,
+            [replica.server_address for replica in self.llm_server_manager.get_replicas()],
+            version=str(self.global_steps),
             api_key=self.runner_settings.agl_key or None,
             sampling_parameters={"temperature": float(self.config.actor_rollout_ref.rollout.temperature)},
         )
-        assert self._store is not None
-        update = await self._store.add_resources({LLM_RESOURCE_NAME: resource})
-        return update.resources_id
 
     async def _rollouts(self, new_inputs: Sequence[Any]) -> StepData:
         assert self._store is not None and self._tracker is not None
@@ -267,12 +298,6 @@ class AglTrainer(RayPPOTrainer):
             return None
         taken, pending[:] = pending[:room], pending[room:]
         return taken
-
-    async def _pause_proxy(self) -> Dict[str, float]:
-        """Pause the proxy and wait for the calls in flight: the replicas go to sleep next."""
-        await self.gateway.pause("weight update", drain=True)
-        state = await self.gateway.state()
-        return {"rollout/proxy_in_flight_at_update": float(state.get("in_flight", 0))}
 
     # --- verl's side ------------------------------------------------------------------------
 
@@ -348,7 +373,7 @@ class AglTrainer(RayPPOTrainer):
             with marked_timer("gen", timing_raw):
                 step = self._loop.run(self._rollouts(new_inputs))
                 metrics.update(step.metrics)
-                metrics.update(self._loop.run(self._pause_proxy()))
+                metrics.update(self._loop.run(pause_for_update(self.gateway)))
                 self.checkpoint_manager.sleep_replicas()
             batch = step.data
             if batch is not None:
@@ -376,4 +401,12 @@ class AglTrainer(RayPPOTrainer):
         return metrics
 
 
-__all__: List[str] = ["AglTrainer", "StepData", "WAIT_GRACE_S", "rollout_step", "served_model_name"]
+__all__: List[str] = [
+    "AglTrainer",
+    "StepData",
+    "WAIT_GRACE_S",
+    "pause_for_update",
+    "publish_replicas",
+    "rollout_step",
+    "served_model_name",
+]
