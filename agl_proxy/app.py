@@ -109,6 +109,7 @@ def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
         Route("/proxy/resume", resume, methods=["POST"]),
         Route("/proxy/model_list", model_list, methods=["GET", "POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),
         Route(ROLLOUT_PREFIX + "/v1/models", models, methods=["GET"]),
     ]
 

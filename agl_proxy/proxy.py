@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8080
 STARTUP_TIMEOUT_S = 30.0
+GRACEFUL_SHUTDOWN_S = 10.0
 
 
 class LLMProxy:
@@ -107,7 +108,14 @@ class LLMProxy:
         if self.is_running():
             raise RuntimeError(f"the proxy is already running at {self.url}")
         config = uvicorn.Config(
-            self.create_app(), host=self.host, port=self.port, log_level="warning", lifespan="on", access_log=False
+            self.create_app(),
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+            # Calls still running after this long are cut so that a hung backend cannot block stop().
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
         server = uvicorn.Server(config)
         if not handle_signals:
