@@ -26,6 +26,7 @@ from agl_store.models import (
 from .outcome import METADATA_KEY
 
 POLL_S = 0.25
+QUERY_CHUNK = 500
 UID_KEY = "agl.uid"
 STATUS_SUCCEEDED = "succeeded"
 COUNT_KEYS = ("succeeded", "failed", "timeout")
@@ -120,8 +121,13 @@ class GroupTracker:
         pending = [rid for g in self.in_flight if not g.complete for rid in g.rollout_ids if rid not in g.outcomes]
         if not pending:
             return
-        finished = await self.store.query_rollouts(rollout_id_in=pending, status_in=sorted(TERMINAL_ROLLOUT_STATUSES))
-        by_id = {r.rollout_id: r for r in finished}
+        by_id: Dict[str, Any] = {}
+        # Chunked: a large async batch has thousands of rollouts in flight, one query each
+        # chunk keeps request bodies small on a served store.
+        for start in range(0, len(pending), QUERY_CHUNK):
+            chunk = pending[start : start + QUERY_CHUNK]
+            finished = await self.store.query_rollouts(rollout_id_in=chunk, status_in=sorted(TERMINAL_ROLLOUT_STATUSES))
+            by_id.update({r.rollout_id: r for r in finished})
         for group in self.in_flight:
             if group.complete:
                 continue
