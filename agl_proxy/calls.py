@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Sequence, Set, Tuple
 
 import orjson
 from starlette.types import Receive, Scope, Send
 
 from .auth import send_error
+from .deployments import Deployment
 from .errors import BadRequestError, NoBackendError, NotFoundError, PausedError, ProxyError
 from .forwarding import RetryableBackendError, forward
 from .gateway import Gateway
@@ -109,7 +110,7 @@ class LLMCallEndpoint:
             await send_error(send, exc)
             return
         except NoBackendError as exc:
-            replicas = []
+            replicas: Sequence[Deployment] = []
             no_backend: Optional[NoBackendError] = exc
         else:
             no_backend = None
@@ -140,7 +141,13 @@ class LLMCallEndpoint:
             gw.exporter.submit(record, sequence)
 
     async def _dispatch(
-        self, replicas: Any, record: CallRecord, body: Dict[str, Any], receive: Receive, send: Send, t0: float
+        self,
+        replicas: Sequence[Deployment],
+        record: CallRecord,
+        body: Dict[str, Any],
+        receive: Receive,
+        send: Send,
+        t0: float,
     ) -> None:
         gw = self.gateway
         options = await gw.options_for(record.rollout_id)

@@ -34,6 +34,7 @@ def add_proxy_commands(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     serve.add_argument("--key", default=None, help="bearer key required by the proxy (and the embedded store)")
     serve.add_argument("--store-key", default=None, help="bearer key of the --store-url server (default: --key)")
+    serve.add_argument("--advertise-url", help="the root URL agents reach this proxy at (default http://HOST:PORT)")
     serve.add_argument("--logprobs", action="store_true", help="ask backends for the sampled tokens' logprobs")
     serve.set_defaults(run=_serve)
 
@@ -86,7 +87,14 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
 
         store_app = create_store_app(store, key=args.key, manage_store=False)
     proxy = LLMProxy(
-        model_list, store, host=args.host, port=args.port, key=args.key, logprobs=args.logprobs, store_app=store_app
+        model_list,
+        store,
+        host=args.host,
+        port=args.port,
+        key=args.key,
+        logprobs=args.logprobs,
+        store_app=store_app,
+        advertise_url=args.advertise_url,
     )
     try:
         await proxy.start()
@@ -100,10 +108,10 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
         loop.add_signal_handler(sig, stop.set)
     models = ", ".join(proxy.gateway.registry.model_names)
     where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
-    print(
-        f"agl proxy serve: listening on {proxy.url} (models: {models}; {where}; {'bearer key required' if args.key else 'no key'})",
-        flush=True,
-    )
+    auth = "bearer key required" if args.key else "no key"
+    bound = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{proxy.port}"
+    advertised = f"; agents use {proxy.url}" if args.advertise_url else ""
+    print(f"agl proxy serve: listening on {bound} (models: {models}; {where}; {auth}{advertised})", flush=True)
     try:
         await stop.wait()
     finally:

@@ -56,6 +56,7 @@ class LLMProxy:
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_span_buffer: int = DEFAULT_MAX_BUFFER,
         store_app: Any = None,
+        advertise_url: Optional[str] = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -71,6 +72,7 @@ class LLMProxy:
             max_span_buffer=max_span_buffer,
         )
         self._store_app = store_app
+        self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         self._server: Optional[uvicorn.Server] = None
         self._task: Optional["asyncio.Task[None]"] = None
 
@@ -80,7 +82,9 @@ class LLMProxy:
 
     @property
     def url(self) -> str:
-        """The proxy's root URL (`http://host:port`)."""
+        """The proxy's root URL: `advertise_url` when given (agents on other machines), else `http://host:port`."""
+        if self.advertise_url:
+            return self.advertise_url
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}"
 

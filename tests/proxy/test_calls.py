@@ -159,3 +159,10 @@ def test_update_model_list_in_python(proxy: LLMProxy, backend) -> None:
         proxy.update_model_list([{"model_name": "x", "litellm_params": {}}])
     assert proxy.gateway.registry.model_names == ["tiny", "big"]  # a bad list changes nothing
     assert parse_deployment(model_entry("big", backend[1], backend_model="big-7b")).model == "big-7b"
+
+
+def test_advertised_url_is_what_resources_hand_out() -> None:
+    proxy = LLMProxy(
+        model_list=[model_entry("tiny", "http://gpu-1:8000/v1")], host="0.0.0.0", advertise_url="http://node-3:8080/"
+    )
+    assert proxy.as_resource().get_base_url("ro-1", "at-1") == "http://node-3:8080/rollout/ro-1/attempt/at-1/v1"
