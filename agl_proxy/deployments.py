@@ -123,6 +123,11 @@ class ModelRegistry:
     def model_names(self) -> List[str]:
         return list(self.by_name)
 
+    @property
+    def needs_litellm(self) -> bool:
+        """True when some deployment is served through LiteLLM."""
+        return any(not d.passthrough for replicas in self.by_name.values() for d in replicas)
+
     def resolve(self, model_name: Optional[str]) -> List[Deployment]:
         """The replicas of `model_name`; with one model configured, a missing name means it."""
         if not self.by_name:

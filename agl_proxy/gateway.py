@@ -6,6 +6,7 @@ upstream HTTP client is opened in the app's lifespan (`open()`) and closed with 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -76,6 +77,11 @@ class Gateway:
     async def open(self) -> None:
         self.client = make_client()
         await self.exporter.start()
+        if self.registry.needs_litellm:
+            # Seconds of CPU: pay them at start, in a thread, not on the first call.
+            from .litellm_path import import_litellm
+
+            await asyncio.to_thread(import_litellm)
 
     async def close(self) -> None:
         await self.exporter.stop()

@@ -32,7 +32,8 @@ _CALL_KEYS = (
 )
 
 
-def _litellm() -> Any:
+def import_litellm() -> Any:
+    """The litellm module (imported on first use; set up to stay offline)."""
     # Without this LiteLLM fetches its cost map from the internet at import.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
@@ -48,7 +49,7 @@ async def complete_with_litellm(
     deployment: Deployment, record: CallRecord, body: Mapping[str, Any], send: Send, t0: float, options: RequestOptions
 ) -> None:
     """Serve one call through `litellm.acompletion` / `atext_completion`."""
-    litellm = _litellm()
+    litellm = import_litellm()
     kwargs: Dict[str, Any] = {k: v for k, v in body.items() if k != "model"}
     for key, value in deployment.request_defaults.items():
         kwargs.setdefault(key, value)
