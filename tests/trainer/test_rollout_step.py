@@ -103,6 +103,13 @@ async def test_one_step_from_prompts_to_the_update_batch(running, tokenizer) -> 
     generated = call.attributes["agl.choices"][0]["token_ids"]
     assert data.batch["responses"][0, : len(generated)].tolist() == generated
 
+    # verl's actor takes the batch as a no-padding tensordict: the conversion accepts it.
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    packed = left_right_2_no_padding(data.to_tensordict())
+    lengths = [len(ids) for ids in packed["input_ids"].unbind(0)]
+    assert lengths == data.batch["attention_mask"].sum(-1).tolist()
+
 
 async def test_async_mode_trains_the_first_complete_groups_and_carries_the_rest(running, tokenizer) -> None:
     stack, gateway = running
