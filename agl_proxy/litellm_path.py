@@ -1,12 +1,14 @@
 """Deployments that are not OpenAI-compatible (Anthropic, Bedrock, ...) go through LiteLLM.
 
-LiteLLM is imported on the first such call only: the import costs seconds of CPU that a
+LiteLLM is imported only when such a deployment is configured (at start, or in a thread on
+the first call after `update_model_list` adds one): the import costs seconds of CPU that a
 proxy serving only vLLM never needs to pay. Token ids are whatever the provider gives
 (usually none); the span still records request, response, usage and timing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any, Dict, Mapping
@@ -49,7 +51,8 @@ async def complete_with_litellm(
     deployment: Deployment, record: CallRecord, body: Mapping[str, Any], send: Send, t0: float, options: RequestOptions
 ) -> None:
     """Serve one call through `litellm.acompletion` / `atext_completion`."""
-    litellm = import_litellm()
+    # In a thread: the first import takes seconds, which must not stall the other calls.
+    litellm = await asyncio.to_thread(import_litellm)
     kwargs: Dict[str, Any] = {k: v for k, v in body.items() if k != "model"}
     for key, value in deployment.request_defaults.items():
         kwargs.setdefault(key, value)
