@@ -348,7 +348,7 @@ class AglTrainer(RayPPOTrainer):
                 tracking.log(data=self._validate(), step=self.global_steps)
                 if self.config.trainer.get("val_only", False):
                     return
-            self.global_steps = 1
+            self.global_steps += 1  # from 1, or past the step a loaded checkpoint ended
             pending: List[Any] = []
             for epoch in range(self.config.trainer.total_epochs):
                 for batch_dict in self.train_dataloader:
@@ -358,6 +358,12 @@ class AglTrainer(RayPPOTrainer):
                         continue
                     metrics = self._train_step(new_inputs)
                     metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
+                    is_last = self.global_steps >= self.total_training_steps
+                    trainer_config = self.config.trainer
+                    if trainer_config.save_freq > 0 and (is_last or self.global_steps % trainer_config.save_freq == 0):
+                        self._save_checkpoint()
+                    if trainer_config.test_freq > 0 and (is_last or self.global_steps % trainer_config.test_freq == 0):
+                        metrics.update(self._validate())
                     tracking.log(data=metrics, step=self.global_steps)
                     if self.global_steps >= self.total_training_steps:
                         return
