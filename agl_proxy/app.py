@@ -146,5 +146,7 @@ def create_app(gateway: Gateway, *, key: Optional[str] = None, store_app: Option
         routes.append(Mount("/", app=store_app))
     app: ASGIApp = Starlette(routes=routes, lifespan=lifespan)
     if key:
-        app = BearerKeyMiddleware(app, key, open_paths=OPEN_PATHS | {"/v1/agl/health"})
+        # The embedded store's open paths (its health check, the view's page shell) stay open here too.
+        store_open_paths = getattr(getattr(store_app, "state", None), "open_paths", frozenset())
+        app = BearerKeyMiddleware(app, key, open_paths=OPEN_PATHS | store_open_paths)
     return app

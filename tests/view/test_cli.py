@@ -131,3 +131,15 @@ def test_agl_view_refuses_bad_settings(bad: List[str], capsys: pytest.CaptureFix
     except SystemExit as exit:  # argparse's choices
         code = exit.code
     assert code == 2
+
+
+async def test_agl_proxy_serve_with_a_key_serves_the_page_shell_but_not_the_data(tmp_path: Path) -> None:
+    proxy = ("proxy", "serve", "--backend", "http://127.0.0.1:9/v1", "--model", "tiny", "--key", "k1")
+    async with (
+        running_agl(*proxy, "--db", str(tmp_path / "agl.db")) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):
+        assert "/view/app.js" in (await http.get("/")).text
+        assert (await http.get("/view/api/rollouts")).status_code == 401
+        authorized = await http.get("/view/api/rollouts", headers={"Authorization": "Bearer k1"})
+        assert authorized.json()["total"] == 0
