@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from agl_store.models import Span, reward_span
+from agl_train.aggregate import Limits
+from agl_train.settings import TrainSettings
 from agl_train.spans import LLMCall, RolloutTrace
 
 
@@ -53,3 +55,19 @@ def call(prompt: Sequence[int], response: Sequence[int], logprobs: Optional[List
 
 def trace(rollout_id: str, calls: Sequence[LLMCall], reward_value: float = 1.0, uid: str = "g") -> RolloutTrace:
     return RolloutTrace(rollout_id=rollout_id, uid=uid, calls=list(calls), reward=reward_value)
+
+
+def train_settings(**changes) -> TrainSettings:
+    """Small, valid training settings: trajectory level, 2 rollouts per prompt, 1-row mini-batches."""
+    values = dict(
+        level="trajectory",
+        limits=Limits(8, 16),
+        reward_fillna_value=0.0,
+        max_ppo_update_times=None,
+        enable_rollout_level_advantage=True,
+        per_rollout_mean=True,
+        ppo_mini_batch_size=1,
+        rollout_n=2,
+        train_batch_size=2,
+    )
+    return TrainSettings(**{**values, **changes})

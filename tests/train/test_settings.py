@@ -1,4 +1,4 @@
-"""agl's Hydra config: verl's ppo_trainer underneath, agl's defaults on top, checked settings."""
+"""agl's Hydra config read into checked settings (its defaults: tests/trainer/test_config.py)."""
 
 from __future__ import annotations
 
@@ -17,29 +17,6 @@ def config():
 def with_overrides(config, dotlist):
     """The composed config with `key=value` overrides (cheaper than composing again)."""
     return OmegaConf.merge(config, OmegaConf.from_dotlist(dotlist))
-
-
-def test_the_defaults_are_exactly_those_of_spec_section_5(config) -> None:
-    agl = config.agentlightning
-    assert config.algorithm.enable_rollout_level_advantage is True
-    assert (agl.agl_base_url, agl.agl_key, agl.hooks, agl.rollout_timeout_seconds) == (
-        "http://localhost:8080",
-        "",
-        None,
-        1800,
-    )
-    assert (agl.local.agent_class, dict(agl.local.env_map), agl.k8s.job_template_path) == (None, {}, None)
-    assert (agl.reward_fillna_value, agl.max_ppo_update_times) == (0.0, None)
-    assert dict(agl.trace_aggregator) == {
-        "level": "trajectory",
-        "trajectory_max_prompt_length": 2048,
-        "trajectory_max_response_length": 8192,
-    }
-    assert dict(agl.async_rollout) == {"enabled": False, "async_train_batch_size": None}
-    assert config.actor_rollout_ref.actor.policy_loss.loss_mode == "per_rollout_mean"
-    assert config.actor_rollout_ref.actor.calculate_entropy is True
-    assert config.actor_rollout_ref.rollout.mode == "async"
-    assert config.data.filter_overlong_prompts is False
 
 
 def test_upstream_options_still_work(config) -> None:
@@ -61,8 +38,16 @@ def test_settings_pick_the_limits_of_the_level(config) -> None:
         )
     )
 
-    assert (trajectory.level, trajectory.limits, trajectory.per_rollout_mean) == ("trajectory", Limits(2048, 8192), True)
-    assert (transition.level, transition.limits, transition.max_ppo_update_times) == ("transition", Limits(4096, 2048), 2)
+    assert (trajectory.level, trajectory.limits, trajectory.per_rollout_mean) == (
+        "trajectory",
+        Limits(2048, 8192),
+        True,
+    )
+    assert (transition.level, transition.limits, transition.max_ppo_update_times) == (
+        "transition",
+        Limits(4096, 2048),
+        2,
+    )
 
 
 def test_bad_settings_fail_when_read(config) -> None:
@@ -70,7 +55,9 @@ def test_bad_settings_fail_when_read(config) -> None:
         settings_from_config(with_overrides(config, ["agentlightning.trace_aggregator.level=turn"]))
     async_on = ["agentlightning.async_rollout.enabled=true", "data.train_batch_size=8"]
     with pytest.raises(ValueError, match="async_train_batch_size"):
-        settings_from_config(with_overrides(config, async_on + ["agentlightning.async_rollout.async_train_batch_size=8"]))
+        settings_from_config(
+            with_overrides(config, async_on + ["agentlightning.async_rollout.async_train_batch_size=8"])
+        )
     with pytest.raises(ValueError, match="max_ppo_update_times"):
         settings_from_config(with_overrides(config, ["agentlightning.max_ppo_update_times=0"]))
 

@@ -6,27 +6,10 @@ import random
 
 import pytest
 
-from agl_train.aggregate import Limits
-from agl_train.settings import TrainSettings
 from agl_train.step import build_batch, prepare_update
 
 from .builders import call, trace
-
-
-def settings(**overrides) -> TrainSettings:
-    values = dict(
-        level="trajectory",
-        limits=Limits(8, 16),
-        reward_fillna_value=0.0,
-        max_ppo_update_times=None,
-        enable_rollout_level_advantage=True,
-        per_rollout_mean=True,
-        ppo_mini_batch_size=1,
-        rollout_n=2,
-        train_batch_size=2,
-    )
-    values.update(overrides)
-    return TrainSettings(**values)
+from .builders import train_settings as settings
 
 
 def group_traces():
@@ -69,7 +52,9 @@ def test_without_rollout_level_advantage_verl_sees_every_row() -> None:
 
     update, _ = prepare_update(rewards_in(data), s, rng=random.Random(0), adv_estimator="grpo")
 
-    firsts = {r: round(float(a[0]), 4) for r, a in zip(update.non_tensor_batch["rollout_id"], update.batch["advantages"])}
+    firsts = {
+        r: round(float(a[0]), 4) for r, a in zip(update.non_tensor_batch["rollout_id"], update.batch["advantages"])
+    }
     # q1 over rows: rewards [1, 1, 0], mean 2/3, std √(1/3): ro-b gets -(2/3)/√(1/3).
     assert firsts["ro-b"] == round(-(2 / 3) / (1 / 3) ** 0.5, 4)
 

@@ -17,6 +17,7 @@ from agl_train.runner.local import LocalRunner
 from agl_train.settings import TrainSettings
 from agl_train.trainer import rollout_step
 
+from ..train import builders
 from .conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -25,24 +26,15 @@ TASKS = [{"question": "What is 2 + 3?"}, {"question": "What is 7 * 6?"}, {"promp
 
 
 def train_settings(**changes) -> TrainSettings:
-    values = dict(
-        level="trajectory",
-        limits=Limits(512, 512),
-        reward_fillna_value=0.0,
-        max_ppo_update_times=None,
-        enable_rollout_level_advantage=True,
-        per_rollout_mean=True,
-        ppo_mini_batch_size=1,
-        rollout_n=2,
-        train_batch_size=3,
-    )
-    return TrainSettings(**{**values, **changes})
+    return builders.train_settings(**{"limits": Limits(512, 512), "train_batch_size": 3, **changes})
 
 
 @pytest.fixture
 async def running(stack):
     """A dispatcher running the coin-flip agent (one model call, reward 0 or 1) for `stack`."""
-    runner = LocalRunner("tests.trainer.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT))
+    runner = LocalRunner(
+        "tests.trainer.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT)
+    )
     dispatcher = RolloutDispatcher(stack.store, runner, max_concurrency=3, store_url=stack.store_url)
     gateway = GatewayClient(stack.proxy.url)
     await dispatcher.start()
@@ -81,7 +73,9 @@ async def test_one_step_from_prompts_to_the_update_batch(running, tokenizer) -> 
     data = step.data
     assert data is not None and len(data) % 2 == 0  # whole mini-batches of ppo_mini_batch_size × n rows
     assert metrics["training/n_update_rows"] == len(data)
-    assert metrics["training/n_sample_dropped/same_reward"] + metrics["training/n_sample_dropped/random"] == 4 - len(data)
+    assert metrics["training/n_sample_dropped/same_reward"] + metrics["training/n_sample_dropped/random"] == 4 - len(
+        data
+    )
     mask = data.batch["response_mask"].bool()
     assert mask.any(dim=-1).all()
     advantages = data.batch["advantages"]
@@ -115,8 +109,14 @@ async def test_async_mode_trains_the_first_complete_groups_and_carries_the_rest(
     stack, gateway = running
     settings = train_settings(rollout_n=1, train_batch_size=1, async_rollout=True, async_train_batch_size=2)
     tracker = GroupTracker(stack.store, 1)
-    common = dict(rollout_timeout_s=120, pad_token_id=tokenizer.pad_token_id, adv_estimator="grpo",
-                  resources_id=stack.resources_id, gateway=gateway, groups_to_train=1)
+    common = dict(
+        rollout_timeout_s=120,
+        pad_token_id=tokenizer.pad_token_id,
+        adv_estimator="grpo",
+        resources_id=stack.resources_id,
+        gateway=gateway,
+        groups_to_train=1,
+    )
 
     first = await rollout_step(stack.store, tracker, TASKS[:2], settings, rng=random.Random(0), **common)
     assert first.metrics["rollout/n_groups"] == 1 and first.metrics["rollout/n_groups_carried_over"] == 1
