@@ -1,11 +1,12 @@
-"""Bearer-key authentication as pure ASGI middleware (streams pass through untouched)."""
+"""Bearer-key authentication for the proxy: the store's middleware with OpenAI's error format."""
 
 from __future__ import annotations
 
-import hmac
-from typing import Collection
+from collections.abc import Collection
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Send
+
+from agl_store.server import auth as store_auth
 
 from .errors import AuthenticationError, ProxyError
 
@@ -20,31 +21,13 @@ async def send_error(send: Send, error: ProxyError) -> None:
     await send({"type": "http.response.body", "body": error.body()})
 
 
-class BearerKeyMiddleware:
+def render_openai_error(message: str) -> bytes:
+    """A 401 body OpenAI SDKs read as their AuthenticationError."""
+    return AuthenticationError(message).body()
+
+
+class BearerKeyMiddleware(store_auth.BearerKeyMiddleware):
     """Requires `Authorization: Bearer <key>` on every HTTP route but the open ones."""
 
     def __init__(self, app: ASGIApp, key: str, open_paths: Collection[str] = OPEN_PATHS) -> None:
-        self.app = app
-        self._expected = f"Bearer {key}".encode()
-        self.open_paths = frozenset(open_paths)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
-            await self.app(scope, receive, send)
-            return
-        given = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                given = value
-                break
-        if given is None:
-            await send_error(
-                send, AuthenticationError("missing bearer key: send the header 'Authorization: Bearer <agl key>'")
-            )
-            return
-        if not hmac.compare_digest(given, self._expected):
-            await send_error(
-                send, AuthenticationError("wrong bearer key: the Authorization header does not carry this proxy's key")
-            )
-            return
-        await self.app(scope, receive, send)
+        super().__init__(app, key, open_paths, render=render_openai_error)

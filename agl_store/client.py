@@ -39,7 +39,8 @@ from .models import (
     Worker,
     WorkerStatus,
 )
-from .sqlite import Page, span_from_otel
+from .otel import span_from_otel
+from .pages import Page
 
 logger = logging.getLogger("agl_store.client")
 

@@ -45,15 +45,15 @@ from .models import (
     RolloutMode,
     RolloutStatus,
     Span,
-    SpanContext,
     StoreStatistics,
     TaskInput,
-    TraceStatus,
     Worker,
     WorkerStatus,
     new_id,
 )
-from .sqlite_ops import UNATTRIBUTED_ROLLOUT_ID, Page
+from .otel import span_from_otel
+from .pages import Page
+from .sqlite_ops import UNATTRIBUTED_ROLLOUT_ID
 from .sqlite_schema import (
     ATTEMPT_COLUMNS,
     RESOURCES_COLUMNS,
@@ -821,57 +821,3 @@ def _encode_resources(resources: Any) -> Tuple[NamedResources, bytes]:
     except ValidationError as exc:
         raise InvalidInputError(f"resources: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from exc
     return validated, _RESOURCES.dump_json(validated)
-
-
-def span_from_otel(readable_span: Any, rollout_id: str, attempt_id: str, sequence_id: int | None) -> Span:
-    """Convert an `opentelemetry.sdk.trace.ReadableSpan` into a Span of the attempt."""
-    from opentelemetry import trace as trace_api
-
-    def context(ctx: Any) -> Optional[SpanContext]:
-        if ctx is None:
-            return None
-        return SpanContext(
-            trace_id=trace_api.format_trace_id(ctx.trace_id),
-            span_id=trace_api.format_span_id(ctx.span_id),
-            is_remote=bool(ctx.is_remote),
-            trace_state=dict(ctx.trace_state.items()) if ctx.trace_state else {},
-        )
-
-    def seconds(ns: Optional[int]) -> Optional[float]:
-        return None if ns is None else ns / 1e9
-
-    def plain(attributes: Any) -> Dict[str, Any]:
-        # OpenTelemetry keeps sequences as tuples; the span schema wants JSON arrays.
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in (attributes or {}).items()}
-
-    own = context(readable_span.get_span_context())
-    parent = context(readable_span.parent)
-    ids: Dict[str, Any] = {"trace_id": own.trace_id, "span_id": own.span_id} if own else {}
-    resource = readable_span.resource
-    return Span(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        sequence_id=sequence_id,
-        **ids,
-        parent_id=parent.span_id if parent else None,
-        name=readable_span.name,
-        status=TraceStatus(
-            status_code=readable_span.status.status_code.name, description=readable_span.status.description
-        ),
-        attributes=plain(readable_span.attributes),
-        events=[
-            {"name": e.name, "attributes": plain(e.attributes), "timestamp": seconds(e.timestamp)}
-            for e in readable_span.events
-        ],
-        links=[
-            {"context": context(link.context), "attributes": plain(link.attributes)} for link in readable_span.links
-        ],
-        start_time=seconds(readable_span.start_time),
-        end_time=seconds(readable_span.end_time),
-        context=own,
-        parent=parent,
-        resource={
-            "attributes": plain(resource.attributes if resource else {}),
-            "schema_url": (resource.schema_url if resource else "") or "",
-        },
-    )

@@ -17,6 +17,7 @@ import orjson
 
 from .base import UNSET
 from .errors import ConflictError, NotFoundError
+from .pages import Page
 from .models import (
     QUEUED_ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
@@ -57,14 +58,6 @@ UNATTRIBUTED_ROLLOUT_ID = ""
 """Spans of calls made without rollout ids: stored without a rollout or attempt row."""
 
 _TERMINAL_SQL = "('succeeded', 'failed', 'cancelled')"
-
-
-class Page(List[T]):
-    """One page of a query: a plain list plus `total`, the match count before paging."""
-
-    def __init__(self, items: Sequence[T] = (), total: int | None = None) -> None:
-        super().__init__(items)
-        self.total = len(self) if total is None else total
 
 
 @contextlib.contextmanager
