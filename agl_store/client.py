@@ -41,6 +41,7 @@ from .models import (
 )
 from .otel import span_from_otel
 from .pages import Page
+from .span_wire import ENCODING_HEADER, PACKED, spans_from_page
 
 logger = logging.getLogger("agl_store.client")
 
@@ -49,6 +50,7 @@ WAIT_POLL_SECONDS = 300.0
 """Longest single long poll; matches the server's cap, longer waits poll again."""
 
 _SPANS = TypeAdapter(List[Span])
+_PACKED_SPANS = {ENCODING_HEADER: PACKED}
 _ROLLOUTS = TypeAdapter(List[Rollout])
 _ATTEMPTED = TypeAdapter(List[AttemptedRollout])
 
@@ -155,14 +157,14 @@ class LightningStoreClient(LightningStore):
         content: Optional[bytes] = None,
         params: Any = None,
         timeout: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
     ) -> httpx.Response:
         if self._http is None:
             await self.open()
         assert self._http is not None
-        headers = None
         if body is not UNSET:
             content = to_json(body)
-            headers = {"content-type": "application/json"}
+            headers = {**(headers or {}), "content-type": "application/json"}
         last_network_error: Optional[Exception] = None
         for attempt in range(self._retries + 1):
             if attempt:
@@ -453,8 +455,11 @@ class LightningStoreClient(LightningStore):
             "sort_by": sort_by,
             "sort_order": sort_order,
         }
-        data = await self._json("POST", "/spans/search", body=body)
-        return Page(_SPANS.validate_python(data["items"]), total=data["total"])
+        # Token ids travel packed (see agl_store.span_wire) when the server supports it.
+        response = await self._send("POST", AGL_PREFIX + "/spans/search", body=body, headers=_PACKED_SPANS)
+        data = orjson.loads(response.content)
+        packed = response.headers.get(ENCODING_HEADER) == PACKED
+        return Page(spans_from_page(data, packed), total=data["total"])
 
     # --- resources ------------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ from .sqlite_schema import (
     configure_connection,
     resources_from_row,
     rollout_from_row,
+    span_from_row,
     span_to_row,
     worker_from_row,
 )
@@ -535,6 +536,46 @@ class SQLiteStore(LightningStore):
         sort_by: Optional[str] = "sequence_id",
         sort_order: SortOrder = "asc",
     ) -> Sequence[Span]:
+        return await self.query_span_rows(
+            rollout_id,
+            attempt_id,
+            trace_id=trace_id,
+            trace_id_contains=trace_id_contains,
+            span_id=span_id,
+            span_id_contains=span_id_contains,
+            parent_id=parent_id,
+            parent_id_contains=parent_id_contains,
+            name=name,
+            name_contains=name_contains,
+            filter_logic=filter_logic,
+            limit=limit,
+            offset=offset,
+            sort_by=sort_by,
+            sort_order=sort_order,
+        )
+
+    async def query_span_rows(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        decode: Callable[[Sequence[Any]], T] = span_from_row,  # type: ignore[assignment]
+        trace_id: Optional[str] = None,
+        trace_id_contains: Optional[str] = None,
+        span_id: Optional[str] = None,
+        span_id_contains: Optional[str] = None,
+        parent_id: Optional[str] = None,
+        parent_id_contains: Optional[str] = None,
+        name: Optional[str] = None,
+        name_contains: Optional[str] = None,
+        filter_logic: FilterLogic = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: Optional[str] = "sequence_id",
+        sort_order: SortOrder = "asc",
+    ) -> Page[T]:
+        """`query_spans` with each stored row (`SPAN_COLUMNS`) through `decode` instead of
+        into a Span: the HTTP server writes rows straight to JSON (`agl_store.span_wire`)."""
         where = _Where()
         for column, exact, contains in (
             ("trace_id", trace_id, trace_id_contains),
@@ -557,7 +598,7 @@ class SQLiteStore(LightningStore):
             limit=limit,
             offset=offset,
         )
-        return await self._call(ops.query_spans, query, attempt_id == "latest")
+        return await self._call(ops.query_spans, query, attempt_id == "latest", decode)
 
     # --- resources -------------------------------------------------------------------------
 

@@ -242,13 +242,16 @@ def run_paged(conn: sqlite3.Connection, query: PagedQuery, decode: Callable[[Any
     return Page([decode(row) for row in rows], total)
 
 
-def query_spans(conn: sqlite3.Connection, query: PagedQuery, latest: bool) -> Page[Span]:
+def query_spans(
+    conn: sqlite3.Connection, query: PagedQuery, latest: bool, decode: Callable[[Any], T] = span_from_row
+) -> Page[T]:
+    """The matching spans, each row through `decode` (the server passes a row-to-JSON one)."""
     if latest:
         row = _fetchone(conn, "SELECT latest_attempt_id FROM rollouts WHERE rollout_id = ?", (query.params[0],))
         if row is None or row[0] is None:
             return Page([], 0)
         query.params[1] = row[0]
-    return run_paged(conn, query, span_from_row)
+    return run_paged(conn, query, decode)
 
 
 def _insert_rollout(

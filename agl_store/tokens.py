@@ -42,11 +42,14 @@ def pack_attributes(attributes: Dict[str, Any]) -> Tuple[bytes, Optional[bytes]]
 
     ints = array("i")
     index: List[Tuple[Path, int, int]] = []
-    placed: Dict[int, Tuple[int, int]] = {}  # id(list) -> (offset, count): one list named twice is stored once
-    for path, (values, converted) in found:
-        where = placed.get(id(values))
+    # One array named twice (the proxy's prompt ids: in the response and as `agl.*`) is
+    # stored once. By content, not identity: validation upstream copies the lists.
+    placed: Dict[bytes, Tuple[int, int]] = {}  # int32 bytes -> (offset, count)
+    for path, (_, converted) in found:
+        key = converted.tobytes()
+        where = placed.get(key)
         if where is None:
-            where = placed[id(values)] = (len(ints), len(converted))
+            where = placed[key] = (len(ints), len(converted))
             ints.extend(converted)
         index.append((path, *where))
     if not _LITTLE_ENDIAN:
@@ -58,8 +61,15 @@ def pack_attributes(attributes: Dict[str, Any]) -> Tuple[bytes, Optional[bytes]]
 def unpack_attributes(text: bytes, blob: Optional[bytes]) -> Dict[str, Any]:
     """Decode what `pack_attributes` produced: int arrays come back as lists of ints."""
     value = orjson.loads(text)
-    if blob is None:
-        return value
+    return value if blob is None else fill_packed(value, blob)
+
+
+def fill_packed(value: Dict[str, Any], blob: bytes) -> Dict[str, Any]:
+    """Put the int arrays of `blob` back into `value` (the JSON text's skeleton), in place.
+
+    The store client calls this on spans that came over the wire in packed form, so that
+    neither the server nor pydantic handles the token ids one by one.
+    """
     # orjson writes newlines inside strings as \n, so the first raw newline ends the index.
     split = blob.index(b"\n")
     ints = array("i")
@@ -68,7 +78,7 @@ def unpack_attributes(text: bytes, blob: Optional[bytes]) -> Dict[str, Any]:
         ints.byteswap()
     decoded: Dict[int, List[int]] = {}  # offset -> list: an array named twice is decoded once
     for path, offset, count in orjson.loads(blob[:split]):
-        parent = value
+        parent: Any = value
         for key in path[:-1]:
             parent = parent[key]
         known = decoded.get(offset)

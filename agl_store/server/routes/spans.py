@@ -6,12 +6,14 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from pydantic import TypeAdapter
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from ...models import Span
+from ...span_wire import ENCODING_HEADER, PACKED, page_json
 from ..metrics import metrics_of
 from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, SpanQuery, check_page, page_of
-from ..wire import endpoint, store_of, validate_json, validate_model, validate_query
+from ..wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
 
 SPAN_LIST = TypeAdapter(List[Span])
 
@@ -51,7 +53,16 @@ def stored_positions(sent: Sequence[Span], stored: Sequence[Span]) -> List[Dict[
 async def _query(request: Request, query: SpanQuery) -> Any:
     check_page(query, Span)
     arguments = query.arguments("rollout_id", "attempt_id")
-    return page_of(await store_of(request).query_spans(query.rollout_id, query.attempt_id, **arguments), query)
+    store = store_of(request)
+    query_rows = getattr(store, "query_span_rows", None)
+    if query_rows is None:  # a store without stored rows (say, a client of another server)
+        return page_of(await store.query_spans(query.rollout_id, query.attempt_id, **arguments), query)
+    # Rows go straight to JSON: no Span models, token ids left packed when the client asks.
+    packed = request.headers.get(ENCODING_HEADER) == PACKED
+    rows = await query_rows(query.rollout_id, query.attempt_id, decode=tuple, **arguments)
+    body = page_json(rows, packed=packed, limit=query.limit, offset=query.offset, total=rows.total)
+    headers = {ENCODING_HEADER: PACKED} if packed else None
+    return Response(body, media_type=JSON_MEDIA_TYPE, headers=headers)
 
 
 async def query_spans(request: Request) -> Any:
