@@ -78,4 +78,5 @@ def _announce(config: pytest.Config, line: str) -> None:
         reporter.write_line(line)
         return
     with capture.global_and_fixture_disabled():
+        reporter.write("\n")  # -q progress dots do not end their line
         reporter.write_line(line)
