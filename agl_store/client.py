@@ -41,7 +41,7 @@ from .models import (
 )
 from .otel import span_from_otel
 from .pages import Page
-from .span_wire import ENCODING_HEADER, PACKED, spans_from_page
+from .span_wire import ENCODING_HEADER, PACKED, packed_batch, spans_from_page
 
 logger = logging.getLogger("agl_store.client")
 
@@ -105,6 +105,7 @@ class LightningStoreClient(LightningStore):
         self._transport = transport
         self._http: Optional[httpx.AsyncClient] = None
         self._closed = False
+        self._packed_writes = True
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._http else "not opened"
@@ -396,7 +397,17 @@ class LightningStoreClient(LightningStore):
         if not spans:
             return []
         spans = [span if isinstance(span, Span) else Span.model_validate(span) for span in spans]
-        response = await self._send("POST", AGL_PREFIX + "/spans/batch", content=to_json(spans))
+        response = None
+        if self._packed_writes:
+            # Token ids packed here, not parsed by the server (see agl_store.span_wire).
+            try:
+                response = await self._send("POST", AGL_PREFIX + "/spans/batch/packed", content=packed_batch(spans))
+            except StoreError as exc:
+                if not (type(exc) is StoreError and getattr(exc, "status_code", None) == 404):
+                    raise
+                self._packed_writes = False  # a server without the route: plain JSON from now on
+        if response is None:
+            response = await self._send("POST", AGL_PREFIX + "/spans/batch", content=to_json(spans))
         stored = orjson.loads(response.content)["stored"]
         return [spans[item["index"]].model_copy(update={"sequence_id": item["sequence_id"]}) for item in stored]
 

@@ -14,6 +14,11 @@ the server splices a row's JSON from its stored columns instead, without a model
 
 The server answers a packed page with the same header, so a client talking to a server
 without this support still gets, and reads, plain JSON.
+
+Writes go the same way: the client packs each span's token arrays itself
+(`packed_batch`) and posts to `/spans/batch/packed`, which stores the blobs after checking
+them; the server never parses the ids. A server without that route answers 404 and the
+client falls back to the plain `/spans/batch`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import orjson
 from pydantic import TypeAdapter
 
 from .models import Span
-from .tokens import fill_packed, unpack_attributes
+from pydantic_core import to_json
+
+from .tokens import fill_packed, pack_attributes, unpack_attributes
 
 ENCODING_HEADER = "x-agl-span-encoding"
 PACKED = "packed-v1"
@@ -92,3 +99,30 @@ def spans_from_page(data: Dict[str, Any], packed: bool) -> List[Span]:
             if blob is not None:
                 fill_packed(span.attributes, base64.b64decode(blob))
     return spans
+
+
+def packed_batch(spans: Sequence[Span]) -> bytes:
+    """The body of `/spans/batch/packed`: `{"spans": [...], "packed_tokens": [...]}`, each
+    span's token arrays `null` in its attributes and base64 in its `packed_tokens` entry."""
+    items: List[bytes] = []
+    blobs: List[Optional[str]] = []
+    for span in spans:
+        skeleton, blob = pack_attributes(span.attributes)
+        head = to_json(span, exclude={"attributes"})
+        items.append(head[:-1] + (b',"attributes":' if len(head) > 2 else b'"attributes":') + skeleton + b"}")
+        blobs.append(None if blob is None else base64.b64encode(blob).decode("ascii"))
+    return b'{"spans":[' + b",".join(items) + b'],"packed_tokens":' + orjson.dumps(blobs) + b"}"
+
+
+def blobs_of(packed_tokens: Sequence[Optional[str]]) -> List[Optional[bytes]]:
+    """`packed_tokens` entries decoded; ValueError for one that is not base64 or null."""
+    blobs: List[Optional[bytes]] = []
+    for index, entry in enumerate(packed_tokens):
+        if entry is None:
+            blobs.append(None)
+            continue
+        try:
+            blobs.append(base64.b64decode(entry, validate=True))
+        except (TypeError, ValueError):
+            raise ValueError(f"packed_tokens[{index}] is not base64 or null") from None
+    return blobs

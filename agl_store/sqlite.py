@@ -69,6 +69,7 @@ from .sqlite_schema import (
     span_to_row,
     worker_from_row,
 )
+from .tokens import check_packed
 from .transitions import check_attempt_status, check_rollout_status
 
 __all__ = ["Page", "SQLiteStore", "UNATTRIBUTED_ROLLOUT_ID", "span_from_otel"]
@@ -499,6 +500,21 @@ class SQLiteStore(LightningStore):
             return []
         return await self._write(ops.add_spans, encoded)
 
+    async def add_packed_spans(self, spans: Sequence[Span], packed: Sequence[Optional[bytes]]) -> Sequence[Span]:
+        """`add_many_spans` for spans whose token arrays the client packed already.
+
+        `packed[i]` is span i's blob (`tokens.pack_attributes`) or None; the span's
+        attributes hold `null` where the blob's arrays go. Each blob is checked against
+        its span before anything is stored. Returns the stored spans as sent (token arrays
+        still `null`) with their sequence ids: the HTTP server only reports positions.
+        """
+        if len(spans) != len(packed):
+            raise InvalidInputError(f"{len(spans)} spans but {len(packed)} packed_tokens entries")
+        encoded = [_encode_span(span, index, blob) for index, (span, blob) in enumerate(zip(spans, packed))]
+        if not encoded:
+            return []
+        return await self._write(ops.add_spans, encoded)
+
     async def add_otel_span(
         self,
         rollout_id: str,
@@ -845,13 +861,18 @@ def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any
     )
 
 
-def _encode_span(span: Any, index: int) -> ops.EncodedSpan:
+def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> ops.EncodedSpan:
     if not isinstance(span, Span):
         span = _validate(Span, span, f"spans[{index}]")
     if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 1):
         raise InvalidInputError(f"spans[{index}].sequence_id must be >= 1, got {span.sequence_id!r}")
+    if packed is not None:
+        try:
+            check_packed(span.attributes, packed)
+        except ValueError as exc:
+            raise InvalidInputError(f"packed_tokens[{index}] does not fit spans[{index}]: {exc}") from None
     try:
-        return ops.EncodedSpan(span, span_to_row(span, span.sequence_id))
+        return ops.EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
     except TypeError as exc:
         raise InvalidInputError(f"spans[{index}] is not JSON: {exc}") from exc
 

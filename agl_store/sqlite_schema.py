@@ -261,9 +261,16 @@ def span_from_row(row: Sequence[Any]) -> Span:
     return Span.model_validate(fields)
 
 
-def span_to_row(span: Span, sequence_id: int | None) -> tuple[Any, ...]:
-    """The `SPAN_COLUMNS` values of a span. Raises TypeError for attributes that are not JSON."""
-    attributes, tokens = pack_attributes(span.attributes)
+def span_to_row(span: Span, sequence_id: int | None, packed: bytes | None = None) -> tuple[Any, ...]:
+    """The `SPAN_COLUMNS` values of a span. Raises TypeError for attributes that are not JSON.
+
+    `packed` is a token blob the client already made (`tokens.pack_attributes`, checked by
+    `tokens.check_packed`): the span's attributes are then its skeleton and stored as is.
+    """
+    if packed is None:
+        attributes, tokens = pack_attributes(span.attributes)
+    else:
+        attributes, tokens = orjson.dumps(span.attributes), packed
     rest = span.model_dump(exclude=SPAN_REST_EXCLUDE)  # type: ignore[arg-type]
     return (
         span.rollout_id,

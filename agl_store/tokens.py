@@ -89,6 +89,46 @@ def fill_packed(value: Dict[str, Any], blob: bytes) -> Dict[str, Any]:
     return value
 
 
+def check_packed(skeleton: Dict[str, Any], blob: bytes) -> None:
+    """Raise ValueError unless `blob` fits `skeleton`: a well-formed index whose every path
+    ends at a `null` in the skeleton and whose arrays lie inside the int32 data.
+
+    The server runs this on blobs that clients packed, so a stored span always unpacks.
+    """
+    split = blob.find(b"\n")
+    if split < 0:
+        raise ValueError("no index line")
+    data_bytes = len(blob) - split - 1
+    if data_bytes % 4:
+        raise ValueError("int32 data is not a multiple of 4 bytes")
+    try:
+        index = orjson.loads(blob[:split])
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"index is not JSON: {exc}") from None
+    if type(index) is not list:
+        raise ValueError("index is not a list")
+    for entry in index:
+        if type(entry) is not list or len(entry) != 3:
+            raise ValueError(f"index entry {entry!r} is not [path, offset, count]")
+        path, offset, count = entry
+        if type(offset) is not int or type(count) is not int or offset < 0 or count < 0:
+            raise ValueError(f"index entry {entry!r}: offset and count must be ints >= 0")
+        if (offset + count) * 4 > data_bytes:
+            raise ValueError(f"index entry {entry!r} reaches past the int32 data")
+        if type(path) is not list or not path:
+            raise ValueError(f"index entry {entry!r}: the path must be a non-empty list")
+        parent: Any = skeleton
+        for key in path:
+            if type(parent) is dict and type(key) is str and key in parent:
+                parent = parent[key]
+            elif type(parent) is list and type(key) is int and 0 <= key < len(parent):
+                parent = parent[key]
+            else:
+                raise ValueError(f"index path {path!r} is not in the attributes")
+        if parent is not None:
+            raise ValueError(f"index path {path!r} does not end at a null")
+
+
 def _packable(values: Any, found: List[Tuple[Path, Any]]) -> Optional[array]:
     """`values` as an int32 array, or None when it must stay JSON."""
     if len(values) < MIN_PACKED_LENGTH or type(values[0]) is not int:

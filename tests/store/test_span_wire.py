@@ -6,14 +6,16 @@ that both wire forms give back exactly the spans that were stored.
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any, Dict, List
 
 import httpx
 import orjson
 
+from agl_store.client import LightningStoreClient
 from agl_store.models import Span
-from agl_store.span_wire import ENCODING_HEADER, PACKED, page_json, spans_from_page
+from agl_store.span_wire import ENCODING_HEADER, PACKED, packed_batch, page_json, spans_from_page
 from agl_store.sqlite import SQLiteStore
 
 from .http_server import start_store_server
@@ -84,3 +86,72 @@ async def test_the_client_reads_packed_spans_and_plain_clients_get_json(tmp_path
         assert packed.headers[ENCODING_HEADER] == PACKED
         assert len(packed.json()["packed_tokens"]) == 2
         assert [item["name"] for item in query.json()["items"]] == [span.name for span in sent]
+
+
+async def test_spans_written_packed_read_back_whole_in_process(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    async with start_store_server(db) as client:
+        rollout = await client.start_rollout(input={"q": 1})
+        sent = spans_of(rollout.rollout_id, rollout.attempt.attempt_id)
+        stored = await client.add_many_spans(sent)  # one packed request
+        assert [span.attributes for span in stored] == [span.attributes for span in sent]
+        assert await client.add_span(sent[0]) is None  # a duplicate is ignored, packed or not
+    async with SQLiteStore(db) as store:
+        read = await store.query_spans(rollout.rollout_id)
+    assert [span.attributes for span in read] == [span.attributes for span in sent]
+
+
+async def test_a_packed_blob_that_does_not_fit_its_span_is_refused(tmp_path: Path) -> None:
+    async with start_store_server(tmp_path / "store.db") as client:
+        rollout = await client.start_rollout(input={"q": 1})
+        span = spans_of(rollout.rollout_id, rollout.attempt.attempt_id)[0]
+        body = orjson.loads(packed_batch([span]))
+        good_blob = base64.b64decode(body["packed_tokens"][0])
+        index, data = good_blob.split(b"\n", 1)
+        wrong = {
+            "past the data": index + b"\n" + data[:-4],
+            "no null there": b'[[["agl.request"],0,1]]\n' + data,
+            "no such path": b'[[["missing"],0,1]]\n' + data,
+            "not an index": b"{}\n" + data,
+        }
+        async with httpx.AsyncClient(base_url=client.url) as http:
+            for problem, blob in wrong.items():
+                body["packed_tokens"] = [base64.b64encode(blob).decode()]
+                answer = await http.post("/v1/agl/spans/batch/packed", content=orjson.dumps(body))
+                assert answer.status_code == 400, problem
+                assert "packed_tokens[0]" in answer.json()["error"]["message"], problem
+            body["packed_tokens"] = ["not base64!"]
+            assert (await http.post("/v1/agl/spans/batch/packed", content=orjson.dumps(body))).status_code == 400
+        assert await client.query_spans(rollout.rollout_id) == []
+
+
+async def test_the_client_falls_back_to_plain_writes_on_a_server_without_packed_ones(tmp_path: Path) -> None:
+    async with start_store_server(tmp_path / "store.db") as real:
+        forwarded: List[str] = []
+
+        async def old_server(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+            """The real server minus /spans/batch/packed, as a server before it answers."""
+            if scope["type"] == "http":
+                forwarded.append(scope["path"])
+                if scope["path"].endswith("/batch/packed"):
+                    body = b'{"error": {"code": "no_such_route", "message": "Not Found"}}'
+                    await send({"type": "http.response.start", "status": 404, "headers": []})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+            async with httpx.AsyncClient(base_url=real.url) as http:
+                request = await receive()
+                answer = await http.request(scope["method"], scope["path"], content=request.get("body", b""))
+            await send({"type": "http.response.start", "status": answer.status_code, "headers": []})
+            await send({"type": "http.response.body", "body": answer.content})
+
+        rollout = await real.start_rollout(input={"q": 1})
+        sent = spans_of(rollout.rollout_id, rollout.attempt.attempt_id)
+        async with LightningStoreClient("http://old", transport=httpx.ASGITransport(app=old_server)) as client:
+            await client.add_many_spans(sent[:2])
+            await client.add_many_spans(sent[2:])
+        assert [path.rsplit("/", 2)[-2:] for path in forwarded] == [
+            ["batch", "packed"],
+            ["spans", "batch"],
+            ["spans", "batch"],
+        ]
+        assert [span.attributes for span in await real.query_spans(rollout.rollout_id)] == [s.attributes for s in sent]
