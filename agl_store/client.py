@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, Type
 
 import httpx
 import orjson
@@ -21,7 +21,7 @@ from pydantic_core import to_json
 
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
 from .errors import ERRORS_BY_CODE, StoreClosedError, StoreError, StoreUnavailableError
-from .http_transport import default_transport
+from .http_transport import AiohttpTransport
 from .models import (
     Attempt,
     AttemptedRollout,
@@ -59,14 +59,22 @@ def _rollout(data: Dict[str, Any]) -> Rollout:
     return AttemptedRollout.model_validate(data) if "attempt" in data else Rollout.model_validate(data)
 
 
-def _error_from(response: httpx.Response) -> StoreError:
+class Answer(NamedTuple):
+    """A store server's answer: what the client reads of it."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+
+def _error_from(response: Answer, path: str) -> StoreError:
     """The store error an error response describes (its class chosen by `error.code`)."""
     try:
         error = orjson.loads(response.content)["error"]
         code, message = str(error["code"]), str(error["message"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        text = response.text[:500] or response.reason_phrase
-        return StoreError(f"HTTP {response.status_code} from {response.request.url.path}: {text}")
+        text = response.content[:500].decode("utf-8", "replace") or "(empty body)"
+        return StoreError(f"HTTP {response.status_code} from {path}: {text}")
     cls = ERRORS_BY_CODE.get(code, StoreError)
     exc = cls(message)
     if cls is StoreError:
@@ -104,6 +112,9 @@ class LightningStoreClient(LightningStore):
         self._backoff_max = backoff_max
         self._transport = transport
         self._http: Optional[httpx.AsyncClient] = None
+        # Without an injected transport, requests skip httpx (see AiohttpTransport.fetch).
+        self._direct: Optional[AiohttpTransport] = None
+        self._headers: Dict[str, str] = {"authorization": f"Bearer {key}"} if key else {}
         self._closed = False
         self._packed_writes = True
 
@@ -114,7 +125,7 @@ class LightningStoreClient(LightningStore):
     def __getstate__(self) -> Dict[str, Any]:
         # Pickled into a runner subprocess: the settings travel, the connection pool does not.
         state = dict(self.__dict__)
-        state.update(_http=None, _closed=False, _transport=None)
+        state.update(_http=None, _direct=None, _closed=False, _transport=None)
         return state
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -124,12 +135,13 @@ class LightningStoreClient(LightningStore):
         if self._closed:
             raise StoreClosedError("this LightningStoreClient was closed; create a new one")
         if self._http is None:
-            headers = {"authorization": f"Bearer {self._key}"} if self._key else {}
+            if self._transport is None:
+                self._direct = AiohttpTransport(max_connections=100)
             self._http = httpx.AsyncClient(
                 base_url=self.url,
-                headers=headers,
+                headers=self._headers,
                 timeout=self._timeout,
-                transport=self._transport or default_transport(),
+                transport=self._transport or self._direct,
                 limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
             )
         return self
@@ -137,8 +149,8 @@ class LightningStoreClient(LightningStore):
     async def close(self) -> None:
         self._closed = True
         if self._http is not None:
-            http, self._http = self._http, None
-            await http.aclose()
+            http, self._http, self._direct = self._http, None, None
+            await http.aclose()  # closes the direct transport too
 
     async def __aenter__(self) -> LightningStoreClient:
         return await self.open()
@@ -159,10 +171,9 @@ class LightningStoreClient(LightningStore):
         params: Any = None,
         timeout: Optional[float] = None,
         headers: Optional[Dict[str, str]] = None,
-    ) -> httpx.Response:
+    ) -> Answer:
         if self._http is None:
             await self.open()
-        assert self._http is not None
         if body is not UNSET:
             content = to_json(body)
             headers = {**(headers or {}), "content-type": "application/json"}
@@ -171,21 +182,14 @@ class LightningStoreClient(LightningStore):
             if attempt:
                 await asyncio.sleep(self._backoff(attempt - 1))
             try:
-                response = await self._http.request(
-                    method,
-                    path,
-                    content=content,
-                    params=params,
-                    headers=headers,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
+                response = await self._request(method, path, content, params, headers, timeout)
             except httpx.TransportError as exc:
                 last_network_error = exc
                 logger.info("store request %s %s failed (%s); attempt %d", method, path, exc, attempt + 1)
                 continue
             if response.status_code < 500:
                 if response.status_code >= 400:
-                    raise _error_from(response)
+                    raise _error_from(response, path)
                 return response
             last_network_error = None
             logger.info("store request %s %s answered %d; attempt %d", method, path, response.status_code, attempt + 1)
@@ -193,7 +197,38 @@ class LightningStoreClient(LightningStore):
             raise StoreUnavailableError(
                 f"store at {self.url} unreachable after {self._retries + 1} attempts: {last_network_error}"
             ) from last_network_error
-        raise _error_from(response)
+        raise _error_from(response, path)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        content: Optional[bytes],
+        params: Any,
+        headers: Optional[Dict[str, str]],
+        timeout: Optional[float],
+    ) -> Answer:
+        """One request, no retries: straight over aiohttp, or through httpx's injected transport."""
+        if self._direct is not None:
+            status, answer_headers, data = await self._direct.fetch(
+                method,
+                self.url + path,
+                content=content,
+                headers={**self._headers, **headers} if headers else self._headers,
+                params=params,
+                timeout=self._timeout if timeout is None else timeout,
+            )
+            return Answer(status, answer_headers, data)
+        assert self._http is not None
+        response = await self._http.request(
+            method,
+            path,
+            content=content,
+            params=params,
+            headers=headers,
+            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
+        return Answer(response.status_code, response.headers, response.content)
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = await self._send(method, AGL_PREFIX + path, **kwargs)

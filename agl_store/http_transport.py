@@ -12,7 +12,8 @@ Both the store client (whole bodies) and the proxy (streamed bodies) use this on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import aiohttp
 import httpx
@@ -108,12 +109,34 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             raise translate_error(exc, request, connecting) from exc
         return httpx.Response(answer.status, headers=list(answer.raw_headers), stream=stream, request=request)
 
+    async def fetch(
+        self,
+        method: str,
+        url: str,
+        *,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One request without httpx: (status, headers, whole body). Errors are httpx's.
+
+        httpx's own request building (URL merging and parsing, header models, the response
+        stream) costs about 0.3 ms of CPU per call, more than aiohttp's whole request; the
+        store client's calls are small and many, so it comes here directly.
+        """
+        limits = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        try:
+            async with self._session_now().request(
+                method, url, data=content, headers=headers, params=params, timeout=limits, allow_redirects=False
+            ) as answer:
+                return answer.status, answer.headers, await answer.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            connecting = isinstance(exc, aiohttp.ClientConnectorError)
+            raise translate_error(exc, httpx.Request(method, url), connecting) from exc
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-
-def default_transport() -> AiohttpTransport:
-    """The store client's transport: whole bodies, a pool of 100 connections."""
-    return AiohttpTransport()
