@@ -551,47 +551,9 @@ class SQLiteStore(LightningStore):
         offset: int = 0,
         sort_by: Optional[str] = "sequence_id",
         sort_order: SortOrder = "asc",
+        _decode: Callable[[Sequence[Any]], Any] = span_from_row,
     ) -> Sequence[Span]:
-        return await self.query_span_rows(
-            rollout_id,
-            attempt_id,
-            trace_id=trace_id,
-            trace_id_contains=trace_id_contains,
-            span_id=span_id,
-            span_id_contains=span_id_contains,
-            parent_id=parent_id,
-            parent_id_contains=parent_id_contains,
-            name=name,
-            name_contains=name_contains,
-            filter_logic=filter_logic,
-            limit=limit,
-            offset=offset,
-            sort_by=sort_by,
-            sort_order=sort_order,
-        )
-
-    async def query_span_rows(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        decode: Callable[[Sequence[Any]], T] = span_from_row,  # type: ignore[assignment]
-        trace_id: Optional[str] = None,
-        trace_id_contains: Optional[str] = None,
-        span_id: Optional[str] = None,
-        span_id_contains: Optional[str] = None,
-        parent_id: Optional[str] = None,
-        parent_id_contains: Optional[str] = None,
-        name: Optional[str] = None,
-        name_contains: Optional[str] = None,
-        filter_logic: FilterLogic = "and",
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: SortOrder = "asc",
-    ) -> Page[T]:
-        """`query_spans` with each stored row (`SPAN_COLUMNS`) through `decode` instead of
-        into a Span: the HTTP server writes rows straight to JSON (`agl_store.span_wire`)."""
+        # `_decode` is for `query_span_rows` only: callers of the contract get Spans.
         where = _Where()
         for column, exact, contains in (
             ("trace_id", trace_id, trace_id_contains),
@@ -614,7 +576,19 @@ class SQLiteStore(LightningStore):
             limit=limit,
             offset=offset,
         )
-        return await self._call(ops.query_spans, query, attempt_id == "latest", decode)
+        return await self._call(ops.query_spans, query, attempt_id == "latest", _decode)
+
+    async def query_span_rows(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        decode: Callable[[Sequence[Any]], T],
+        **filters: Any,
+    ) -> Page[T]:
+        """`query_spans` (same filters) with each stored row (`SPAN_COLUMNS`) through `decode`
+        instead of into a Span: the HTTP server writes rows straight to JSON (`span_wire`)."""
+        return await self.query_spans(rollout_id, attempt_id, _decode=decode, **filters)  # type: ignore[return-value]
 
     # --- resources -------------------------------------------------------------------------
 
