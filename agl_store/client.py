@@ -503,9 +503,8 @@ class LightningStoreClient(LightningStore):
         }
         # Token ids travel packed (see agl_store.span_wire) when the server supports it.
         response = await self._send("POST", AGL_PREFIX + "/spans/search", body=body, headers=_PACKED_SPANS)
-        data = orjson.loads(response.content)
-        packed = response.headers.get(ENCODING_HEADER) == PACKED
-        return Page(spans_from_page(data, packed), total=data["total"])
+        spans, total = spans_from_page(response.content, response.headers.get(ENCODING_HEADER) == PACKED)
+        return Page(spans, total=total)
 
     # --- resources ------------------------------------------------------------------------
 

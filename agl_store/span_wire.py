@@ -1,4 +1,4 @@
-"""Stored span rows straight to JSON, and the packed-token wire form the store client asks for.
+"""Stored span rows straight to JSON, and the packed-token wire form the store client uses.
 
 A 100-span rollout of LLM calls holds about 90,000 token ids. Turning each stored row into
 a `Span` model and serialising it builds every id as a Python int twice (server and
@@ -8,30 +8,32 @@ the server splices a row's JSON from its stored columns instead, without a model
 - plain (the default, what agent-lightning 0.3 clients get): token arrays are decoded
   once and written by orjson;
 - packed (when the request carries `x-agl-span-encoding: packed-v1`): the attributes'
-  stored JSON text, which has `null` where the arrays go, is copied as is, and each
-  span's stored int32 blob travels base64-encoded in the page's `packed_tokens` list; the
-  client validates the light spans and then fills the arrays in with `fill_packed`.
+  stored JSON text, which has `null` where the arrays go, is copied as is, and the
+  stored int32 blobs follow the JSON (see "frames" below); the client validates the
+  light spans and then fills the arrays in with `tokens.fill_packed`.
 
 The server answers a packed page with the same header, so a client talking to a server
 without this support still gets, and reads, plain JSON.
 
 Writes go the same way: the client packs each span's token arrays itself
-(`packed_batch`) and posts to `/spans/batch/packed`, which stores the blobs after checking
-them; the server never parses the ids. A server without that route answers 404 and the
-client falls back to the plain `/spans/batch`.
+(`packed_batch`) and posts the frame to `/spans/batch/packed`, which stores the blobs
+after checking them against their spans; the server never parses the ids. A server
+without that route answers 404 and the client falls back to the plain `/spans/batch`.
+
+Frames: one line of JSON (orjson never writes a raw newline), a newline, then the blobs
+back to back. The JSON's `packed_tokens` list has, per span, `[start, length]` of its
+blob in that binary part, or null.
 """
 
 from __future__ import annotations
 
-import base64
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import orjson
 from pydantic import TypeAdapter
-
-from .models import Span
 from pydantic_core import to_json
 
+from .models import Span
 from .tokens import fill_packed, pack_attributes, unpack_attributes
 
 ENCODING_HEADER = "x-agl-span-encoding"
@@ -76,53 +78,84 @@ def packed_span_json(row: Sequence[Any]) -> bytes:
     return _splice(row, _as_bytes(row[10]))
 
 
-def packed_tokens(row: Sequence[Any]) -> Optional[str]:
-    """The row's stored token blob, base64, or None when it has none."""
-    blob = row[11]
-    return None if blob is None else base64.b64encode(blob).decode("ascii")
+def frame(head: Dict[str, Any], blobs: Sequence[Optional[bytes]], prefix: bytes = b"{") -> bytes:
+    """`head` as one JSON line with `packed_tokens` ranges added, then the blobs.
+
+    `prefix` is JSON text that goes before `head`'s own keys (say, `{"items":[...],`),
+    so that big, already encoded parts are not parsed and re-encoded.
+    """
+    ranges: List[Optional[Tuple[int, int]]] = []
+    start = 0
+    for blob in blobs:
+        if blob is None:
+            ranges.append(None)
+        else:
+            ranges.append((start, len(blob)))
+            start += len(blob)
+    line = prefix + orjson.dumps({**head, "packed_tokens": ranges})[1:]
+    return line + b"\n" + b"".join(blob for blob in blobs if blob is not None)
+
+
+def read_frame(body: bytes) -> Tuple[Any, List[Optional[bytes]]]:
+    """The JSON and the blobs of a frame; ValueError when it is not one."""
+    split = body.find(b"\n")
+    if split < 0:
+        raise ValueError("a packed body is one line of JSON, a newline, then the token blobs")
+    try:
+        head = orjson.loads(memoryview(body)[:split])
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"malformed JSON line: {exc}") from None
+    ranges = head.get("packed_tokens") if type(head) is dict else None
+    if type(ranges) is not list:
+        raise ValueError("packed_tokens: expected a list of [start, length] or null")
+    data = memoryview(body)[split + 1 :]
+    blobs: List[Optional[bytes]] = []
+    for index, entry in enumerate(ranges):
+        if entry is None:
+            blobs.append(None)
+            continue
+        if (
+            type(entry) is not list
+            or len(entry) != 2
+            or any(type(n) is not int or n < 0 for n in entry)
+            or entry[0] + entry[1] > len(data)
+        ):
+            raise ValueError(f"packed_tokens[{index}] is not a [start, length] inside the blobs")
+        blobs.append(bytes(data[entry[0] : entry[0] + entry[1]]))
+    return head, blobs
 
 
 def page_json(rows: Sequence[Any], *, packed: bool, limit: int, offset: int, total: int) -> bytes:
-    """The PaginatedResult of span rows: items, limit, offset, total (+ packed_tokens)."""
+    """The PaginatedResult of span rows: items, limit, offset, total; a frame when packed."""
     encode = packed_span_json if packed else plain_span_json
+    items = b'{"items":[' + b",".join(encode(row) for row in rows) + b"],"
     rest: Dict[str, Any] = {"limit": limit, "offset": offset, "total": total}
     if packed:
-        rest["packed_tokens"] = [packed_tokens(row) for row in rows]
-    return b'{"items":[' + b",".join(encode(row) for row in rows) + b"]," + orjson.dumps(rest)[1:]
+        return frame(rest, [row[11] for row in rows], prefix=items)
+    return items + orjson.dumps(rest)[1:]
 
 
-def spans_from_page(data: Dict[str, Any], packed: bool) -> List[Span]:
-    """The spans of a decoded page; packed pages get their token arrays filled in."""
+def spans_from_page(body: bytes, packed: bool) -> Tuple[List[Span], int]:
+    """The spans of a page body and its `total`; packed pages get their token arrays back."""
+    if not packed:
+        data = orjson.loads(body)
+        return _SPANS.validate_python(data["items"]), data["total"]
+    data, blobs = read_frame(body)
     spans = _SPANS.validate_python(data["items"])
-    if packed:
-        for span, blob in zip(spans, data["packed_tokens"], strict=True):
-            if blob is not None:
-                fill_packed(span.attributes, base64.b64decode(blob))
-    return spans
+    for span, blob in zip(spans, blobs, strict=True):
+        if blob is not None:
+            fill_packed(span.attributes, blob)
+    return spans, data["total"]
 
 
 def packed_batch(spans: Sequence[Span]) -> bytes:
-    """The body of `/spans/batch/packed`: `{"spans": [...], "packed_tokens": [...]}`, each
-    span's token arrays `null` in its attributes and base64 in its `packed_tokens` entry."""
+    """The frame `/spans/batch/packed` takes: `{"spans": [...], "packed_tokens": [...]}`
+    with each span's token arrays `null` in its attributes and its blob after the JSON."""
     items: List[bytes] = []
-    blobs: List[Optional[str]] = []
+    blobs: List[Optional[bytes]] = []
     for span in spans:
         skeleton, blob = pack_attributes(span.attributes)
         head = to_json(span, exclude={"attributes"})
         items.append(head[:-1] + (b',"attributes":' if len(head) > 2 else b'"attributes":') + skeleton + b"}")
-        blobs.append(None if blob is None else base64.b64encode(blob).decode("ascii"))
-    return b'{"spans":[' + b",".join(items) + b'],"packed_tokens":' + orjson.dumps(blobs) + b"}"
-
-
-def blobs_of(packed_tokens: Sequence[Optional[str]]) -> List[Optional[bytes]]:
-    """`packed_tokens` entries decoded; ValueError for one that is not base64 or null."""
-    blobs: List[Optional[bytes]] = []
-    for index, entry in enumerate(packed_tokens):
-        if entry is None:
-            blobs.append(None)
-            continue
-        try:
-            blobs.append(base64.b64decode(entry, validate=True))
-        except (TypeError, ValueError):
-            raise ValueError(f"packed_tokens[{index}] is not base64 or null") from None
-    return blobs
+        blobs.append(blob)
+    return frame({}, blobs, prefix=b'{"spans":[' + b",".join(items) + b"],")

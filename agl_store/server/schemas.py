@@ -143,13 +143,6 @@ class ExpireRolloutsBody(BaseModel):
     older_than_seconds: float = Field(ge=0)
 
 
-class PackedSpansBody(BaseModel):
-    """`/spans/batch/packed`: spans (validated as Spans later) and their token blobs."""
-
-    spans: List[Dict[str, Any]]
-    packed_tokens: List[Optional[str]]
-
-
 def check_page(query: Page, item_model: Type[BaseModel]) -> None:
     """Reject paging that agent-lightning 0.3 rejects, naming the field."""
     if query.sort_by is not None and query.sort_by not in item_model.model_fields:

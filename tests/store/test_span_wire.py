@@ -6,7 +6,6 @@ that both wire forms give back exactly the spans that were stored.
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -15,7 +14,7 @@ import orjson
 
 from agl_store.client import LightningStoreClient
 from agl_store.models import Span
-from agl_store.span_wire import ENCODING_HEADER, PACKED, packed_batch, page_json, spans_from_page
+from agl_store.span_wire import ENCODING_HEADER, PACKED, frame, packed_batch, page_json, read_frame, spans_from_page
 from agl_store.sqlite import SQLiteStore
 
 from .http_server import start_store_server
@@ -51,14 +50,17 @@ async def test_rows_written_as_json_equal_the_stored_spans(tmp_path: Path) -> No
         stored = await store.query_spans(rollout.rollout_id)
         rows = await store.query_span_rows(rollout.rollout_id, decode=tuple)
 
-        plain = orjson.loads(page_json(rows, packed=False, limit=-1, offset=0, total=rows.total))
+        plain_body = page_json(rows, packed=False, limit=-1, offset=0, total=rows.total)
+        plain = orjson.loads(plain_body)
         assert plain["items"] == [span.model_dump(mode="json") for span in stored]
         assert (plain["limit"], plain["offset"], plain["total"]) == (-1, 0, 5)
 
-        packed = orjson.loads(page_json(rows, packed=True, limit=-1, offset=0, total=rows.total))
-        assert packed["items"][0]["attributes"]["agl.prompt_token_ids"] is None  # it travels in packed_tokens
-        assert spans_from_page(packed, packed=True) == list(stored)
-        assert spans_from_page(plain, packed=False) == list(stored)
+        packed_body = page_json(rows, packed=True, limit=-1, offset=0, total=rows.total)
+        packed, blobs = read_frame(packed_body)
+        assert packed["items"][0]["attributes"]["agl.prompt_token_ids"] is None  # it travels in the blob
+        assert [blob is not None for blob in blobs] == [True, True, True, False, False]
+        assert spans_from_page(packed_body, packed=True) == (list(stored), 5)
+        assert spans_from_page(plain_body, packed=False) == (list(stored), 5)
 
 
 async def test_the_client_reads_packed_spans_and_plain_clients_get_json(tmp_path: Path) -> None:
@@ -84,7 +86,7 @@ async def test_the_client_reads_packed_spans_and_plain_clients_get_json(tmp_path
         assert plain.json()["items"][0]["attributes"] == sent[1].attributes
         assert plain.json()["total"] == 5
         assert packed.headers[ENCODING_HEADER] == PACKED
-        assert len(packed.json()["packed_tokens"]) == 2
+        assert len(read_frame(packed.content)[1]) == 2
         assert [item["name"] for item in query.json()["items"]] == [span.name for span in sent]
 
 
@@ -105,8 +107,8 @@ async def test_a_packed_blob_that_does_not_fit_its_span_is_refused(tmp_path: Pat
     async with start_store_server(tmp_path / "store.db") as client:
         rollout = await client.start_rollout(input={"q": 1})
         span = spans_of(rollout.rollout_id, rollout.attempt.attempt_id)[0]
-        body = orjson.loads(packed_batch([span]))
-        good_blob = base64.b64decode(body["packed_tokens"][0])
+        head, (good_blob,) = read_frame(packed_batch([span]))
+        assert good_blob is not None
         index, data = good_blob.split(b"\n", 1)
         wrong = {
             "past the data": index + b"\n" + data[:-4],
@@ -114,14 +116,16 @@ async def test_a_packed_blob_that_does_not_fit_its_span_is_refused(tmp_path: Pat
             "no such path": b'[[["missing"],0,1]]\n' + data,
             "not an index": b"{}\n" + data,
         }
+        url = "/v1/agl/spans/batch/packed"
         async with httpx.AsyncClient(base_url=client.url) as http:
             for problem, blob in wrong.items():
-                body["packed_tokens"] = [base64.b64encode(blob).decode()]
-                answer = await http.post("/v1/agl/spans/batch/packed", content=orjson.dumps(body))
+                answer = await http.post(url, content=frame({"spans": head["spans"]}, [blob]))
                 assert answer.status_code == 400, problem
                 assert "packed_tokens[0]" in answer.json()["error"]["message"], problem
-            body["packed_tokens"] = ["not base64!"]
-            assert (await http.post("/v1/agl/spans/batch/packed", content=orjson.dumps(body))).status_code == 400
+            no_frame = orjson.dumps({"spans": head["spans"], "packed_tokens": [[0, 10]]})
+            assert (await http.post(url, content=no_frame)).status_code == 400
+            past_the_end = orjson.dumps({"spans": head["spans"], "packed_tokens": [[0, 10]]}) + b"\n" + b"1234"
+            assert (await http.post(url, content=past_the_end)).status_code == 400
         assert await client.query_spans(rollout.rollout_id) == []
 
 

@@ -11,10 +11,10 @@ from starlette.routing import Route
 
 from ...models import Span
 from ...errors import InvalidInputError
-from ...span_wire import ENCODING_HEADER, PACKED, blobs_of, page_json
+from ...span_wire import ENCODING_HEADER, PACKED, page_json, read_frame
 from ...tokens import check_packed, fill_packed
 from ..metrics import metrics_of
-from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, PackedSpansBody, SpanQuery, check_page, page_of
+from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, SpanQuery, check_page, page_of
 from ..wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
 
 SPAN_LIST = TypeAdapter(List[Span])
@@ -42,20 +42,19 @@ async def add_many_spans(request: Request) -> Any:
 
 
 async def add_packed_spans(request: Request) -> Any:
-    """Like `add_many_spans` for a `span_wire.packed_batch` body: token ids arrive packed."""
-    body = validate_model(PackedSpansBody, await request.body())
+    """Like `add_many_spans` for a `span_wire.packed_batch` frame: token ids arrive packed."""
     try:
-        blobs = blobs_of(body.packed_tokens)
+        head, blobs = read_frame(await request.body())
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
-    spans = SPAN_LIST.validate_python(body.spans)
+    spans = SPAN_LIST.validate_python(head.get("spans"))
+    if len(spans) != len(blobs):
+        raise InvalidInputError(f"{len(spans)} spans but {len(blobs)} packed_tokens entries")
     store = store_of(request)
     add_packed = getattr(store, "add_packed_spans", None)
     if add_packed is not None:
         stored = await add_packed(spans, blobs) if spans else []
     else:  # a store that takes only whole spans: unpack here
-        if len(spans) != len(blobs):
-            raise InvalidInputError(f"{len(spans)} spans but {len(blobs)} packed_tokens entries")
         for index, (span, blob) in enumerate(zip(spans, blobs)):
             if blob is not None:
                 try:
