@@ -27,7 +27,9 @@ blob in that binary part, or null.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import contextlib
+import gc
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import orjson
 from pydantic import TypeAdapter
@@ -135,17 +137,36 @@ def page_json(rows: Sequence[Any], *, packed: bool, limit: int, offset: int, tot
     return items + orjson.dumps(rest)[1:]
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No garbage collection inside the block (it never awaits, so no other task runs).
+
+    Decoding a page makes some 10^5 containers that all survive. Each 700 of them would
+    start a collection, and in a process with a big heap (a trainer, a runner) the full
+    ones that follow cost more than the decoding itself: measured 6 -> 21 ms per 100-span
+    page with a million live objects around. After the block, one collection sees them.
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
 def spans_from_page(body: bytes, packed: bool) -> Tuple[List[Span], int]:
     """The spans of a page body and its `total`; packed pages get their token arrays back."""
-    if not packed:
-        data = orjson.loads(body)
-        return _SPANS.validate_python(data["items"]), data["total"]
-    data, blobs = read_frame(body)
-    spans = _SPANS.validate_python(data["items"])
-    for span, blob in zip(spans, blobs, strict=True):
-        if blob is not None:
-            fill_packed(span.attributes, blob)
-    return spans, data["total"]
+    with _collector_paused():
+        if not packed:
+            data = orjson.loads(body)
+            return _SPANS.validate_python(data["items"]), data["total"]
+        data, blobs = read_frame(body)
+        spans = _SPANS.validate_python(data["items"])
+        for span, blob in zip(spans, blobs, strict=True):
+            if blob is not None:
+                fill_packed(span.attributes, blob)
+        return spans, data["total"]
 
 
 def packed_batch(spans: Sequence[Span]) -> bytes:
