@@ -88,16 +88,22 @@ def classify_break(
 ) -> str:
     """The likely cause (`BREAK_KINDS`) of `prompt` not starting with `previous_prompt + previous_response`."""
     context = list(previous_prompt) + list(previous_response)
-    k = first_divergence(context, prompt)
+    return _classify(context, first_divergence(context, prompt), len(previous_prompt), prompt, tokenizer)
+
+
+def _classify(
+    context: List[int], k: int, previous_prompt_length: int, prompt: Sequence[int], tokenizer: Optional[Detokenizer]
+) -> str:
+    # Takes the context and its divergence `k` already computed, so `diagnose_break` builds them once.
     if k == 0:
         # Not one shared token: a different conversation (a sub-agent, a fresh system prompt).
         return KIND_OTHER
-    if k == len(prompt) < len(context) or len(prompt) < len(previous_prompt):
+    if k == len(prompt) < len(context) or len(prompt) < previous_prompt_length:
         # Shorter than what the model already saw: the agent dropped part of its history.
         return KIND_TRUNCATION
     if tokenizer is not None:
         return _classify_with_tokenizer(context, prompt, tokenizer)
-    return KIND_RETOKENIZED if k >= len(previous_prompt) else KIND_TEMPLATE
+    return KIND_RETOKENIZED if k >= previous_prompt_length else KIND_TEMPLATE
 
 
 def _classify_with_tokenizer(context: List[int], prompt: Sequence[int], tokenizer: Detokenizer) -> str:
@@ -128,7 +134,7 @@ def diagnose_break(
         rollout_id=rollout_id,
         turn_index=turn_index,
         diverge_at=k,
-        kind=classify_break(previous_prompt, previous_response, prompt, tokenizer),
+        kind=_classify(context, k, len(previous_prompt), prompt, tokenizer),
         context_length=len(context),
         prompt_length=len(prompt),
         previous_prompt_length=len(previous_prompt),
