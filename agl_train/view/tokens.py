@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterable, List, Optional, Protocol
+from typing import Any, Dict, Iterable, List, Optional
 
 from agl_store.base import LightningStore
 
 from ..aggregate import LEVEL_TRAJECTORY, Limits, Row, aggregate, get_aggregator
-from ..prefix_break import PrefixBreak
+from ..prefix_break import Detokenizer, PrefixBreak
 from ..spans import RolloutTrace, read_rollout
 
 ROLE_PROMPT = "p"
@@ -46,12 +46,8 @@ BREAK_EXPLANATIONS = {
 }
 
 
-class TokenDecoder(Protocol):
-    """The part of a Hugging Face tokenizer the view uses (also what the break diagnosis uses)."""
-
-    all_special_ids: Any
-
-    def decode(self, token_ids: List[int], skip_special_tokens: bool = ...) -> str: ...
+TokenDecoder = Detokenizer
+"""The part of a Hugging Face tokenizer the view uses: the one the break diagnosis uses."""
 
 
 @dataclass(frozen=True)
