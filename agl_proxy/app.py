@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
 from .auth import OPEN_PATHS, BearerKeyMiddleware
-from .calls import LLMCallEndpoint
+from .calls import LLMCallEndpoint, json_object
 from .errors import BadRequestError, ProxyError
 from .gateway import Gateway
 
@@ -37,14 +37,10 @@ def _error_response(error: ProxyError) -> Response:
     return Response(error.body(), status_code=error.status_code, media_type="application/json", headers=error.headers)
 
 
-async def _json_body(request: Request) -> Any:
+async def _json_body(request: Request) -> Dict[str, Any]:
+    """The admin request's JSON object; an empty body is an empty object."""
     raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    return json_object(raw) if raw else {}
 
 
 def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
@@ -88,7 +84,7 @@ def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
         if request.method == "POST":
             try:
                 body = await _json_body(request)
-                entries = body.get("model_list") if isinstance(body, dict) else None
+                entries = body.get("model_list")
                 if not isinstance(entries, list):
                     raise BadRequestError('the body must be {"model_list": [...]} in LiteLLM\'s format')
                 gateway.update_model_list(entries)

@@ -58,6 +58,17 @@ async def read_body(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
+def json_object(raw: bytes) -> Dict[str, Any]:
+    """`raw` parsed as a JSON object; BadRequestError when it is not valid JSON or not an object."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return body
+
+
 class LLMCallEndpoint:
     """Serves one OpenAI operation (`chat` or `text_completion`) for a gateway."""
 
@@ -83,12 +94,7 @@ class LLMCallEndpoint:
         start_time = time.time()
         rollout_id, attempt_id = attribution(scope)
         try:
-            body = orjson.loads(await read_body(receive))
-            if not isinstance(body, dict):
-                raise BadRequestError("the request body must be a JSON object")
-        except orjson.JSONDecodeError:
-            await send_error(send, BadRequestError("the request body is not valid JSON"))
-            return
+            body = json_object(await read_body(receive))
         except BadRequestError as exc:
             await send_error(send, exc)
             return

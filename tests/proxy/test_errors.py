@@ -102,6 +102,12 @@ async def test_bad_json_is_400(proxy: LLMProxy, http) -> None:
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
 
 
+async def test_admin_body_that_is_not_an_object_is_400(proxy: LLMProxy, http) -> None:
+    response = await http.post(proxy.url + "/proxy/pause", json=["drain"])
+    assert response.status_code == 400 and "must be a JSON object" in response.json()["error"]["message"]
+    assert (await http.get(proxy.url + "/proxy/state")).json()["paused"] is False
+
+
 async def test_key_is_required_everywhere_but_health(proxy_factory, backend, http) -> None:
     proxy = await proxy_factory([model_entry("tiny", backend[1])], key="s3cret")
     assert (await http.get(proxy.url + "/health")).status_code == 200
