@@ -45,14 +45,23 @@ class RequestOptions:
     """Request fields that replace the client's (e.g. a training temperature)."""
 
 
-def backend_body(
-    body: Mapping[str, Any], deployment: Deployment, operation: str, options: RequestOptions
-) -> Dict[str, Any]:
-    """The request body as the backend gets it."""
+def request_fields(body: Mapping[str, Any], deployment: Deployment, options: RequestOptions) -> Dict[str, Any]:
+    """The client's request fields over the deployment's defaults, under the proxy's overrides.
+
+    Both paths (pass-through and LiteLLM) start from this, then name the model their way.
+    """
     out = dict(body)
     for key, value in deployment.request_defaults.items():
         out.setdefault(key, value)
     out.update(options.sampling_overrides)
+    return out
+
+
+def backend_body(
+    body: Mapping[str, Any], deployment: Deployment, operation: str, options: RequestOptions
+) -> Dict[str, Any]:
+    """The request body as the backend gets it."""
+    out = request_fields(body, deployment, options)
     out["model"] = deployment.model
     if deployment.is_vllm:
         out["return_token_ids"] = True

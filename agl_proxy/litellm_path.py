@@ -19,7 +19,7 @@ from starlette.types import Send
 from .assembly import StreamAssembler
 from .deployments import Deployment
 from .errors import BackendFailedError, BackendTimeoutError
-from .forwarding import RequestOptions, RetryableBackendError
+from .forwarding import RequestOptions, RetryableBackendError, request_fields
 from .spans import CallRecord
 
 # litellm_params that configure LiteLLM's call rather than the request body.
@@ -53,10 +53,7 @@ async def complete_with_litellm(
     """Serve one call through `litellm.acompletion` / `atext_completion`."""
     # In a thread: the first import takes seconds, which must not stall the other calls.
     litellm = await asyncio.to_thread(import_litellm)
-    kwargs: Dict[str, Any] = {k: v for k, v in body.items() if k != "model"}
-    for key, value in deployment.request_defaults.items():
-        kwargs.setdefault(key, value)
-    kwargs.update(options.sampling_overrides)
+    kwargs = request_fields(body, deployment, options)
     kwargs["model"] = deployment.litellm_params["model"]
     for key in _CALL_KEYS:
         if deployment.litellm_params.get(key) is not None:
