@@ -14,7 +14,15 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from agl_store.base import LightningStore
 from agl_store.errors import NotFoundError
-from agl_store.models import TERMINAL_ROLLOUT_STATUSES, AttemptedRollout, Rollout, RolloutMode, RolloutStatus, Span
+from agl_store.models import (
+    REWARD_VALUE_ATTRIBUTE,
+    TERMINAL_ROLLOUT_STATUSES,
+    AttemptedRollout,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+)
 
 from ..spans import LLM_CALL_SPAN_NAME, final_reward
 
@@ -177,8 +185,8 @@ def span_line(span: Span) -> Dict[str, Any]:
     if span.name == LLM_CALL_SPAN_NAME:
         tokens = span_tokens(span)
         line.update(tokens_in=tokens["in"], tokens_out=tokens["out"])
-    if "agl.reward.value" in attributes:
-        line["reward"] = attributes["agl.reward.value"]
+    if REWARD_VALUE_ATTRIBUTE in attributes:
+        line["reward"] = attributes[REWARD_VALUE_ATTRIBUTE]
     return line
 
 
