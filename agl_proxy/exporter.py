@@ -93,7 +93,9 @@ class SpanExporter:
         if len(self._buffer) >= self.max_buffer:
             self._drop_item(self._buffer.popleft(), f"span buffer full ({self.max_buffer}); dropped the oldest span")
         self._buffer.append((record, sequence))
-        if self._wakeup is not None:
+        if self._wakeup is not None and self._idle is not None:
+            # Not idle from now on, so that `flush()` waits for this span, not only for the batch in flight.
+            self._idle.clear()
             self._wakeup.set()
 
     def _drop_item(self, item: _Item, why: str) -> None:
@@ -116,13 +118,8 @@ class SpanExporter:
         """Wait until the buffer is empty; False if `timeout` passed first."""
         if self._task is None or self._idle is None:
             return not self._buffer
-        if self._wakeup is not None:
-            self._wakeup.set()
         try:
-            while self._buffer or not self._idle.is_set():
-                await asyncio.wait_for(self._idle.wait(), timeout)
-                if self._buffer:
-                    await asyncio.sleep(0)
+            await asyncio.wait_for(self._idle.wait(), timeout)
         except asyncio.TimeoutError:
             return False
         return True
