@@ -72,7 +72,6 @@ class SpanExporter:
         self._wakeup: Optional[asyncio.Event] = None
         self._task: Optional["asyncio.Task[None]"] = None
         self._idle: Optional[asyncio.Event] = None
-        self._closing = False
 
     @property
     def buffered(self) -> int:
@@ -111,7 +110,6 @@ class SpanExporter:
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._closing = False
         self._task = asyncio.create_task(self._run(), name="agl-proxy-span-exporter")
 
     async def flush(self, timeout: Optional[float] = None) -> bool:
@@ -129,7 +127,6 @@ class SpanExporter:
         if self._task is None:
             return
         await self.flush(timeout)
-        self._closing = True
         self._task.cancel()
         try:
             await self._task
