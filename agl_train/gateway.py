@@ -41,9 +41,7 @@ class GatewayClient:
         timeout_s: float = GATEWAY_TIMEOUT_S,
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        if self.base_url.endswith("/v1"):
-            self.base_url = self.base_url[: -len("/v1")]
+        self.base_url = _without_v1(base_url)
         self.key = key
         self.timeout_s = timeout_s
         self._transport = transport
@@ -116,10 +114,7 @@ def vllm_model_list(
     `version` the weight version recorded in every span they serve."""
     entries = []
     for address in server_addresses:
-        url = address if "://" in address else f"http://{address}"
-        url = url.rstrip("/")
-        if not url.endswith("/v1"):
-            url += "/v1"
+        url = server_root(address) + "/v1"
         entry: Dict[str, Any] = {
             "model_name": model_name,
             "litellm_params": {"model": f"hosted_vllm/{served_model or model_name}", "api_base": url},
@@ -128,3 +123,14 @@ def vllm_model_list(
             entry["model_info"] = {"agl_model_version": str(version)}
         entries.append(entry)
     return entries
+
+
+def server_root(address: str) -> str:
+    """A server's root URL from `host:port` or a URL (`http://` when no scheme is given),
+    without a trailing slash or `/v1`."""
+    return _without_v1(address if "://" in address else f"http://{address}")
+
+
+def _without_v1(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url

@@ -29,7 +29,7 @@ from agl_store.models import ProxyLLM, RolloutConfig
 
 from ._verl import DataProto
 from .dataset import INPUT_KEY
-from .gateway import GatewayClient, vllm_model_list
+from .gateway import GatewayClient, server_root, vllm_model_list
 from .hooks import run_startup_hooks
 from .prefix_break import Detokenizer
 from .runner.dispatch import RolloutDispatcher
@@ -141,10 +141,8 @@ LLM_RESOURCE_NAME = "main_llm"
 
 async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str:
     """The model id a vLLM replica serves (its `/v1/models`), which is what the proxy must ask for."""
-    url = (server_address if "://" in server_address else f"http://{server_address}").rstrip("/")
-    url = url[: -len("/v1")] if url.endswith("/v1") else url
     async with httpx.AsyncClient(timeout=timeout_s) as http:
-        answer = await http.get(url + "/v1/models")
+        answer = await http.get(server_root(server_address) + "/v1/models")
     answer.raise_for_status()
     return answer.json()["data"][0]["id"]
 
