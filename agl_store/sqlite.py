@@ -33,7 +33,6 @@ from .base import UNSET, FilterLogic, LightningStore, SortOrder
 from .errors import InvalidInputError, StoreClosedError, StoreError
 from .models import (
     TERMINAL_ROLLOUT_STATUSES,
-    WORKER_STATUSES,
     Attempt,
     AttemptedRollout,
     AttemptStatus,
@@ -70,7 +69,7 @@ from .sqlite_schema import (
     worker_from_row,
 )
 from .tokens import check_packed
-from .transitions import check_attempt_status, check_rollout_status
+from .transitions import check_attempt_status, check_rollout_status, check_worker_status
 
 __all__ = ["Page", "SQLiteStore", "UNATTRIBUTED_ROLLOUT_ID", "span_from_otel"]
 
@@ -657,12 +656,7 @@ class SQLiteStore(LightningStore):
     ) -> Sequence[Worker]:
         where = _Where()
         if status_in is not None:
-            statuses = _as_list(status_in, "status_in")
-            for status in statuses:
-                if status not in WORKER_STATUSES:
-                    raise InvalidInputError(
-                        f"status_in: unknown worker status {status!r}; expected one of {list(WORKER_STATUSES)}"
-                    )
+            statuses = [check_worker_status(s, "status_in") for s in _as_list(status_in, "status_in")]
             where.add("status IN (SELECT value FROM json_each(?))", orjson.dumps(statuses))
         if worker_id_contains is not None:
             where.add("instr(worker_id, ?) > 0", worker_id_contains)

@@ -14,6 +14,7 @@ from .models import (
     ATTEMPT_STATUSES,
     ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
+    WORKER_STATUSES,
     AttemptStatus,
     RolloutConfig,
     RolloutStatus,
@@ -63,6 +64,13 @@ def check_attempt_status(value: object, field: str = "status") -> AttemptStatus:
     """`value` if it is an attempt status, else InvalidInputError naming `field`."""
     if value not in ATTEMPT_STATUSES:
         raise InvalidInputError(f"{field}: unknown attempt status {value!r}; expected one of {list(ATTEMPT_STATUSES)}")
+    return value  # type: ignore[return-value]
+
+
+def check_worker_status(value: object, field: str = "status") -> WorkerStatus:
+    """`value` if it is a worker status, else InvalidInputError naming `field`."""
+    if value not in WORKER_STATUSES:
+        raise InvalidInputError(f"{field}: unknown worker status {value!r}; expected one of {list(WORKER_STATUSES)}")
     return value  # type: ignore[return-value]
 
 

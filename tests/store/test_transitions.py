@@ -13,6 +13,7 @@ from agl_store.transitions import (
     check_attempt_status,
     check_rollout_move,
     check_rollout_status,
+    check_worker_status,
     rollout_status_from_attempt,
     worker_status_for_attempt,
 )
@@ -89,3 +90,5 @@ def test_unknown_statuses_name_the_field() -> None:
         check_rollout_status("done", "status_in")
     with pytest.raises(InvalidInputError, match="status"):
         check_attempt_status("exploded")
+    with pytest.raises(InvalidInputError, match="status_in: unknown worker status 'asleep'"):
+        check_worker_status("asleep", "status_in")
