@@ -34,11 +34,11 @@ from .hooks import run_startup_hooks
 from .prefix_break import Detokenizer
 from .runner.dispatch import RolloutDispatcher
 from .runner.factory import make_runner
-from .runner.groups import Collected, GroupTracker
+from .runner.groups import Collected, Group, GroupTracker
 from .runner.loop_thread import LoopThread
 from .runner.settings import RunnerSettings
 from .settings import TrainSettings, settings_from_config
-from .spans import read_rollout
+from .spans import RolloutTrace, read_rollout
 from .step import build_batch, prepare_update
 
 with warnings.catch_warnings():
@@ -72,6 +72,17 @@ def _token_metrics(data: Optional[DataProto]) -> Dict[str, float]:
         "training/n_response_tokens": float(data.batch["response_mask"].sum()),
         "training/n_tokens": float(data.batch["attention_mask"].sum()),
     }
+
+
+async def read_succeeded(
+    store: LightningStore, groups: Sequence[Group], reward_fillna_value: float
+) -> List[RolloutTrace]:
+    """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid."""
+    return [
+        await read_rollout(store, rollout_id, uid=group.uid, reward_fillna_value=reward_fillna_value)
+        for group in groups
+        for rollout_id in group.succeeded()
+    ]
 
 
 async def rollout_step(
@@ -113,11 +124,7 @@ async def rollout_step(
     if gateway is not None:
         await gateway.wait_spans_exported()
 
-    traces = [
-        await read_rollout(store, rollout_id, uid=group.uid, reward_fillna_value=settings.reward_fillna_value)
-        for group in collected.groups
-        for rollout_id in group.succeeded()
-    ]
+    traces = await read_succeeded(store, collected.groups, settings.reward_fillna_value)
     data, aggregation = build_batch(traces, settings, pad_token_id, tokenizer)
     metrics.update({key: float(value) for key, value in aggregation.metrics.items()})
     if traces:
@@ -311,11 +318,8 @@ class AglTrainer(RayPPOTrainer):
             collected = await tracker.collect(len(tasks), self.runner_settings.rollout_timeout_seconds + WAIT_GRACE_S)
             await tracker.abandon()
             await self.gateway.wait_spans_exported()
-            rewards = []
-            for group in collected.groups:
-                for rollout_id in group.succeeded():
-                    trace = await read_rollout(self._store, rollout_id, reward_fillna_value=self.agl_settings.reward_fillna_value)
-                    rewards.append(trace.reward)
+            traces = await read_succeeded(self._store, collected.groups, self.agl_settings.reward_fillna_value)
+            rewards = [trace.reward for trace in traces]
             return {
                 "val/reward_mean": float(np.mean(rewards)) if rewards else 0.0,
                 "val/n_done": float(collected.counts.get("succeeded", 0)),
@@ -411,6 +415,7 @@ __all__: List[str] = [
     "WAIT_GRACE_S",
     "pause_for_update",
     "publish_replicas",
+    "read_succeeded",
     "rollout_step",
     "served_model_name",
 ]
