@@ -32,6 +32,7 @@ ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = (
 )
 ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("preparing", "running", "succeeded", "failed", "unresponsive", "timeout")
 WORKER_STATUSES: tuple[WorkerStatus, ...] = ("idle", "busy", "unknown")
+ROLLOUT_MODES: tuple[RolloutMode, ...] = ("train", "val", "test")
 
 TERMINAL_ROLLOUT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 QUEUED_ROLLOUT_STATUSES: frozenset[str] = frozenset({"queuing", "requeuing"})

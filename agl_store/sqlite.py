@@ -32,6 +32,7 @@ from . import sqlite_ops as ops
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
 from .errors import InvalidInputError, StoreClosedError, StoreError
 from .models import (
+    ROLLOUT_MODES,
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
     AttemptedRollout,
@@ -77,7 +78,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-ROLLOUT_MODES = ("train", "val", "test")
 MAX_WRITES_PER_COMMIT = 256
 """Concurrent writes grouped into one transaction at most; bounds a commit's size."""
 ROLLOUT_SORT_FIELDS = frozenset({"rollout_id", "start_time", "end_time", "status", "mode", "resources_id"})
