@@ -128,7 +128,7 @@ class LLMCallEndpoint:
                 raise no_backend
             await self._dispatch(replicas, record, body, receive, send, t0)
         except ProxyError as exc:
-            record.fail(exc.code, exc.message, exc.status_code)
+            record.fail_with(exc)
             await send_error(send, exc)
         finally:
             record.latency_s = time.perf_counter() - t0

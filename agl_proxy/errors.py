@@ -33,6 +33,10 @@ class ProxyError(Exception):
     def body(self) -> bytes:
         return orjson.dumps(self.to_dict())
 
+    def sse_event(self) -> bytes:
+        """The error as a stream event: the OpenAI SDKs raise on it, so a cut stream is not taken as complete."""
+        return b"data: " + self.body() + b"\n\n"
+
 
 class BadRequestError(ProxyError):
     status_code = 400

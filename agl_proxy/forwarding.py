@@ -102,6 +102,14 @@ def _response_headers(response: httpx.Response) -> List[Tuple[bytes, bytes]]:
     return [(b"content-type", response.headers.get("content-type", "application/json").encode("latin-1"))]
 
 
+async def relay_chunk(data: bytes, send: Send, assembler: StreamAssembler, record: CallRecord, t0: float) -> None:
+    """Send one chunk of a stream to the client and read it into the call's record (and its TTFT)."""
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+    assembler.feed(data)
+    if record.ttft_s is None and assembler.first_token_seen:
+        record.ttft_s = time.perf_counter() - t0
+
+
 async def forward(
     client: httpx.AsyncClient,
     deployment: Deployment,
@@ -221,10 +229,7 @@ async def _relay_stream(
                 record.fail("client_disconnected", f"the client went away mid-stream; stopped reading {label}", 499)
                 break
             if data:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-                assembler.feed(data)
-                if record.ttft_s is None and assembler.first_token_seen:
-                    record.ttft_s = time.perf_counter() - t0
+                await relay_chunk(data, send, assembler, record, t0)
             try:
                 data = await chunks.__anext__()
             except StopAsyncIteration:
@@ -246,8 +251,7 @@ async def _relay_stream(
     elif error is None and assembler.garbage is not None:
         record.fail("backend_garbage", f"backend {label} streamed data that is not JSON: {assembler.garbage!r}", 502)
     elif error is not None:
-        record.fail(error.code, error.message, error.status_code)
-        # The OpenAI SDKs raise on an `error` event, so the client learns the stream is cut short.
-        await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n", "more_body": True})
+        record.fail_with(error)
+        await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
     record.response = assembler.result()
     await send({"type": "http.response.body", "body": b"", "more_body": False})

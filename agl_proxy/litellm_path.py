@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import Any, Dict, Mapping
 
 import orjson
@@ -19,7 +18,7 @@ from starlette.types import Send
 from .assembly import StreamAssembler
 from .deployments import Deployment
 from .errors import BackendFailedError, BackendTimeoutError
-from .forwarding import RequestOptions, RetryableBackendError, request_fields
+from .forwarding import RequestOptions, RetryableBackendError, relay_chunk, request_fields
 from .spans import CallRecord
 
 # litellm_params that configure LiteLLM's call rather than the request body.
@@ -89,15 +88,11 @@ async def complete_with_litellm(
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     try:
         async for chunk in result:
-            data = b"data: " + orjson.dumps(_dump(chunk)) + b"\n\n"
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-            assembler.feed(data)
-            if record.ttft_s is None and assembler.first_token_seen:
-                record.ttft_s = time.perf_counter() - t0
+            await relay_chunk(b"data: " + orjson.dumps(_dump(chunk)) + b"\n\n", send, assembler, record, t0)
     except Exception as exc:  # noqa: BLE001 - mid-stream: tell the client in the stream
         failure = BackendFailedError(f"backend {label} (via LiteLLM) failed mid-stream: {exc}")
-        record.fail(failure.code, failure.message, failure.status_code)
-        await send({"type": "http.response.body", "body": b"data: " + failure.body() + b"\n\n", "more_body": True})
+        record.fail_with(failure)
+        await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": True})
     else:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
     record.response = assembler.result()

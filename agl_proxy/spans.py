@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional
 from agl_store.models import Span, TraceStatus
 
 from .deployments import Deployment
+from .errors import ProxyError
 
 LLM_CALL_SPAN_NAME = "agl.llm_call"
 
@@ -36,6 +37,10 @@ class CallRecord:
     def fail(self, error_type: str, message: str, status_code: int) -> None:
         self.error = {"type": error_type, "message": message, "status_code": status_code}
         self.status_code = status_code
+
+    def fail_with(self, error: ProxyError) -> None:
+        """Record a proxy error as the call's outcome."""
+        self.fail(error.code, error.message, error.status_code)
 
 
 def _choice_logprobs(choice: Dict[str, Any]) -> Optional[List[Optional[float]]]:
