@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 
 from .aggregate import Limits, get_aggregator, limits_for_level
 from .loss import LOSS_MODE
+from .runner.settings import check_async_batch
 
 CONFIG_MODULE = "agl_train"
 CONFIG_NAME = "config"
@@ -48,12 +49,7 @@ class TrainSettings:
                 f"agentlightning.max_ppo_update_times must be positive or null, got {self.max_ppo_update_times}"
             )
         if self.async_rollout:
-            size = self.async_train_batch_size
-            if size is None or size <= self.train_batch_size:
-                raise ValueError(
-                    "agentlightning.async_rollout.async_train_batch_size must be strictly greater than "
-                    f"data.train_batch_size ({self.train_batch_size}), got {size}"
-                )
+            check_async_batch(self.train_batch_size, self.async_train_batch_size)
 
 
 def settings_from_config(config: Any) -> TrainSettings:

@@ -23,6 +23,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def check_async_batch(train_batch_size: int, async_train_batch_size: Optional[int]) -> None:
+    """Async rollout keeps more groups in flight than a step trains on; ValueError otherwise."""
+    if async_train_batch_size is None or async_train_batch_size <= train_batch_size:
+        raise ValueError(
+            "agentlightning.async_rollout.async_train_batch_size must be strictly greater than "
+            f"data.train_batch_size ({train_batch_size}), got {async_train_batch_size}"
+        )
+
+
 @dataclass(frozen=True)
 class RunnerSettings:
     """How rollouts are executed. Exactly one of `agent_class` (local subprocesses) and
@@ -61,12 +70,7 @@ class RunnerSettings:
             if not isinstance(path, str) or not path:
                 raise ValueError(f"agentlightning.local.env_map.{name} must be a dotted path such as 'input.question'")
         if self.async_enabled:
-            size = self.async_train_batch_size
-            if size is None or size <= self.train_batch_size:
-                raise ValueError(
-                    "agentlightning.async_rollout.async_train_batch_size must be strictly greater than "
-                    f"data.train_batch_size ({self.train_batch_size}), got {size}"
-                )
+            check_async_batch(self.train_batch_size, self.async_train_batch_size)
 
     @property
     def groups_in_flight(self) -> int:
