@@ -20,6 +20,7 @@ from .deployments import Deployment
 from .errors import BadRequestError, NoBackendError, NotFoundError, PausedError, ProxyError
 from .forwarding import RetryableBackendError, forward
 from .gateway import Gateway
+from .litellm_path import complete_with_litellm
 from .spans import CallRecord
 
 logger = logging.getLogger(__name__)
@@ -173,8 +174,6 @@ class LLMCallEndpoint:
                     assert gw.client is not None, "the proxy's app was not started"
                     await forward(gw.client, deployment, record, body, send, t0, options, receive)
                 else:
-                    from .litellm_path import complete_with_litellm
-
                     await complete_with_litellm(deployment, record, body, send, t0, options)
                 if record.status_code < 500:
                     gw.balancer.mark_ok(deployment)

@@ -18,6 +18,7 @@ from .balancing import DEFAULT_COOLDOWN_S, Balancer
 from .deployments import ModelRegistry
 from .exporter import DEFAULT_MAX_BUFFER, SpanExporter
 from .forwarding import RequestOptions
+from .litellm_path import import_litellm
 from .metrics import ProxyMetrics
 from .pausing import PauseGate
 from .sampling import SamplingPolicy
@@ -79,8 +80,6 @@ class Gateway:
         await self.exporter.start()
         if self.registry.needs_litellm:
             # Seconds of CPU: pay them at start, in a thread, not on the first call.
-            from .litellm_path import import_litellm
-
             await asyncio.to_thread(import_litellm)
 
     async def close(self) -> None:
