@@ -21,8 +21,7 @@ import warnings
 from typing import Any, Dict, List, Sequence
 
 from .dataset import check_dataset
-from .runner.settings import RunnerSettings
-from .settings import settings_from_config
+from .settings import trainer_settings
 
 WORKER_SETUP_HOOK = "agl_train.entry.worker_process_setup_hook"
 
@@ -58,10 +57,7 @@ def check_inputs(config: Any, train_dataset: Any, val_dataset: Any) -> tuple[Lis
     """
     train = check_dataset("train_dataset", train_dataset)
     val = check_dataset("val_dataset", val_dataset)
-    settings_from_config(config)
-    RunnerSettings.from_config(config)
-    if config.algorithm.get("use_kl_in_reward", False):
-        raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
+    trainer_settings(config)
     return train, val
 
 

@@ -8,11 +8,11 @@ ValueError for settings that cannot run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 from .aggregate import Limits, get_aggregator, limits_for_level
 from .loss import LOSS_MODE
-from .runner.settings import check_async_batch
+from .runner.settings import RunnerSettings, check_async_batch
 
 CONFIG_MODULE = "agl_train"
 CONFIG_NAME = "config"
@@ -75,3 +75,13 @@ def settings_from_config(config: Any) -> TrainSettings:
         async_rollout=bool(asynchronous.get("enabled", False)),
         async_train_batch_size=None if size is None else int(size),
     )
+
+
+def trainer_settings(config: Any) -> Tuple[TrainSettings, RunnerSettings]:
+    """Every agl setting of a trainer config, checked: the data path's, the runners', and no
+    KL penalty in the reward (agl's trainer does not apply it). ValueError names what is wrong."""
+    settings = settings_from_config(config)
+    runner_settings = RunnerSettings.from_config(config)
+    if config["algorithm"].get("use_kl_in_reward", False):
+        raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
+    return settings, runner_settings

@@ -36,8 +36,7 @@ from .runner.dispatch import RolloutDispatcher
 from .runner.factory import make_runner
 from .runner.groups import Collected, Group, GroupTracker
 from .runner.loop_thread import LoopThread
-from .runner.settings import RunnerSettings
-from .settings import TrainSettings, settings_from_config
+from .settings import TrainSettings, trainer_settings
 from .spans import RolloutTrace, read_rollout
 from .step import build_batch, prepare_update
 
@@ -201,10 +200,7 @@ class AglTrainer(RayPPOTrainer):
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         # agl's settings are checked before verl builds anything, so a bad one fails fast.
-        self.agl_settings = settings_from_config(config)
-        self.runner_settings = RunnerSettings.from_config(config)
-        if config.algorithm.get("use_kl_in_reward", False):
-            raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
+        self.agl_settings, self.runner_settings = trainer_settings(config)
         with warnings.catch_warnings():
             # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
             # v0 worker stack (SPEC section 5) and owns the loop, so the warning is noise here.
