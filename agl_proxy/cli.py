@@ -109,9 +109,9 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
     models = ", ".join(proxy.gateway.registry.model_names)
     where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
     auth = "bearer key required" if args.key else "no key"
-    bound = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{proxy.port}"
     advertised = f"; agents use {proxy.url}" if args.advertise_url else ""
-    print(f"agl proxy serve: listening on {bound} (models: {models}; {where}; {auth}{advertised})", flush=True)
+    details = f"models: {models}; {where}; {auth}{advertised}"
+    print(f"agl proxy serve: listening on {proxy.bound_url} ({details})", flush=True)
     try:
         await stop.wait()
     finally:

@@ -38,8 +38,9 @@ class LLMProxy:
 
     `sampling_overrides` replace request fields of every call; `sampling_by_mode` those of
     calls whose rollout has that mode (`{"train": {"temperature": 1.0}, "val": {"temperature": 0}}`).
-    `logprobs=True` asks vLLM for the sampled tokens' logprobs. `port=0` picks a free port (read it back from `port` after `start()`). `store_app` is
-    an ASGI app served on the same port (the embedded store's REST routes).
+    `logprobs=True` asks vLLM for the sampled tokens' logprobs. `port=0` picks a free port
+    (read it back from `port` after `start()`). `store_app` is an ASGI app served on the
+    same port (the embedded store's REST routes).
     """
 
     def __init__(
@@ -81,12 +82,15 @@ class LLMProxy:
         return self.gateway.registry.model_list
 
     @property
-    def url(self) -> str:
-        """The proxy's root URL: `advertise_url` when given (agents on other machines), else `http://host:port`."""
-        if self.advertise_url:
-            return self.advertise_url
+    def bound_url(self) -> str:
+        """`http://host:port` where the proxy listens (127.0.0.1 when it binds every interface)."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The proxy's root URL: `advertise_url` when given (agents on other machines), else `bound_url`."""
+        return self.advertise_url or self.bound_url
 
     @property
     def base_url(self) -> str:
@@ -107,7 +111,8 @@ class LLMProxy:
     async def start(self, *, handle_signals: bool = False) -> None:
         """Serve until `stop()`. Returns once the port accepts connections.
 
-        `handle_signals=True` lets SIGINT / SIGTERM stop the server (the CLI does this).
+        `handle_signals=True` lets uvicorn's own SIGINT / SIGTERM handlers stop the server
+        (the CLI installs its own instead, to stop the store too).
         """
         if self.is_running():
             raise RuntimeError(f"the proxy is already running at {self.url}")
