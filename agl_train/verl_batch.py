@@ -26,15 +26,11 @@ from .tensorize import rows_to_non_tensors, rows_to_tensors
 from .update_cap import cap_updates
 
 
-def to_data_proto(
-    rows: Sequence[Row], limits: Limits, pad_token_id: int, meta_info: Optional[Dict[str, Any]] = None
-) -> DataProto:
+def to_data_proto(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> DataProto:
     """The verl batch of `rows`: the tensors of `tensorize.rows_to_tensors` plus the
     non-tensors `uid`, `rollout_id`, `turn_index`."""
     return DataProto.from_dict(
-        tensors=rows_to_tensors(rows, limits, pad_token_id),
-        non_tensors=rows_to_non_tensors(rows),
-        meta_info=dict(meta_info or {}),
+        tensors=rows_to_tensors(rows, limits, pad_token_id), non_tensors=rows_to_non_tensors(rows), meta_info={}
     )
 
 
