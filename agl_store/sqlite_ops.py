@@ -57,7 +57,7 @@ T = TypeVar("T")
 UNATTRIBUTED_ROLLOUT_ID = ""
 """Spans of calls made without rollout ids: stored without a rollout or attempt row."""
 
-_TERMINAL_SQL = "('succeeded', 'failed', 'cancelled')"
+_TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in sorted(TERMINAL_ROLLOUT_STATUSES)) + ")"
 
 
 @contextlib.contextmanager
@@ -588,7 +588,7 @@ def issue_sequence_ids(txn: Txn, pairs: List[Tuple[str, str]]) -> List[int]:
     return issued
 
 
-_INSERT_SPAN = f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES ({', '.join('?' * 13)})"
+_INSERT_SPAN = f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES ({', '.join('?' * len(SPAN_COLUMNS.split(',')))})"
 
 
 def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
@@ -694,7 +694,8 @@ _UNHEALTHY_SQL = (
 
 def find_unhealthy(conn: sqlite3.Connection, now: float) -> List[Tuple[Rollout, str]]:
     rows = conn.execute(_UNHEALTHY_SQL, {"now": now}).fetchall()
-    return [(rollout_from_row(row[:18]), row[18]) for row in rows]
+    # Each row is a ROLLOUT_SELECT row, then the status the attempt earned.
+    return [(rollout_from_row(row[:-1]), row[-1]) for row in rows]
 
 
 def mark_unhealthy(txn: Txn) -> int:
