@@ -60,6 +60,7 @@ async def _serve_async(args: argparse.Namespace, settings: ViewSettings) -> int:
     try:
         sock.bind((args.host, args.port))
     except OSError as exc:
+        sock.close()
         print(f"agl view: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
     host, port = sock.getsockname()[:2]
