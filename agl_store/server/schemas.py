@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Type
 
 from pydantic import BaseModel, Field
 
+from ..base import UNSET
 from ..errors import InvalidInputError
 from ..models import (
     AttemptStatus,
@@ -165,10 +166,10 @@ def page_of(items: Any, query: Page) -> Dict[str, Any]:
     }
 
 
-def set_or_unset(body: BaseModel, field: str, unset: Any, *, nullable: bool = True) -> Any:
-    """The field's value when the body names it, else `unset`; null only where allowed."""
+def set_or_unset(body: BaseModel, field: str, *, nullable: bool = True) -> Any:
+    """The field's value when the body names it, else UNSET (the store leaves it as is); null only where allowed."""
     if field not in body.model_fields_set:
-        return unset
+        return UNSET
     value = getattr(body, field)
     if value is None and not nullable:
         raise InvalidInputError(f"{field} is invalid; it cannot be a null value.")

@@ -7,7 +7,6 @@ from typing import Any, List
 from starlette.requests import Request
 from starlette.routing import Route
 
-from ...base import UNSET
 from ...models import Attempt
 from ..schemas import AttemptQuery, UpdateAttemptBody, WorkerIdBody, check_page, page_of, set_or_unset
 from ..wire import endpoint, store_of, validate_model, validate_query
@@ -41,10 +40,10 @@ async def update_attempt(request: Request) -> Any:
     return await store_of(request).update_attempt(
         request.path_params["rollout_id"],
         request.path_params["attempt_id"],
-        status=set_or_unset(body, "status", UNSET, nullable=False),
-        worker_id=set_or_unset(body, "worker_id", UNSET, nullable=False),
-        last_heartbeat_time=set_or_unset(body, "last_heartbeat_time", UNSET, nullable=False),
-        metadata=set_or_unset(body, "metadata", UNSET),
+        status=set_or_unset(body, "status", nullable=False),
+        worker_id=set_or_unset(body, "worker_id", nullable=False),
+        last_heartbeat_time=set_or_unset(body, "last_heartbeat_time", nullable=False),
+        metadata=set_or_unset(body, "metadata"),
     )
 
 

@@ -7,7 +7,6 @@ from typing import Any, List
 from starlette.requests import Request
 from starlette.routing import Route
 
-from ...base import UNSET
 from ...models import Rollout
 from ..schemas import (
     DeleteRolloutsBody,
@@ -56,12 +55,12 @@ async def update_rollout(request: Request) -> Any:
     body = validate_model(UpdateRolloutBody, await request.body())
     return await store_of(request).update_rollout(
         request.path_params["rollout_id"],
-        input=set_or_unset(body, "input", UNSET),
-        mode=set_or_unset(body, "mode", UNSET),
-        resources_id=set_or_unset(body, "resources_id", UNSET),
-        status=set_or_unset(body, "status", UNSET, nullable=False),
-        config=set_or_unset(body, "config", UNSET, nullable=False),
-        metadata=set_or_unset(body, "metadata", UNSET),
+        input=set_or_unset(body, "input"),
+        mode=set_or_unset(body, "mode"),
+        resources_id=set_or_unset(body, "resources_id"),
+        status=set_or_unset(body, "status", nullable=False),
+        config=set_or_unset(body, "config", nullable=False),
+        metadata=set_or_unset(body, "metadata"),
     )
 
 

@@ -7,7 +7,6 @@ from typing import Any, List
 from starlette.requests import Request
 from starlette.routing import Route
 
-from ...base import UNSET
 from ...models import Worker
 from ..schemas import UpdateWorkerBody, WorkerQuery, check_page, page_of, set_or_unset
 from ..wire import endpoint, store_of, validate_model, validate_query
@@ -34,7 +33,7 @@ async def update_worker(request: Request) -> Any:
     body = validate_model(UpdateWorkerBody, await request.body(), allow_empty=True)
     return await store_of(request).update_worker(
         request.path_params["worker_id"],
-        heartbeat_stats=set_or_unset(body, "heartbeat_stats", UNSET, nullable=False),
+        heartbeat_stats=set_or_unset(body, "heartbeat_stats", nullable=False),
     )
 
 
