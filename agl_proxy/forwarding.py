@@ -242,16 +242,16 @@ async def _relay_stream(
         if watcher is not None:
             watcher.cancel()
     if record.error is not None:
-        pass
-    elif error is None and assembler.error is not None:
+        pass  # the client went away: that is the call's outcome
+    elif error is not None:
+        record.fail_with(error)
+        await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
+    elif assembler.error is not None:
         message = assembler.error.get("message") if isinstance(assembler.error, dict) else str(assembler.error)
         record.fail(
             "backend_stream_error", f"backend {label} reported an error mid-stream: {message}", record.status_code
         )
-    elif error is None and assembler.garbage is not None:
+    elif assembler.garbage is not None:
         record.fail("backend_garbage", f"backend {label} streamed data that is not JSON: {assembler.garbage!r}", 502)
-    elif error is not None:
-        record.fail_with(error)
-        await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
     record.response = assembler.result()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
