@@ -33,7 +33,9 @@ class JSONBytesResponse(Response):
         return orjson.dumps(content)
 
 
-def _error_response(error: ProxyError) -> Response:
+async def _error_response(request: Request, error: Exception) -> Response:
+    """What the admin routes answer when they raise a ProxyError."""
+    assert isinstance(error, ProxyError)
     return Response(error.body(), status_code=error.status_code, media_type="application/json", headers=error.headers)
 
 
@@ -66,10 +68,7 @@ def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
 
     async def pause(request: Request) -> Response:
         """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight."""
-        try:
-            body = await _json_body(request)
-        except ProxyError as exc:
-            return _error_response(exc)
+        body = await _json_body(request)
         gateway.gate.pause(body.get("reason"))
         drained = None
         if body.get("drain"):
@@ -82,16 +81,13 @@ def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
 
     async def model_list(request: Request) -> Response:
         if request.method == "POST":
+            entries = (await _json_body(request)).get("model_list")
+            if not isinstance(entries, list):
+                raise BadRequestError('the body must be {"model_list": [...]} in LiteLLM\'s format')
             try:
-                body = await _json_body(request)
-                entries = body.get("model_list")
-                if not isinstance(entries, list):
-                    raise BadRequestError('the body must be {"model_list": [...]} in LiteLLM\'s format')
                 gateway.update_model_list(entries)
             except ValueError as exc:
-                return _error_response(BadRequestError(str(exc)))
-            except ProxyError as exc:
-                return _error_response(exc)
+                raise BadRequestError(str(exc)) from exc
         return JSONBytesResponse({"model_list": gateway.registry.redacted()})
 
     async def metrics(request: Request) -> Response:
@@ -140,7 +136,7 @@ def create_app(gateway: Gateway, *, key: Optional[str] = None, store_app: Option
     routes = _call_routes(gateway) + _admin_routes(gateway)
     if store_app is not None:
         routes.append(Mount("/", app=store_app))
-    app: ASGIApp = Starlette(routes=routes, lifespan=lifespan)
+    app: ASGIApp = Starlette(routes=routes, lifespan=lifespan, exception_handlers={ProxyError: _error_response})
     if key:
         # The embedded store's open paths (its health check, the view's page shell) stay open here too.
         store_open_paths = getattr(getattr(store_app, "state", None), "open_paths", frozenset())
