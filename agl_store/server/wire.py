@@ -84,32 +84,33 @@ def describe_validation_error(exc: ValidationError) -> str:
             continue
         location = ".".join(str(p) for p in item["loc"]) or "body"
         parts.append(f"{location}: {item['msg']}")
-    more = len(exc.errors()) - 5
+    more = exc.error_count() - 5
     if more > 0:
         parts.append(f"and {more} more")
     return "; ".join(parts)
 
 
-def validate_json(adapter: TypeAdapter[T], body: bytes) -> T:
-    """Parse and validate a JSON body; problems become InvalidInputError."""
-    data = parse_json(body)
+def _validated(validate: Callable[[Any], T], data: Any) -> T:
+    """`validate(data)`, its problems as an InvalidInputError."""
     try:
-        return adapter.validate_python(data)
+        return validate(data)
     except ValidationError as exc:
         raise InvalidInputError(describe_validation_error(exc)) from None
+
+
+def validate_json(adapter: TypeAdapter[T], body: bytes) -> T:
+    """Parse and validate a JSON body; problems become InvalidInputError."""
+    return _validated(adapter.validate_python, parse_json(body))
 
 
 def validate_model(model: Type[M], body: bytes, *, allow_empty: bool = False) -> M:
     """Like `validate_json` for a model; an empty body is the model's defaults when allowed."""
-    if not body.strip() or body.strip() == b"null":
+    stripped = body.strip()
+    if not stripped or stripped == b"null":
         if allow_empty:
             return model()
         raise InvalidInputError("request body is empty; expected a JSON object")
-    data = parse_json(body)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInputError(describe_validation_error(exc)) from None
+    return _validated(model.model_validate, parse_json(body))
 
 
 def validate_query(model: Type[M], request: Request, list_fields: Sequence[str] = ()) -> M:
@@ -118,10 +119,7 @@ def validate_query(model: Type[M], request: Request, list_fields: Sequence[str] 
     data: dict[str, Any] = {}
     for key in params.keys():
         data[key] = params.getlist(key) if key in list_fields else params[key]
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidInputError(describe_validation_error(exc)) from None
+    return _validated(model.model_validate, data)
 
 
 def endpoint(path: str, handler: Handler, *, methods: Sequence[str], status_code: int = 200) -> Route:
