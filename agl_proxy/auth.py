@@ -4,21 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from starlette.types import ASGIApp, Send
+from starlette.types import ASGIApp
 
 from agl_store.server import auth as store_auth
 
-from .errors import AuthenticationError, ProxyError
+from .errors import AuthenticationError
 
 OPEN_PATHS = frozenset({"/health"})
-
-
-async def send_error(send: Send, error: ProxyError) -> None:
-    """Answer with `error` in OpenAI's error format."""
-    headers = [(b"content-type", b"application/json")]
-    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
-    await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": error.body()})
 
 
 def render_openai_error(message: str) -> bytes:

@@ -15,9 +15,8 @@ from typing import Any, Dict, Optional, Sequence, Set, Tuple
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from .auth import send_error
 from .deployments import Deployment
-from .errors import BadRequestError, NoBackendError, NotFoundError, PausedError, ProxyError
+from .errors import BadRequestError, NoBackendError, NotFoundError, PausedError, ProxyError, send_error
 from .forwarding import RetryableBackendError, forward
 from .gateway import Gateway
 from .litellm_path import complete_with_litellm

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 import orjson
+from starlette.types import Send
 
 
 class ProxyError(Exception):
@@ -82,3 +83,11 @@ class BackendTimeoutError(ProxyError):
     status_code = 504
     type = "api_error"
     code = "backend_timeout"
+
+
+async def send_error(send: Send, error: ProxyError) -> None:
+    """Answer an ASGI request with `error` in OpenAI's error format."""
+    headers = [(b"content-type", b"application/json")]
+    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": error.body()})
