@@ -12,11 +12,11 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import httpx
 import orjson
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 from pydantic_core import to_json
 
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
@@ -44,6 +44,8 @@ from .pages import Page
 from .span_wire import ENCODING_HEADER, PACKED, packed_batch, spans_from_page
 
 logger = logging.getLogger("agl_store.client")
+
+T = TypeVar("T")
 
 AGL_PREFIX = "/v1/agl"
 WAIT_POLL_SECONDS = 300.0
@@ -234,10 +236,9 @@ class LightningStoreClient(LightningStore):
         response = await self._send(method, AGL_PREFIX + path, **kwargs)
         return orjson.loads(response.content)
 
-    async def _page(self, path: str, body: Dict[str, Any], item: Type[BaseModel]) -> Page[Any]:
+    async def _page(self, path: str, body: Dict[str, Any], parse: Callable[[Any], T]) -> Page[T]:
         data = await self._json("POST", path, body=body)
-        items = [item.model_validate(entry) for entry in data["items"]]
-        return Page(items, total=data["total"])
+        return Page([parse(entry) for entry in data["items"]], total=data["total"])
 
     # --- the contract ---------------------------------------------------------------------
 
@@ -383,8 +384,7 @@ class LightningStoreClient(LightningStore):
             body["status_in"] = list(status_in)
         if rollout_id_in is not None:
             body["rollout_id_in"] = list(rollout_id_in)
-        data = await self._json("POST", "/rollouts/search", body=body)
-        return Page([_rollout(item) for item in data["items"]], total=data["total"])
+        return await self._page("/rollouts/search", body, _rollout)
 
     async def query_attempts(
         self,
@@ -396,7 +396,7 @@ class LightningStoreClient(LightningStore):
         offset: int = 0,
     ) -> Sequence[Attempt]:
         body = {"sort_by": sort_by, "sort_order": sort_order, "limit": limit, "offset": offset}
-        return await self._page(f"/rollouts/{rollout_id}/attempts/search", body, Attempt)
+        return await self._page(f"/rollouts/{rollout_id}/attempts/search", body, Attempt.model_validate)
 
     async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
         """Long-polls the server; waits longer than its cap are several polls."""
@@ -573,7 +573,7 @@ class LightningStoreClient(LightningStore):
         }
         if status_in is not None:
             body["status_in"] = list(status_in)
-        return await self._page("/workers/search", body, Worker)
+        return await self._page("/workers/search", body, Worker.model_validate)
 
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
         data = await self._json("GET", f"/workers/{worker_id}")
