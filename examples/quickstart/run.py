@@ -21,8 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import AsyncIterator, Iterator, Optional
 
+from agl_proxy import LLM_CALL_SPAN_NAME
 from agl_store import ProxyLLM, reward_span
 from agl_store.client import LightningStoreClient
+from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE
 
 from .agent import run_agent
 
@@ -78,14 +80,14 @@ async def show(proxy_url: str, model: str) -> None:
 
         for _ in range(100):  # the proxy writes spans in the background
             spans = await store.query_spans(rollout.rollout_id)
-            if any(s.name == "agl.llm_call" for s in spans):
+            if any(s.name == LLM_CALL_SPAN_NAME for s in spans):
                 break
             await asyncio.sleep(0.05)
         print(f"\nspans of rollout {rollout.rollout_id}:")
         for span in spans:
             attrs = span.attributes
-            if span.name == "agl.reward":
-                print(f"  #{span.sequence_id} reward = {attrs['agl.reward.value']}")
+            if span.name == REWARD_SPAN_NAME:
+                print(f"  #{span.sequence_id} reward = {attrs[REWARD_VALUE_ATTRIBUTE]}")
                 continue
             prompt = attrs["agl.prompt_token_ids"] or []
             print(f"  #{span.sequence_id} {span.name} {attrs['gen_ai.request.model']} via {attrs['agl.backend']}"
