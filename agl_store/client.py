@@ -51,7 +51,6 @@ AGL_PREFIX = "/v1/agl"
 WAIT_POLL_SECONDS = 300.0
 """Longest single long poll; matches the server's cap, longer waits poll again."""
 
-_SPANS = TypeAdapter(List[Span])
 _PACKED_SPANS = {ENCODING_HEADER: PACKED}
 _ROLLOUTS = TypeAdapter(List[Rollout])
 _ATTEMPTED = TypeAdapter(List[AttemptedRollout])
