@@ -94,9 +94,8 @@ async def show(proxy_url: str, model: str) -> None:
                   f" ({attrs['agl.latency_s'] * 1000:.0f} ms)")  # fmt: skip
             print(f"      prompt_token_ids   ({len(prompt)}): {prompt[:12]}{' ...' if len(prompt) > 12 else ''}")
             for choice in attrs["agl.choices"]:
-                print(
-                    f"      response token_ids ({len(choice['token_ids'] or [])}): {choice['token_ids']}  finish={choice['finish_reason']}"
-                )
+                count = len(choice["token_ids"] or [])
+                print(f"      response token_ids ({count}): {choice['token_ids']}  finish={choice['finish_reason']}")
     finally:
         await store.close()
 
