@@ -87,7 +87,7 @@ def create_app(
         middleware.append(Middleware(BearerKeyMiddleware, key=key, open_paths=open_paths))
     middleware.append(Middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes))
     app = Starlette(
-        routes=[*all_routes(), *otlp.routes(), *page_routes],
+        routes=[*all_routes(), *otlp.routes(max_body_bytes), *page_routes],
         middleware=middleware,
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error_response},

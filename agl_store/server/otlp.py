@@ -9,7 +9,6 @@ rest are stored in one transaction.
 from __future__ import annotations
 
 import base64
-import gzip
 import zlib
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -26,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, PayloadTooLargeError
 from ..models import Event, Link, OtelResource, Span, SpanContext, TraceStatus
 from .metrics import metrics_of
 from .wire import endpoint, store_of
@@ -180,24 +179,47 @@ def parse_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     return message
 
 
-def _decompress(body: bytes, encoding: str) -> bytes:
-    try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error, EOFError) as exc:
-        raise InvalidInputError(f"body is not valid {encoding}: {exc}") from None
-    if encoding not in ("", "identity"):
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _decompress(body: bytes, encoding: str, max_bytes: int) -> bytes:
+    """The body decoded; over `max_bytes` once decoded is a 413, as a plain body would be.
+
+    The size limit middleware sees only the compressed bytes: a small gzip bomb would
+    otherwise expand without bound.
+    """
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in _WBITS:
         raise InvalidInputError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
-    return body
+    if encoding == "gzip" and not body:
+        return body  # as gzip.decompress had it: zero members
+    parts: List[bytes] = []
+    size = 0
+    rest = body
+    try:
+        while True:  # one round per gzip member (gzip.decompress reads them all too)
+            decoder = zlib.decompressobj(_WBITS[encoding])
+            part = decoder.decompress(rest, max_bytes + 1 - size)
+            size += len(part)
+            if size > max_bytes:
+                raise PayloadTooLargeError(f"request body is over the limit of {max_bytes} bytes once decompressed")
+            if not decoder.eof:
+                raise InvalidInputError(f"body is not valid {encoding}: compressed data ended early")
+            parts.append(part)
+            rest = decoder.unused_data
+            if encoding == "deflate" or not rest:
+                return b"".join(parts)
+    except zlib.error as exc:
+        raise InvalidInputError(f"body is not valid {encoding}: {exc}") from None
 
 
-async def export_traces(request: Request) -> Response:
+async def export_traces(request: Request, max_body_bytes: int) -> Response:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in (PROTOBUF, JSON):
         raise InvalidInputError(f"unsupported Content-Type {content_type!r}; expected {PROTOBUF!r} or {JSON!r}")
-    body = _decompress(await request.body(), request.headers.get("content-encoding", "").strip().lower())
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    body = _decompress(await request.body(), encoding, max_body_bytes)
     spans, rejected = spans_from_request(parse_request(body, content_type))
     stored = await store_of(request).add_many_spans(spans) if spans else []
     metrics_of(request).spans_ingested(len(stored))
@@ -217,9 +239,14 @@ async def not_implemented(request: Request) -> Response:
     return Response(status_code=501)
 
 
-def routes() -> List[Route]:
-    """`/v1/traces`; the other OTLP signals answer 501 as agent-lightning 0.3's do."""
+def routes(max_body_bytes: int) -> List[Route]:
+    """`/v1/traces`, refusing bodies over `max_body_bytes` once decompressed; the other OTLP
+    signals answer 501 as agent-lightning 0.3's do."""
+
+    async def traces(request: Request) -> Response:
+        return await export_traces(request, max_body_bytes)
+
     return [
-        endpoint("/v1/traces", export_traces, methods=["POST"]),
+        endpoint("/v1/traces", traces, methods=["POST"]),
         endpoint("/v1/logs", not_implemented, methods=["POST"]),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import zlib
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -23,7 +24,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
 from agl_store.server.otlp import parse_request, spans_from_request
 
-from .http_server import start_store_server
+from .http_server import StoreServerProcess, start_store_server
 
 TRACE_ID = bytes(range(16))
 
@@ -212,6 +213,33 @@ async def test_bad_trace_requests_get_400_and_store_nothing(
         assert answer.status_code == 400
         assert message in answer.json()["error"]["message"]
         assert (await store.statistics()).total_spans == 0
+
+
+async def test_a_compressed_body_is_held_to_the_size_limit_once_decompressed(tmp_path: Path) -> None:
+    # A few hundred compressed bytes that would expand past the limit: 413, like a plain body.
+    server = StoreServerProcess(tmp_path / "store.db", extra_args=["--max-body-bytes", "100000"])
+    await server.start()
+    try:
+        whole = gzip.compress(b"{}")
+        cases = [
+            ("gzip", gzip.compress(b" " * 100_001), 413, "once decompressed"),
+            ("deflate", zlib.compress(b" " * 100_001), 413, "once decompressed"),
+            ("gzip", whole[: len(whole) // 2], 400, "not valid gzip"),
+            ("gzip", gzip.compress(b"{") + gzip.compress(b"}"), 200, None),  # two members, as gzip allows
+            ("deflate", zlib.compress(b" " * 100_000), 200, None),
+        ]
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            for encoding, body, status, message in cases:
+                answer = await http.post(
+                    "/v1/traces",
+                    content=body,
+                    headers={"content-type": "application/json", "content-encoding": encoding},
+                )
+                assert answer.status_code == status, (encoding, answer.text)
+                if message is not None:
+                    assert message in answer.json()["error"]["message"]
+    finally:
+        await server.stop()
 
 
 async def test_the_opentelemetry_sdk_exporter_writes_into_the_store(tmp_path: Path) -> None:
