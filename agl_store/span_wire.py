@@ -41,7 +41,8 @@ from .tokens import fill_packed, pack_attributes, unpack_attributes
 ENCODING_HEADER = "x-agl-span-encoding"
 PACKED = "packed-v1"
 
-_SPANS = TypeAdapter(List[Span])
+SPAN_LIST = TypeAdapter(List[Span])
+"""Validates a JSON list of spans (pages read here, batches the server takes)."""
 
 
 def _as_bytes(value: bytes | str) -> bytes:
@@ -160,9 +161,9 @@ def spans_from_page(body: bytes, packed: bool) -> Tuple[List[Span], int]:
     with _collector_paused():
         if not packed:
             data = orjson.loads(body)
-            return _SPANS.validate_python(data["items"]), data["total"]
+            return SPAN_LIST.validate_python(data["items"]), data["total"]
         data, blobs = read_frame(body)
-        spans = _SPANS.validate_python(data["items"])
+        spans = SPAN_LIST.validate_python(data["items"])
         for span, blob in zip(spans, blobs, strict=True):
             if blob is not None:
                 fill_packed(span.attributes, blob)

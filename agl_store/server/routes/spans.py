@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence, Tuple
 
-from pydantic import TypeAdapter
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ...models import Span
 from ...errors import InvalidInputError
-from ...span_wire import ENCODING_HEADER, PACKED, page_json, read_frame
+from ...span_wire import ENCODING_HEADER, PACKED, SPAN_LIST, page_json, read_frame
 from ...tokens import check_packed, fill_packed
 from ..metrics import metrics_of
 from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, SpanQuery, check_page, page_of
 from ..wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
-
-SPAN_LIST = TypeAdapter(List[Span])
 
 
 async def add_span(request: Request) -> Any:
