@@ -277,8 +277,7 @@ class SQLiteStore(LightningStore):
         """Mark latest attempts past their timeout `timeout` and silent ones `unresponsive`,
         propagating to their rollouts; returns how many attempts changed. The background
         task calls this every `watchdog_interval` seconds."""
-        candidates = await self._call(ops.find_unhealthy, time.time())
-        if not candidates:  # the common case takes no write lock
+        if not await self._call(ops.any_unhealthy, time.time()):  # the common case takes no write lock
             return 0
         return await self._write(ops.mark_unhealthy)
 

@@ -692,6 +692,11 @@ _UNHEALTHY_SQL = (
 )
 
 
+def any_unhealthy(conn: sqlite3.Connection, now: float) -> bool:
+    """Whether `mark_unhealthy` would change anything: the watchdog's check, decoding no rows."""
+    return bool(conn.execute(f"SELECT EXISTS ({_UNHEALTHY_SQL})", {"now": now}).fetchone()[0])
+
+
 def find_unhealthy(conn: sqlite3.Connection, now: float) -> List[Tuple[Rollout, str]]:
     rows = conn.execute(_UNHEALTHY_SQL, {"now": now}).fetchall()
     # Each row is a ROLLOUT_SELECT row, then the status the attempt earned.
