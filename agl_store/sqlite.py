@@ -283,14 +283,11 @@ class SQLiteStore(LightningStore):
 
     async def statistics(self) -> StoreStatistics:
         stats = await self._call(ops.statistics)
+        page_bytes = stats.pop("page_bytes")
         database_bytes = None
         if not self.in_memory:
-            database_bytes = stats.pop("page_bytes")
             wal = Path(self.path + "-wal")
-            if wal.exists():
-                database_bytes += wal.stat().st_size
-        else:
-            stats.pop("page_bytes")
+            database_bytes = page_bytes + (wal.stat().st_size if wal.exists() else 0)
         return StoreStatistics(
             name=self.name, uptime=time.time() - self._opened_at, database_bytes=database_bytes, **stats
         )
