@@ -102,6 +102,7 @@ async def _serve_async(args: argparse.Namespace) -> int:
     try:
         sock.bind((args.host, args.port))
     except OSError as exc:
+        sock.close()
         await store.close()
         print(f"agl store serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
