@@ -187,6 +187,14 @@ def get_rollout(conn: sqlite3.Connection, rollout_id: str) -> Optional[Rollout]:
     return None if row is None else rollout_from_row(row)
 
 
+def _rollout_columns(conn: sqlite3.Connection, rollout_id: str, columns: str) -> Any:
+    """The named columns of a rollout's row; NotFoundError when there is no such rollout."""
+    row = _fetchone(conn, f"SELECT {columns} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+    if row is None:
+        raise NotFoundError(f"rollout {rollout_id!r} not found")
+    return row
+
+
 def _require_rollout(conn: sqlite3.Connection, rollout_id: str) -> Rollout:
     rollout = get_rollout(conn, rollout_id)
     if rollout is None:
@@ -214,12 +222,10 @@ def rollout_statuses(conn: sqlite3.Connection, rollout_ids: List[str]) -> Dict[s
 
 
 def get_latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Optional[Attempt]:
-    rollout = _fetchone(conn, "SELECT latest_attempt_id FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-    if rollout is None:
-        raise NotFoundError(f"rollout {rollout_id!r} not found")
-    if rollout[0] is None:
+    (latest_id,) = _rollout_columns(conn, rollout_id, "latest_attempt_id")
+    if latest_id is None:
         return None
-    return _get_attempt(conn, rollout_id, rollout[0])
+    return _get_attempt(conn, rollout_id, latest_id)
 
 
 def _get_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Optional[Attempt]:
@@ -360,10 +366,7 @@ def dequeue(txn: Txn, limit: int, worker_id: Optional[str]) -> List[AttemptedRol
 
 
 def start_attempt(txn: Txn, rollout_id: str, worker_id: Optional[str]) -> AttemptedRollout:
-    row = _fetchone(txn.conn, "SELECT status, attempt_count FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-    if row is None:
-        raise NotFoundError(f"rollout {rollout_id!r} not found")
-    status, count = row
+    status, count = _rollout_columns(txn.conn, rollout_id, "status, attempt_count")
     check_rollout_move(rollout_id, status, "preparing")
     attempt = _new_attempt(txn, rollout_id, count + 1, worker_id)
     _insert_attempt(txn, attempt)
@@ -404,10 +407,7 @@ def _move_rollout(txn: Txn, rollout_id: str, old: str, new: str) -> None:
 
 
 def update_rollout(txn: Txn, rollout_id: str, columns: Dict[str, Any], status: Any) -> Rollout:
-    row = _fetchone(txn.conn, "SELECT status FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-    if row is None:
-        raise NotFoundError(f"rollout {rollout_id!r} not found")
-    old = row[0]
+    (old,) = _rollout_columns(txn.conn, rollout_id, "status")
     if old in TERMINAL_ROLLOUT_STATUSES and (set(columns) - {"metadata"} or (status is not UNSET and status != old)):
         raise ConflictError(f"rollout {rollout_id} is {old}: only its metadata may change")
     if status is not UNSET:
@@ -419,12 +419,7 @@ def update_rollout(txn: Txn, rollout_id: str, columns: Dict[str, Any], status: A
 
 
 def update_attempt(txn: Txn, rollout_id: str, attempt_id: str, changes: AttemptChanges) -> Attempt:
-    row = _fetchone(
-        txn.conn, "SELECT status, config, latest_attempt_id FROM rollouts WHERE rollout_id = ?", (rollout_id,)
-    )
-    if row is None:
-        raise NotFoundError(f"rollout {rollout_id!r} not found")
-    rollout_status, config, latest_id = row
+    rollout_status, config, latest_id = _rollout_columns(txn.conn, rollout_id, "status, config, latest_attempt_id")
     if attempt_id == "latest":
         if latest_id is None:
             raise NotFoundError(f"rollout {rollout_id!r} has no attempts")
