@@ -69,7 +69,7 @@ from .sqlite_schema import (
     span_to_row,
     worker_from_row,
 )
-from .tokens import check_packed
+from .tokens import check_packed_batch
 from .transitions import check_attempt_status, check_rollout_status, check_worker_status
 
 __all__ = ["Page", "SQLiteStore", "UNATTRIBUTED_ROLLOUT_ID", "span_from_otel"]
@@ -503,8 +503,7 @@ class SQLiteStore(LightningStore):
         its span before anything is stored. Returns the stored spans as sent (token arrays
         still `null`) with their sequence ids: the HTTP server only reports positions.
         """
-        if len(spans) != len(packed):
-            raise InvalidInputError(f"{len(spans)} spans but {len(packed)} packed_tokens entries")
+        check_packed_batch([span.attributes for span in spans], packed)
         encoded = [_encode_span(span, index, blob) for index, (span, blob) in enumerate(zip(spans, packed))]
         if not encoded:
             return []
@@ -830,11 +829,6 @@ def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> ops.E
         span = _validate(Span, span, f"spans[{index}]")
     if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 1):
         raise InvalidInputError(f"spans[{index}].sequence_id must be >= 1, got {span.sequence_id!r}")
-    if packed is not None:
-        try:
-            check_packed(span.attributes, packed)
-        except ValueError as exc:
-            raise InvalidInputError(f"packed_tokens[{index}] does not fit spans[{index}]: {exc}") from None
     try:
         return ops.EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
     except TypeError as exc:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import sys
 from array import array
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import orjson
+
+from .errors import InvalidInputError
 
 MIN_PACKED_LENGTH = 8
 """Shorter int lists stay JSON: packing would not make them smaller."""
@@ -87,6 +89,20 @@ def fill_packed(value: Dict[str, Any], blob: bytes) -> Dict[str, Any]:
         else:
             parent[path[-1]] = decoded[offset] = ints[offset : offset + count].tolist()
     return value
+
+
+def check_packed_batch(skeletons: Sequence[Dict[str, Any]], blobs: Sequence[Optional[bytes]]) -> None:
+    """Raise InvalidInputError unless there is one blob (or None) per span and each fits its
+    span's attributes (`check_packed`); the message names the first that does not."""
+    if len(skeletons) != len(blobs):
+        raise InvalidInputError(f"{len(skeletons)} spans but {len(blobs)} packed_tokens entries")
+    for index, (skeleton, blob) in enumerate(zip(skeletons, blobs)):
+        if blob is None:
+            continue
+        try:
+            check_packed(skeleton, blob)
+        except ValueError as exc:
+            raise InvalidInputError(f"packed_tokens[{index}] does not fit spans[{index}]: {exc}") from None
 
 
 def check_packed(skeleton: Dict[str, Any], blob: bytes) -> None:
