@@ -11,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, cast
 
 import orjson
 
 from .base import UNSET
 from .errors import ConflictError, NotFoundError
-from .pages import Page
 from .models import (
     QUEUED_ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
@@ -31,6 +30,7 @@ from .models import (
     Worker,
     new_id,
 )
+from .pages import Page
 from .sqlite_schema import (
     ATTEMPT_COLUMNS,
     RESOURCES_COLUMNS,
@@ -572,14 +572,34 @@ def _advance_sequence(conn: sqlite3.Connection, rollout_id: str, floor: int, cou
 
 def issue_sequence_ids(txn: Txn, pairs: List[Tuple[str, str]]) -> List[int]:
     _attempt_states(txn, pairs)
-    counts: Dict[str, int] = {}
-    for rollout_id, _ in pairs:
-        counts[rollout_id] = counts.get(rollout_id, 0) + 1
-    next_ids = {rid: _advance_sequence(txn.conn, rid, 0, n) - n + 1 for rid, n in counts.items()}
-    issued = []
-    for rollout_id, _ in pairs:
-        issued.append(next_ids[rollout_id])
-        next_ids[rollout_id] += 1
+    # Every entry asks for an id, so every entry gets one.
+    return cast(List[int], _issue_sequence_ids(txn.conn, [(rollout_id, None) for rollout_id, _ in pairs]))
+
+
+def _issue_sequence_ids(conn: sqlite3.Connection, wanted: List[Tuple[str, Optional[int]]]) -> List[Optional[int]]:
+    """Per `(rollout_id, sequence_id brought or None)`: the id issued for a None, else None.
+
+    Each rollout's counter is first pushed past the ids the spans bring, then advanced once
+    by the number of ids it issues, which are handed out in order.
+    """
+    floors: Dict[str, int] = {}
+    missing: Dict[str, int] = {}
+    for rid, seq in wanted:
+        if seq is None:
+            missing[rid] = missing.get(rid, 0) + 1
+        else:
+            floors[rid] = max(floors.get(rid, 0), seq)
+    next_ids = {}
+    for rid in floors.keys() | missing.keys():
+        count = missing.get(rid, 0)
+        next_ids[rid] = _advance_sequence(conn, rid, floors.get(rid, 0), count) - count + 1
+    issued: List[Optional[int]] = []
+    for rid, seq in wanted:
+        if seq is None:
+            issued.append(next_ids[rid])
+            next_ids[rid] += 1
+        else:
+            issued.append(None)
     return issued
 
 
@@ -591,30 +611,8 @@ def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
     pairs = [(e.span.rollout_id, e.span.attempt_id) for e in encoded]
     states = _attempt_states(txn, pairs)
 
-    # Sequence ids: push each rollout's counter past the ids spans bring, then issue the rest.
-    floors: Dict[str, int] = {}
-    missing: Dict[str, int] = {}
-    for e in encoded:
-        rid, seq = e.span.rollout_id, e.span.sequence_id
-        if seq is None:
-            missing[rid] = missing.get(rid, 0) + 1
-        else:
-            floors[rid] = max(floors.get(rid, 0), seq)
-    next_ids = {}
-    for rid in floors.keys() | missing.keys():
-        count = missing.get(rid, 0)
-        next_ids[rid] = _advance_sequence(conn, rid, floors.get(rid, 0), count) - count + 1
-    rows = []
-    issued: List[Optional[int]] = []
-    for e in encoded:
-        if e.span.sequence_id is None:
-            seq = next_ids[e.span.rollout_id]
-            next_ids[e.span.rollout_id] = seq + 1
-            rows.append(e.row[:2] + (seq,) + e.row[3:])
-            issued.append(seq)
-        else:
-            rows.append(e.row)
-            issued.append(None)
+    issued = _issue_sequence_ids(conn, [(e.span.rollout_id, e.span.sequence_id) for e in encoded])
+    rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued)]
 
     if len(rows) == 1:
         keep = [conn.execute(_INSERT_SPAN, rows[0]).rowcount == 1]
