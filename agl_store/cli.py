@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import signal
-import socket
 import sys
 from importlib.metadata import entry_points
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from .errors import StoreError
 from .server import DEFAULT_MAX_BODY_BYTES, create_app
+from .serving import serve_app
 
 ENTRY_POINT_GROUP = "agl.commands"
 DEFAULT_PORT = 4747
@@ -84,8 +82,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .urls import open_store
 
     url = db_url(args.db)
@@ -97,63 +93,13 @@ async def _serve_async(args: argparse.Namespace) -> int:
     # Opened here so a bad URL fails before the port is taken; the app's lifespan owns it
     # from then on (its open() is a no-op, its close() runs at shutdown).
     app = create_app(store, key=args.key, max_body_bytes=args.max_body_bytes)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    auth = "bearer key required" if args.key else "no key"
     try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        sock.close()
-        await store.close()
-        print(f"agl store serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
-    host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(
-        app,
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        timeout_graceful_shutdown=5,
-    )
-    server = _server_class()(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, server.request_exit)
-    announce = asyncio.create_task(_announce_when_started(server, f"http://{host}:{port}", url, bool(args.key)))
-    try:
-        await server.serve(sockets=[sock])
+        return await serve_app(
+            app, name="agl store serve", host=args.host, port=args.port, describe=f"store {url}, {auth}"
+        )
     finally:
-        announce.cancel()
         await store.close()  # idempotent; covers a server that never ran its lifespan
-    print("agl store serve: stopped", flush=True)
-    return 0 if server.started else 1
-
-
-def _server_class() -> Any:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, minus its signal handling: uvicorn re-raises the signal after
-        shutting down, which would kill the process before the store is closed."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-        def request_exit(self) -> None:
-            # A second signal while draining skips the graceful wait.
-            if self.should_exit:
-                self.force_exit = True
-            self.should_exit = True
-
-    return Server
-
-
-async def _announce_when_started(server: Any, address: str, url: str, keyed: bool) -> None:
-    while not server.started:
-        await asyncio.sleep(0.01)
-    auth = "bearer key required" if keyed else "no key"
-    print(f"agl store serve: listening on {address} (store {url}, {auth})", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
-import socket
 import sys
-from typing import Any, Iterator
+from typing import Any
+
+from agl_store.serving import serve_app
 
 from ..aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
 from .routes import ViewSettings
@@ -50,49 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(args: argparse.Namespace, settings: ViewSettings) -> int:
-    import uvicorn
-
     from .app import create_view_app
 
     app = create_view_app(args.store, key=args.key, settings=settings)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        sock.close()
-        print(f"agl view: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
-    host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", timeout_graceful_shutdown=5)
-    server = _quiet_server_class()(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-    announce = asyncio.create_task(_announce_when_started(server, f"http://{host}:{port}", args.store))
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        announce.cancel()
-    print("agl view: stopped", flush=True)
-    return 0 if server.started else 1
-
-
-def _quiet_server_class() -> Any:
-    import uvicorn
-
-    class QuietServer(uvicorn.Server):
-        """uvicorn's server without its signal capture: uvicorn re-raises the signal after
-        shutting down, so the command would end killed instead of with its exit code."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return QuietServer
-
-
-async def _announce_when_started(server: Any, address: str, store_url: str) -> None:
-    while not server.started:
-        await asyncio.sleep(0.01)
-    print(f"agl view: listening on {address} (store {store_url})", flush=True)
+    return await serve_app(app, name="agl view", host=args.host, port=args.port, describe=f"store {args.store}")
