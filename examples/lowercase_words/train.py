@@ -55,7 +55,7 @@ def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",  # no flash-attn on a CPU
         "actor_rollout_ref.actor.strategy=fsdp",
         "actor_rollout_ref.actor.use_torch_compile=false",
-        "actor_rollout_ref.actor.optim.lr=0.01",
+        "actor_rollout_ref.actor.optim.lr=0.05",
         "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -65,6 +65,7 @@ def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.temperature=1.0",
         "algorithm.adv_estimator=grpo",
+        "critic.enable=false",
         "data.train_batch_size=4",
         f"data.seed={seed}",
         "data.dataloader_num_workers=0",
@@ -181,7 +182,7 @@ def format_step(m: Dict[str, float]) -> str:
     update_s = m.get("timing_s/old_log_prob", 0.0) + m.get("timing_s/update_actor", 0.0)
     tokens_per_s = m.get("training/n_tokens", 0.0) / max(m.get("timing_s/step", 0.0), 1e-9)
     return (
-        f"{int(m['step']):>4}  {m.get('rollout/reward_mean', math.nan):6.3f}  {m.get("actor/pg_loss", math.nan):+.2e}"
+        f"{int(m['step']):>4}  {m.get('rollout/reward_mean', math.nan):6.3f}  {m.get('actor/pg_loss', math.nan):+.2e}"
         f"  {int(m.get('training/n_update_rows', 0)):>6}  {tokens_per_s:8.0f}  {m.get('timing_s/gen', math.nan):9.2f}"
         f"  {update_s:8.2f}  {m.get('timing_s/update_weights', math.nan):6.2f}"
     )
@@ -197,12 +198,29 @@ def train(
 
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)
-    os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_path)  # where verl's file logger writes
-    with running_proxy(out) as proxy_url, StepPrinter(metrics_path, print_lines) as printer:
+    for stale in (metrics_path, out / "agl.db", out / "agl.db-wal", out / "agl.db-shm"):
+        stale.unlink(missing_ok=True)
+    with (
+        _environment("VERL_FILE_LOGGER_PATH", str(metrics_path)),  # where verl's file logger writes
+        running_proxy(out) as proxy_url,
+        StepPrinter(metrics_path, print_lines) as printer,
+    ):
         config = compose_config(overrides(model_path, proxy_url, steps, out, seed))
         trainer = run_ppo_on_cpu(config, tasks(4 * steps), tasks(4, offset=1), [vllm_address], out / "weights")
     return Run(history=printer.history, db_path=out / "agl.db", trainer=trainer)
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 def rewards_by_version(db_path: Path) -> Dict[int, List[float]]:
