@@ -55,6 +55,7 @@ def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",  # no flash-attn on a CPU
         "actor_rollout_ref.actor.strategy=fsdp",
         "actor_rollout_ref.actor.use_torch_compile=false",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",  # compiling costs more than it saves here
         "actor_rollout_ref.actor.optim.lr=0.05",
         "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.use_kl_loss=false",
