@@ -188,9 +188,12 @@ def use_cpu() -> None:
     one-process gloo group (what `torchrun` would set up, on a free local port)."""
     if platform_manager.get_platform().device_name != "cpu":
         platform_manager.set_platform(CpuPlatform())
-    engines = EngineRegistry._engines.setdefault("language_model", {})
-    for backend in ("fsdp", "fsdp2"):
-        engines.setdefault(backend, {})["cpu"] = CpuEngine
+    try:
+        registered = EngineRegistry.get_engine_cls("language_model", "fsdp")
+    except ValueError:  # nothing registered for the cpu device yet
+        registered = None
+    if registered is not CpuEngine:
+        EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(CpuEngine)
     if not torch.distributed.is_initialized():
         port = _free_port()
         # verl's Worker reads the torchrun variables; a one-process group needs them to say rank 0 of 1.
@@ -332,7 +335,6 @@ def init_cpu_workers(trainer: Any, server_addresses: Sequence[str], weights_dir:
         trainer.ref_policy_wg = LocalWorkerGroup(trainer.config.actor_rollout_ref, role="ref")
     trainer.llm_server_manager = ExternalReplicas(server_addresses)
     trainer.checkpoint_manager = DiskWeightSync(actor, trainer.llm_server_manager, weights_dir)
-    trainer.async_rollout_mode = True
 
 
 def run_ppo_on_cpu(

@@ -79,8 +79,8 @@ def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int
         "trainer.total_epochs=1",
         f"trainer.total_training_steps={steps}",
         "trainer.logger=[file]",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
+        "trainer.val_before_train=true",
+        f"trainer.test_freq={steps}",  # validate before the first step and after the last
         "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
         f"trainer.default_local_dir={out / 'checkpoints'}",
@@ -126,9 +126,10 @@ def _wait_for_listening(process: subprocess.Popen[bytes], log_path: Path) -> str
 
 @dataclass
 class Run:
-    """What a training run leaves: per-step metrics, the store file, the trainer."""
+    """What a training run leaves: per-step metrics, validations outside a step, the store file, the trainer."""
 
     history: List[Dict[str, float]]
+    validations: List[Dict[str, float]]
     db_path: Path
     trainer: Any
 
@@ -142,6 +143,7 @@ class StepPrinter:
         self.path = path
         self.print_lines = print_lines
         self.history: List[Dict[str, float]] = []
+        self.validations: List[Dict[str, float]] = []  # the metrics of validations outside a step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="step-printer", daemon=True)
 
@@ -173,19 +175,26 @@ class StepPrinter:
 
     def _step(self, record: Dict[str, Any]) -> None:
         metrics = {"step": float(record["step"]), **record["data"]}
-        self.history.append(metrics)
+        if "training/global_step" in metrics:
+            self.history.append(metrics)
+        else:
+            self.validations.append(metrics)
         if self.print_lines:
             print(format_step(metrics), flush=True)
 
 
 def format_step(m: Dict[str, float]) -> str:
-    """One step as a line: reward, actor/pg_loss, rows, tokens/s, seconds in rollout / update / sync."""
+    """One step as a line: reward, actor/pg_loss, rows, tokens/s, seconds in rollout / update / sync
+    (and the validation reward when the step validated); a validation before training as its own line."""
+    validation = f"  val reward {m['val/reward_mean']:.3f}" if "val/reward_mean" in m else ""
+    if "training/global_step" not in m:
+        return f"{int(m['step']):>4}{validation.rstrip()}"
     update_s = m.get("timing_s/old_log_prob", 0.0) + m.get("timing_s/update_actor", 0.0)
     tokens_per_s = m.get("training/n_tokens", 0.0) / max(m.get("timing_s/step", 0.0), 1e-9)
     return (
         f"{int(m['step']):>4}  {m.get('rollout/reward_mean', math.nan):6.3f}  {m.get('actor/pg_loss', math.nan):+.2e}"
         f"  {int(m.get('training/n_update_rows', 0)):>6}  {tokens_per_s:8.0f}  {m.get('timing_s/gen', math.nan):9.2f}"
-        f"  {update_s:8.2f}  {m.get('timing_s/update_weights', math.nan):6.2f}"
+        f"  {update_s:8.2f}  {m.get('timing_s/update_weights', math.nan):6.2f}{validation}"
     )
 
 
@@ -208,7 +217,7 @@ def train(
     ):
         config = compose_config(overrides(model_path, proxy_url, steps, out, seed))
         trainer = run_ppo_on_cpu(config, tasks(4 * steps), tasks(4, offset=1), [vllm_address], out / "weights")
-    return Run(history=printer.history, db_path=out / "agl.db", trainer=trainer)
+    return Run(history=printer.history, validations=printer.validations, db_path=out / "agl.db", trainer=trainer)
 
 
 @contextlib.contextmanager

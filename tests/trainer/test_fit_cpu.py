@@ -43,6 +43,10 @@ def test_fit_runs_every_step_through_verls_actor_update(run: Run) -> None:
         assert metrics["actor/grad_norm"] > 0 and "actor/pg_loss" in metrics and "actor/entropy_loss" in metrics
         assert metrics["rollout/proxy_drained"] == 1.0
         assert metrics["timing_s/update_weights"] > 0
+    # Validation (one rollout per validation task) before the first step and with the last one.
+    assert [int(m["step"]) for m in run.validations] == [0]
+    for validation in (run.validations[0], run.history[-1]):
+        assert (validation["val/n_done"], validation["val/n_failed"]) == (4, 0) and "val/reward_mean" in validation
 
 
 def test_each_steps_rollouts_ran_on_the_weights_the_actor_had_at_that_step(run: Run) -> None:
