@@ -23,9 +23,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]
 
-STEPS = 7
+STEPS = 10
 ROLLOUTS_PER_STEP = 16  # data.train_batch_size 4 × rollout.n 4
-WINDOW = 2  # steps at each end compared by the learning test
+WINDOW = 3  # steps at each end compared by the learning test
 LOGPROB_TOLERANCE = 1e-3
 
 
