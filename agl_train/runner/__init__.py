@@ -7,9 +7,9 @@ The names below are loaded on first use: every rollout process runs
 
 from __future__ import annotations
 
-import importlib
 from types import MappingProxyType
-from typing import Any
+
+from .._lazy import lazy_exports
 
 _EXPORTS = MappingProxyType(
     {
@@ -25,12 +25,4 @@ _EXPORTS = MappingProxyType(
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agl_train.runner' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

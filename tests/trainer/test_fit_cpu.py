@@ -6,7 +6,9 @@ this process (`agl_train.cpu_workers`). One run serves every test of the module.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict, List
 
@@ -109,3 +111,29 @@ def test_the_model_learns_the_task(run: Run) -> None:
         f"gain {result['gain']:+.3f}, noise band {result['band']:.3f}"
     )
     assert result["gain"] > result["band"], result
+
+
+class _NotFound(BaseHTTPRequestHandler):
+    """What a vLLM started without VLLM_SERVER_DEV_MODE answers on its dev routes."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        self.send_error(404, "Not Found")
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+def test_a_vllm_without_dev_mode_is_refused_with_what_to_set(run: Run, tmp_path: Path) -> None:
+    from agl_train.cpu_workers import DiskWeightSync, ExternalReplicas
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        sync = DiskWeightSync(run.trainer.actor_rollout_wg, ExternalReplicas([f"127.0.0.1:{server.server_port}"]), tmp_path)
+        with pytest.raises(RuntimeError, match="no reload_weights endpoint: start vLLM with VLLM_SERVER_DEV_MODE=1"):
+            sync.update_weights(STEPS + 1)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
