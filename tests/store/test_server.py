@@ -3,9 +3,6 @@ auth and metrics. One `agl store serve` subprocess serves the whole module."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from pathlib import Path
 from typing import Any, AsyncIterator, Dict
 
 import httpx
@@ -14,7 +11,7 @@ import pytest
 from agl_store.client import LightningStoreClient
 from agl_store.models import Span
 
-from .http_server import REPO_ROOT, StoreServerProcess, start_store_server
+from .http_server import StoreServerProcess
 
 KEY = "test-key"
 MAX_BODY_BYTES = 1_000_000
@@ -414,90 +411,6 @@ async def test_metrics_count_requests_per_route_template_spans_and_rollouts(
     assert 'agl_store_rollouts{status="running"}' in text
     size = next(line for line in text.splitlines() if line.startswith("agl_store_database_bytes "))
     assert float(size.split()[1]) > 0
-
-
-# --- agent-lightning 0.3's own client against our server ------------------------------------
-
-PEER_PYTHON = REPO_ROOT / ".cache" / "peers" / "agentlightning-0.3" / "bin" / "python"
-"""The benchmark's agent-lightning 0.3 venv (benchmarks/_peers.py makes it on first use)."""
-
-AGENT_LIGHTNING_SCRIPT = r"""
-import asyncio, json, sys, os
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-from agentlightning.store.client_server import LightningStoreClient
-from agentlightning.types import Span, LLM, EnqueueRolloutRequest, TraceStatus, OtelResource
-
-async def main(url):
-    store = LightningStoreClient(url, retry_delays=(), health_retry_delays=())
-    out = {}
-    try:
-        r = await store.enqueue_rollout(input={"q": "2+2"}, mode="train")
-        many = await store.enqueue_many_rollouts([EnqueueRolloutRequest(input=1), EnqueueRolloutRequest(input=2)])
-        out["enqueued"] = [r.status] + [m.status for m in many]
-        claimed = await store.dequeue_rollout(worker_id="w1")
-        out["dequeued"] = claimed.rollout_id == r.rollout_id
-        rid, aid = claimed.rollout_id, claimed.attempt.attempt_id
-        seq = await store.get_next_span_sequence_id(rid, aid)
-        span = Span(rollout_id=rid, attempt_id=aid, sequence_id=seq, trace_id="0af7651916cd43dd8448eb211c80319c",
-                    span_id="b7ad6b7169203331", parent_id=None, name="openai.chat", status=TraceStatus(status_code="OK"),
-                    attributes={"gen_ai.request.model": "m"}, events=[], links=[], start_time=1.0, end_time=2.0,
-                    context=None, parent=None, resource=OtelResource(attributes={}, schema_url=""))
-        added = await store.add_span(span)
-        out["span_seq"] = [seq, added.sequence_id]
-        spans = await store.query_spans(rid)
-        out["spans"] = [s.name for s in spans]
-        att = await store.update_attempt(rid, aid, status="succeeded")
-        out["attempt"] = att.status
-        done = await store.wait_for_rollouts(rollout_ids=[rid], timeout=0.05)
-        out["waited"] = [x.status for x in done]
-        res = await store.add_resources({"main_llm": LLM(endpoint="http://llm/v1", model="m")})
-        latest = await store.get_latest_resources()
-        out["resources"] = latest.resources_id == res.resources_id
-        w = await store.update_worker("w1", heartbeat_stats={"load": 1})
-        out["worker"] = w.worker_id
-        out["workers"] = len(await store.query_workers())
-        out["rollouts"] = len(await store.query_rollouts())
-        out["attempts"] = len(await store.query_attempts(rid))
-        out["latest_attempt"] = (await store.get_latest_attempt(rid)).status
-        out["missing"] = await store.get_rollout_by_id("ro-missing")
-        out["stats"] = sorted((await store.statistics()).keys())[:3]
-    finally:
-        await store.close()
-    print(json.dumps(out))
-
-asyncio.run(main(sys.argv[1]))
-"""
-
-
-@pytest.mark.skipif(not PEER_PYTHON.exists(), reason="no agent-lightning 0.3 venv; run benchmarks/store_bench.py once")
-async def test_agent_lightning_03_client_works_against_our_server(tmp_path: Path) -> None:
-    async with start_store_server(tmp_path / "store.db") as store:
-        peer = await asyncio.create_subprocess_exec(
-            str(PEER_PYTHON),
-            "-c",
-            AGENT_LIGHTNING_SCRIPT,
-            store.url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await peer.communicate()
-    assert peer.returncode == 0, err.decode()[-3000:]
-    assert json.loads(out.decode().strip().splitlines()[-1]) == {
-        "enqueued": ["queuing", "queuing", "queuing"],
-        "dequeued": True,
-        "span_seq": [1, 1],
-        "spans": ["openai.chat"],
-        "attempt": "succeeded",
-        "waited": ["succeeded"],
-        "resources": True,
-        "worker": "w1",
-        "workers": 1,
-        "rollouts": 3,
-        "attempts": 1,
-        "latest_attempt": "succeeded",
-        "missing": None,
-        "stats": ["database_bytes", "name", "rollouts_by_status"],
-    }
 
 
 def test_a_broken_pages_plugin_is_skipped_not_fatal(
