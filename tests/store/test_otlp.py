@@ -104,10 +104,17 @@ def test_ids_come_from_resource_attributes_and_span_attributes_override_them() -
 def test_agent_lightning_attribute_names_are_read() -> None:
     request = export_request(
         {"agentlightning.rollout_id": "ro-al"},
-        [proto_span(1, **{"agentlightning.attempt_id": "at-al", "agentlightning.span_sequence_id": "5"})],
+        [
+            proto_span(n, **{"agentlightning.attempt_id": "at-al", "agentlightning.span_sequence_id": sequence})
+            for n, sequence in ((1, "5"), (2, "0"), (3, "-1"))
+        ],
     )
-    (span,), _ = spans_from_request(request)
-    assert (span.rollout_id, span.attempt_id, span.sequence_id) == ("ro-al", "at-al", 5)
+    spans, _ = spans_from_request(request)
+    assert [(s.rollout_id, s.attempt_id, s.sequence_id) for s in spans] == [
+        ("ro-al", "at-al", 5),
+        ("ro-al", "at-al", 0),  # kept, as agent-lightning 0.3 keeps it
+        ("ro-al", "at-al", None),  # negative: the store issues one
+    ]
 
 
 def test_attribute_values_become_native_json() -> None:
