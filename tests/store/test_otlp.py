@@ -165,7 +165,7 @@ async def test_traces_endpoint_stores_protobuf_and_json_spans(tmp_path: Path) ->
         attempted = await store.start_rollout(input={"q": 1})
         ids = {"agl.rollout_id": attempted.rollout_id, "agl.attempt_id": attempted.attempt.attempt_id}
         proto_body = export_request(ids, [proto_span(1), proto_span(2, **{"agl.prompt_token_ids": [7, 8, 9]})])
-        json_body = export_request(ids, [proto_span(3, name="tool")])
+        json_body = export_request({**ids, "agl.attempt_id": "latest"}, [proto_span(3, name="tool")])
         async with httpx.AsyncClient(base_url=store.url) as http:
             answer = await http.post(
                 "/v1/traces",
@@ -183,6 +183,7 @@ async def test_traces_endpoint_stores_protobuf_and_json_spans(tmp_path: Path) ->
             assert answer.status_code == 200, answer.text
         spans = await store.query_spans(attempted.rollout_id)
         assert [s.name for s in spans] == ["agl.llm_call", "agl.llm_call", "tool"]
+        assert {s.attempt_id for s in spans} == {attempted.attempt.attempt_id}  # "latest" is stored as the attempt
         assert [s.sequence_id for s in spans] == sorted({s.sequence_id for s in spans})
         assert spans[1].attributes["agl.prompt_token_ids"] == [7, 8, 9]
 
