@@ -40,6 +40,8 @@ ACTIVE_ROLLOUT_STATUSES: frozenset[str] = frozenset({"preparing", "running"})
 TERMINAL_ATTEMPT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "unresponsive", "timeout"})
 
 TaskInput = Any
+LATEST_ATTEMPT = "latest"
+"""The attempt id that names a rollout's latest attempt, wherever the store takes an attempt id."""
 
 
 def new_id(prefix: str) -> str:

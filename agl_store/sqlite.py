@@ -30,7 +30,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import sqlite_ops as ops
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
-from .errors import InvalidInputError, StoreClosedError, StoreError
+from .errors import InvalidInputError, StoreClosedError, StoreError, invalid_sort_by
 from .models import (
     ROLLOUT_MODES,
     TERMINAL_ROLLOUT_STATUSES,
@@ -380,12 +380,16 @@ class SQLiteStore(LightningStore):
         status: AttemptStatus = UNSET,
         worker_id: str = UNSET,
         last_heartbeat_time: float = UNSET,
-        metadata: Optional[Dict[str, Any]] = UNSET,
+        metadata: Dict[str, Any] = UNSET,
     ) -> Attempt:
         if status is not UNSET:
             check_attempt_status(status)
         if last_heartbeat_time is not UNSET and not isinstance(last_heartbeat_time, (int, float)):
             raise InvalidInputError(f"last_heartbeat_time must be a number, got {last_heartbeat_time!r}")
+        # An attempt's worker and metadata are replaced, never cleared (agent-lightning 0.3's server says so too).
+        for field, value in (("worker_id", worker_id), ("metadata", metadata)):
+            if value is None:
+                raise InvalidInputError(f"{field} is invalid; it cannot be a null value.")
         if metadata is not UNSET:
             _check_metadata(metadata)
         changes = ops.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
@@ -470,10 +474,11 @@ class SQLiteStore(LightningStore):
             # Take the event before reading, so a finish between the read and the wait
             # still wakes us.
             event = self._finished_event
+            # Unknown (or since deleted) ids are not waited for, as in agent-lightning 0.3.
             statuses = await self._call(ops.rollout_statuses, ids)
-            finished = [rid for rid in ids if statuses[rid] in TERMINAL_ROLLOUT_STATUSES]
+            finished = [rid for rid in ids if statuses.get(rid) in TERMINAL_ROLLOUT_STATUSES]
             remaining = None if deadline is None else deadline - loop.time()
-            if len(finished) == len(ids) or (remaining is not None and remaining <= 0):
+            if len(finished) == len(statuses) or (remaining is not None and remaining <= 0):
                 rollouts = await self._call(ops.get_rollouts, finished)
                 # A finished rollout stays finished, but it may have been deleted meanwhile.
                 return [rollouts[rid] for rid in finished if rid in rollouts]
@@ -770,7 +775,7 @@ def _order_by(
     if sort_by is None:
         return f" ORDER BY {default} {direction}"
     if sort_by not in allowed:
-        raise InvalidInputError(f"sort_by: cannot sort by {sort_by!r}; expected one of {sorted(allowed)}")
+        raise invalid_sort_by(sort_by, sorted(allowed))
     prefix = f"{table}." if table else ""
     # The default order breaks ties, so pages are stable.
     return f" ORDER BY {prefix}{sort_by} {direction}, {default} {direction}"
@@ -827,8 +832,9 @@ def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any
 def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> ops.EncodedSpan:
     if not isinstance(span, Span):
         span = _validate(Span, span, f"spans[{index}]")
-    if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 1):
-        raise InvalidInputError(f"spans[{index}].sequence_id must be >= 1, got {span.sequence_id!r}")
+    # 0 is agent-lightning 0.3's "no particular order" (its `Span.from_attributes` default).
+    if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 0):
+        raise InvalidInputError(f"spans[{index}].sequence_id must be >= 0, got {span.sequence_id!r}")
     try:
         return ops.EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
     except TypeError as exc:

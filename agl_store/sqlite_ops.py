@@ -18,6 +18,7 @@ import orjson
 from .base import UNSET
 from .errors import ConflictError, NotFoundError
 from .models import (
+    LATEST_ATTEMPT,
     QUEUED_ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -47,7 +48,6 @@ from .sqlite_schema import (
 from .transitions import (
     ATTEMPT_END_STATUSES,
     check_attempt_move,
-    check_rollout_move,
     rollout_status_from_attempt,
     worker_status_for_attempt,
 )
@@ -210,15 +210,12 @@ def get_rollouts(conn: sqlite3.Connection, rollout_ids: List[str]) -> Dict[str, 
 
 
 def rollout_statuses(conn: sqlite3.Connection, rollout_ids: List[str]) -> Dict[str, str]:
+    """The status of each listed rollout the store knows; unknown ids are left out."""
     rows = conn.execute(
         "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
         (orjson.dumps(rollout_ids),),
     ).fetchall()
-    statuses = dict(rows)
-    missing = [rid for rid in rollout_ids if rid not in statuses]
-    if missing:
-        raise NotFoundError(f"rollouts not found: {missing[:10]}")
-    return statuses
+    return dict(rows)
 
 
 def get_latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Optional[Attempt]:
@@ -226,6 +223,15 @@ def get_latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Optional[At
     if latest_id is None:
         return None
     return _get_attempt(conn, rollout_id, latest_id)
+
+
+def _resolve_attempt_id(rollout_id: str, attempt_id: str, latest_id: Optional[str]) -> str:
+    """`attempt_id`, or the rollout's latest attempt for `"latest"` (NotFoundError if it has none)."""
+    if attempt_id != LATEST_ATTEMPT:
+        return attempt_id
+    if latest_id is None:
+        raise NotFoundError(f"rollout {rollout_id!r} has no attempts")
+    return latest_id
 
 
 def _get_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Optional[Attempt]:
@@ -332,8 +338,11 @@ def start_rollout(txn: Txn, new: NewRollout, worker_id: Optional[str]) -> Attemp
 
 def enqueue_rollouts(txn: Txn, news: List[NewRollout]) -> List[Rollout]:
     last = _next_counter(txn.conn, "queue", len(news))
+    latest_resources_id = _latest_resources_id(txn.conn)
     out = []
     for position, new in enumerate(news, start=last - len(news) + 1):
+        if new.rollout.resources_id is None:
+            new.rollout.resources_id = latest_resources_id
         _insert_rollout(txn, new, "queuing", position, None)
         out.append(new.rollout)
     return out
@@ -366,8 +375,9 @@ def dequeue(txn: Txn, limit: int, worker_id: Optional[str]) -> List[AttemptedRol
 
 
 def start_attempt(txn: Txn, rollout_id: str, worker_id: Optional[str]) -> AttemptedRollout:
+    """A new attempt of any rollout, finished ones included (a manual retry): it is the
+    latest, so the rollout is `preparing` and follows it from now on."""
     status, count = _rollout_columns(txn.conn, rollout_id, "status, attempt_count")
-    check_rollout_move(rollout_id, status, "preparing")
     attempt = _new_attempt(txn, rollout_id, count + 1, worker_id)
     _insert_attempt(txn, attempt)
     txn.conn.execute(
@@ -383,9 +393,9 @@ def start_attempt(txn: Txn, rollout_id: str, worker_id: Optional[str]) -> Attemp
 
 
 def _move_rollout(txn: Txn, rollout_id: str, old: str, new: str) -> None:
-    """The one place a rollout's status changes: checks the move, keeps the queue and
-    `end_time` in step, and records finishes for the waiters."""
-    check_rollout_move(rollout_id, old, new)
+    """The one place a rollout's status changes: keeps the queue and `end_time` in step
+    (a rollout that runs again is unfinished: no end time), and records finishes for the
+    waiters."""
     if old == new:
         return
     conn = txn.conn
@@ -397,19 +407,19 @@ def _move_rollout(txn: Txn, rollout_id: str, old: str, new: str) -> None:
         txn.finished.append(rollout_id)
     elif new in QUEUED_ROLLOUT_STATUSES and old not in QUEUED_ROLLOUT_STATUSES:
         conn.execute(
-            "UPDATE rollouts SET status = ?, queue_seq = ? WHERE rollout_id = ?",
+            "UPDATE rollouts SET status = ?, queue_seq = ?, end_time = NULL WHERE rollout_id = ?",
             (new, _next_counter(conn, "queue"), rollout_id),
         )
     elif new in QUEUED_ROLLOUT_STATUSES:
         conn.execute("UPDATE rollouts SET status = ? WHERE rollout_id = ?", (new, rollout_id))
     else:
-        conn.execute("UPDATE rollouts SET status = ?, queue_seq = NULL WHERE rollout_id = ?", (new, rollout_id))
+        conn.execute(
+            "UPDATE rollouts SET status = ?, queue_seq = NULL, end_time = NULL WHERE rollout_id = ?", (new, rollout_id)
+        )
 
 
 def update_rollout(txn: Txn, rollout_id: str, columns: Dict[str, Any], status: Any) -> Rollout:
     (old,) = _rollout_columns(txn.conn, rollout_id, "status")
-    if old in TERMINAL_ROLLOUT_STATUSES and (set(columns) - {"metadata"} or (status is not UNSET and status != old)):
-        raise ConflictError(f"rollout {rollout_id} is {old}: only its metadata may change")
     if status is not UNSET:
         _move_rollout(txn, rollout_id, old, status)
     if columns:
@@ -420,10 +430,7 @@ def update_rollout(txn: Txn, rollout_id: str, columns: Dict[str, Any], status: A
 
 def update_attempt(txn: Txn, rollout_id: str, attempt_id: str, changes: AttemptChanges) -> Attempt:
     rollout_status, config, latest_id = _rollout_columns(txn.conn, rollout_id, "status, config, latest_attempt_id")
-    if attempt_id == "latest":
-        if latest_id is None:
-            raise NotFoundError(f"rollout {rollout_id!r} has no attempts")
-        attempt_id = latest_id
+    attempt_id = _resolve_attempt_id(rollout_id, attempt_id, latest_id)
     attempt = _get_attempt(txn.conn, rollout_id, attempt_id)
     if attempt is None:
         raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
@@ -571,7 +578,11 @@ def _advance_sequence(conn: sqlite3.Connection, rollout_id: str, floor: int, cou
 
 
 def issue_sequence_ids(txn: Txn, pairs: List[Tuple[str, str]]) -> List[int]:
-    _attempt_states(txn, pairs)
+    # The rollout must exist; its attempt is not checked, as in agent-lightning 0.3: the
+    # numbers are per rollout, and callers ask with "latest" or before the attempt is known.
+    for rollout_id in dict.fromkeys(rollout_id for rollout_id, _ in pairs):
+        if rollout_id != UNATTRIBUTED_ROLLOUT_ID:
+            _rollout_columns(txn.conn, rollout_id, "1")
     # Every entry asks for an id, so every entry gets one.
     return cast(List[int], _issue_sequence_ids(txn.conn, [(rollout_id, None) for rollout_id, _ in pairs]))
 
@@ -608,6 +619,7 @@ _INSERT_SPAN = f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES ({', '.join
 
 def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
     conn = txn.conn
+    _resolve_latest_attempts(conn, encoded)
     pairs = [(e.span.rollout_id, e.span.attempt_id) for e in encoded]
     states = _attempt_states(txn, pairs)
 
@@ -630,6 +642,17 @@ def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
         if pair in states:
             _on_heartbeat(txn, pair, states[pair])
     return stored
+
+
+def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: List[EncodedSpan]) -> None:
+    """Spans sent with attempt id "latest" belong to their rollout's latest attempt: stored
+    (and returned) under its id."""
+    for e in encoded:
+        if e.span.attempt_id == LATEST_ATTEMPT and e.span.rollout_id != UNATTRIBUTED_ROLLOUT_ID:
+            (latest_id,) = _rollout_columns(conn, e.span.rollout_id, "latest_attempt_id")
+            attempt_id = _resolve_attempt_id(e.span.rollout_id, LATEST_ATTEMPT, latest_id)
+            e.span = e.span.model_copy(update={"attempt_id": attempt_id})
+            e.row = e.row[:1] + (attempt_id,) + e.row[2:]
 
 
 def _insert_many(conn: sqlite3.Connection, rows: List[tuple]) -> List[bool]:
