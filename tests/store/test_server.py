@@ -17,6 +17,7 @@ from agl_store.models import Span
 from .http_server import REPO_ROOT, StoreServerProcess, start_store_server
 
 KEY = "test-key"
+JSON = {"content-type": "application/json"}
 MAX_BODY_BYTES = 1_000_000
 
 
@@ -206,7 +207,14 @@ async def unchanged_after(
 @pytest.mark.parametrize(
     ("method", "path", "request_args", "status", "code", "message"),
     [
-        ("POST", "/spans", {"content": b'{"rollout_id": "r",'}, 400, "invalid_input", "malformed JSON body"),
+        (
+            "POST",
+            "/spans",
+            {"content": b'{"rollout_id": "r",', "headers": JSON},
+            400,
+            "invalid_input",
+            "malformed JSON body",
+        ),
         (
             "POST",
             "/queues/rollouts/enqueue",
@@ -261,7 +269,14 @@ async def unchanged_after(
             "not_found",
             "ro-missing",
         ),
-        ("POST", "/spans", {"content": b"x" * (MAX_BODY_BYTES + 1)}, 413, "payload_too_large", "over the limit"),
+        (
+            "POST",
+            "/spans",
+            {"content": b"x" * (MAX_BODY_BYTES + 1), "headers": JSON},
+            413,
+            "payload_too_large",
+            "over the limit",
+        ),
     ],
 )
 async def test_bad_requests(
@@ -288,7 +303,7 @@ async def test_an_oversized_chunked_body_is_refused_while_it_is_read(
         for _ in range(MAX_BODY_BYTES // 10_000 + 2):
             yield b"x" * 10_000
 
-    answer = await unchanged_after(store, http, "POST", "/spans/batch", content=chunks())
+    answer = await unchanged_after(store, http, "POST", "/spans/batch", content=chunks(), headers=JSON)
     assert answer.status_code == 413
     assert "over the limit" in error_of(answer)["message"]
 
