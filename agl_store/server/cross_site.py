@@ -99,7 +99,9 @@ class CrossSiteGuard:
 
         async def send_nosniff(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), NOSNIFF]
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == NOSNIFF[0] for name, _ in headers):
+                    message["headers"] = [*headers, NOSNIFF]
             await send(message)
 
         await self.app(scope, receive, send_nosniff)
