@@ -481,3 +481,11 @@ def test_a_broken_pages_plugin_is_skipped_not_fatal(
     app = app_module.create_app(LightningStore(), key="k")
     assert app.state.open_paths == frozenset({"/health", "/v1/agl/health"})
     assert "store pages 'broken' skipped: No module named 'missing_view'" in caplog.text
+
+
+async def test_the_bearer_scheme_is_case_insensitive(server: StoreServerProcess) -> None:
+    async with httpx.AsyncClient(base_url=server.url + "/v1/agl") as http:
+        for scheme in ("bearer", "BEARER"):
+            answer = await http.get("/statistics", headers={"authorization": f"{scheme} {KEY}"})
+            assert answer.status_code == 200, scheme
+        assert (await http.get("/statistics", headers={"authorization": f"Basic {KEY}"})).status_code == 401
