@@ -141,8 +141,8 @@ def _call_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRou
     # Base URLs with and without /v1 both occur in agent code; serve both.
     for prefix in ("", ROLLOUT_PREFIX):
         for version in ("/v1", ""):
-            routes.append(Route(prefix + version + "/chat/completions", chat, methods=["POST"], middleware=middleware))
-            routes.append(Route(prefix + version + "/completions", completions, methods=["POST"], middleware=middleware))
+            for path, endpoint in (("/chat/completions", chat), ("/completions", completions)):
+                routes.append(Route(prefix + version + path, endpoint, methods=["POST"], middleware=middleware))
     return routes
 
 

@@ -18,7 +18,9 @@ MASK = "***"
 # `auth`), or it mentions one of the others anywhere (`client_secret`, `vertex_credentials`).
 # Only the last word for `token`: `stop_token_ids` and `max_tokens` are sampling parameters.
 _SECRET_LAST_WORDS = frozenset({"key", "token", "auth", "authorization", "cookie", "signature", "apikey", "headers"})
-_SECRET_WORDS = frozenset({"secret", "secrets", "password", "passwd", "pwd", "credential", "credentials", "authorization"})
+_SECRET_WORDS = frozenset(
+    {"secret", "secrets", "password", "passwd", "pwd", "credential", "credentials", "authorization"}
+)
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
@@ -53,7 +55,10 @@ def mask_url_password(url: str) -> str:
 
 
 def check_http_url(url: Any, field: str) -> str:
-    """`url` if it is an http(s) URL with a host and no whitespace or control characters; else ValueError naming `field`."""
+    """`url` if it is an http(s) URL with a host and no whitespace or control characters.
+
+    Anything else is a ValueError naming `field`.
+    """
     if not isinstance(url, str) or not url:
         raise ValueError(f"{field} must be an http(s) URL, got {url!r}")
     if _CONTROL.search(url):

@@ -78,7 +78,7 @@ class Deployment:
     timeout_s: float = DEFAULT_TIMEOUT_S
     model_version: Optional[str] = None
     request_defaults: Mapping[str, Any] = field(default_factory=dict)
-    """Extra `litellm_params` that are request fields (e.g. `temperature`), applied to every request of this deployment."""
+    """Extra `litellm_params` that are request fields (e.g. `temperature`): defaults of every request."""
     litellm_params: Mapping[str, Any] = field(default_factory=dict, repr=False)
     use_litellm: bool = False
     """`model_info.agl_passthrough: false`: serve an OpenAI-compatible backend through LiteLLM anyway."""

@@ -199,7 +199,8 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
         record.response = parsed
     elif status >= 400 and parsed is not None:
         # The backend's own verdict on the request (e.g. too long a prompt): the client sees it as is.
-        record.fail("backend_rejected", f"backend {label} answered HTTP {status}: {_error_message(response, data)}", status)
+        message = f"backend {label} answered HTTP {status}: {_error_message(response, data)}"
+        record.fail("backend_rejected", message, status)
     else:
         # A redirect, or a 4xx that is not a JSON error: not an OpenAI-compatible server's answer.
         raise RetryableBackendError(

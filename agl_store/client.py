@@ -446,9 +446,7 @@ class LightningStoreClient(LightningStore):
                     raise
                 self._packed_writes = False  # a server without the route: plain JSON from now on
         if response is None:
-            response = await self._send(
-                "POST", AGL_PREFIX + "/spans/batch", content=to_json(spans), headers={"content-type": "application/json"}
-            )
+            response = await self._send("POST", AGL_PREFIX + "/spans/batch", body=spans)
         stored = orjson.loads(response.content)["stored"]
         return [spans[item["index"]].model_copy(update={"sequence_id": item["sequence_id"]}) for item in stored]
 

@@ -58,6 +58,11 @@ def media_type(value: str) -> str:
     return value.partition(";")[0].strip().lower()
 
 
+def is_json(kind: str) -> bool:
+    """`application/json`, or a JSON-based type such as `application/merge-patch+json`."""
+    return kind == JSON_MEDIA_TYPE or (kind.startswith("application/") and kind.endswith("+json"))
+
+
 def _header(scope: Scope, name: bytes) -> Optional[str]:
     for key, value in scope["headers"]:
         if key == name:
@@ -79,13 +84,13 @@ class CrossSiteGuard:
         *,
         keyless: bool,
         loopback: bool,
-        media_types: Mapping[str, Collection[str]] = {},
+        media_types: Optional[Mapping[str, Collection[str]]] = None,
         render: Renderer = render_store_error,
     ) -> None:
         self.app = app
         self.check_origin = keyless
         self.check_host = keyless and loopback
-        self.media_types = {path: frozenset(types) for path, types in media_types.items()}
+        self.media_types = {path: frozenset(types) for path, types in (media_types or {}).items()}
         self._render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,7 +144,7 @@ class CrossSiteGuard:
         allowed = self.media_types.get(scope["path"])
         if allowed is not None and kind in allowed:
             return None
-        if allowed is None and (kind == JSON_MEDIA_TYPE or (kind.startswith("application/") and kind.endswith("+json"))):
+        if allowed is None and is_json(kind):
             return None
         expected = " or ".join(sorted(allowed)) if allowed is not None else JSON_MEDIA_TYPE
         return (

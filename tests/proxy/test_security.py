@@ -251,7 +251,7 @@ def test_model_list_timeouts_must_be_finite(proxy: LLMProxy, timeout: float) -> 
 async def test_unusable_rollout_ids_are_400(proxy: LLMProxy, backend, http, path_ids: str, headers: dict) -> None:
     answer = await http.post(proxy.url + path_ids + "/v1/chat/completions", json=chat_body(), headers=headers)
     message = answer.json()["error"]["message"]
-    assert answer.status_code == 400 and ("rollout id" in message or "attempt id" in message or "x-rollout-id" in message)
+    assert answer.status_code == 400 and any(name in message for name in ("rollout id", "attempt id", "x-rollout-id"))
     assert backend[0].requests == []
 
 
