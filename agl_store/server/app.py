@@ -35,8 +35,8 @@ routes) and `open_paths` (paths served without the bearer key: page shells, neve
 
 
 OWN_MEDIA_TYPES = {
-    "/v1/traces": (otlp.PROTOBUF, otlp.JSON),
-    "/v1/logs": (otlp.PROTOBUF, otlp.JSON),
+    "/v1/traces": None,  # the OTLP route takes protobuf or JSON and refuses the rest itself
+    "/v1/logs": None,  # answers 501 to any body
     "/v1/agl/spans/batch/packed": (PACKED_MEDIA_TYPE,),
 }
 """Write routes whose bodies are not JSON (or not only): the types they take instead."""

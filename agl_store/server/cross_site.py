@@ -4,9 +4,10 @@ A page the user visits in a browser can send requests to a server on the user's 
 (`http://127.0.0.1:4747`). Without a key nothing else stops it, so, as Jupyter does:
 
 - writes (POST, PUT, PATCH) must declare a JSON body (`application/json` or `...+json`), or
-  one of the types a route lists for itself (OTLP's protobuf); a write without a body and
-  without a content type passes. Browsers send the types a form can (`text/plain`, ...)
-  without asking the server first; they ask before sending JSON, and no agl server says yes.
+  one of the types a route lists for itself (packed spans), unless the route checks its
+  type itself (OTLP's protobuf or JSON); a write without a body or content type passes.
+  Browsers send the types a form can (`text/plain`, ...) without asking the server first;
+  they ask before sending JSON, and no agl server says yes.
 - without a key, a request whose `Origin` is not the server's own (`Host`) is refused;
 - without a key and bound to a loopback address, a request whose `Host` is not a loopback
   name (`localhost`, `127.0.0.1`, `[::1]`, any port) is refused: a page that rebinds its
@@ -75,7 +76,7 @@ class CrossSiteGuard:
 
     `keyless`: the routes behind it need no key (turns on the Origin check, and with
     `loopback` the Host check). `media_types` lists, per path, the body types a write may
-    have instead of JSON.
+    have instead of JSON; None for a route that checks its body's type itself.
     """
 
     def __init__(
@@ -84,13 +85,15 @@ class CrossSiteGuard:
         *,
         keyless: bool,
         loopback: bool,
-        media_types: Optional[Mapping[str, Collection[str]]] = None,
+        media_types: Optional[Mapping[str, Optional[Collection[str]]]] = None,
         render: Renderer = render_store_error,
     ) -> None:
         self.app = app
         self.check_origin = keyless
         self.check_host = keyless and loopback
-        self.media_types = {path: frozenset(types) for path, types in (media_types or {}).items()}
+        self.media_types = {
+            path: None if types is None else frozenset(types) for path, types in (media_types or {}).items()
+        }
         self._render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -129,7 +132,8 @@ class CrossSiteGuard:
                 f"cross-origin request from {origin[:200]!r} refused: this server has no key, so only "
                 "its own pages may call it from a browser",
             )
-        if scope["method"] in WRITE_METHODS:
+        checks_itself = scope["path"] in self.media_types and self.media_types[scope["path"]] is None
+        if scope["method"] in WRITE_METHODS and not checks_itself:
             return self._media_type_refusal(scope)
         return None
 
@@ -142,9 +146,8 @@ class CrossSiteGuard:
             declared = ""
         kind = media_type(declared)
         allowed = self.media_types.get(scope["path"])
-        if allowed is not None and kind in allowed:
-            return None
-        if allowed is None and is_json(kind):
+        accepted = is_json(kind) if allowed is None else kind in allowed
+        if accepted:
             return None
         expected = " or ".join(sorted(allowed)) if allowed is not None else JSON_MEDIA_TYPE
         return (
