@@ -135,3 +135,24 @@ async def test_a_backend_that_is_not_http_is_refused_at_start() -> None:
     )
     _, err = await process.communicate()
     assert process.returncode == 2 and b"api_base must use http or https" in err
+
+
+def test_the_admin_key_defaults_to_the_agents_key_and_the_store_key_to_the_admin_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agl_proxy.cli import Keys
+    from agl_store.cli import build_parser
+
+    for name in ("AGL_KEY", "AGL_ADMIN_KEY", "AGL_STORE_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    serve = ["proxy", "serve", "--backend", "http://127.0.0.1:9", "--model", "m"]
+    one_key = Keys.from_args(build_parser().parse_args([*serve, "--key", "k"]))
+    assert (one_key.client, one_key.admin, one_key.store) == ("k", "k", "k")
+    assert "one key for agents and admin routes" in one_key.sources and "k" not in one_key.sources.split()
+
+    monkeypatch.setenv("AGL_STORE_KEY", "store-k")
+    remote = Keys.from_args(build_parser().parse_args([*serve, "--admin-key", "a", "--store-url", "http://s:1"]))
+    assert (remote.client, remote.admin, remote.store) == (None, "a", "store-k")
+    assert remote.sources == "LLM routes open; admin key from --admin-key; store key from $AGL_STORE_KEY"
+    with pytest.raises(SystemExit):  # a flag and its file together
+        build_parser().parse_args([*serve, "--key", "k", "--key-file", "f"])
