@@ -41,7 +41,7 @@ from .models import (
 )
 from .otel import span_from_otel
 from .pages import Page
-from .span_wire import ENCODING_HEADER, PACKED, packed_batch, spans_from_page
+from .span_wire import ENCODING_HEADER, PACKED, PACKED_MEDIA_TYPE, packed_batch, spans_from_page
 
 logger = logging.getLogger("agl_store.client")
 
@@ -437,13 +437,18 @@ class LightningStoreClient(LightningStore):
         if self._packed_writes:
             # Token ids packed here, not parsed by the server (see agl_store.span_wire).
             try:
-                response = await self._send("POST", AGL_PREFIX + "/spans/batch/packed", content=packed_batch(spans))
+                response = await self._send(
+                    "POST",
+                    AGL_PREFIX + "/spans/batch/packed",
+                    content=packed_batch(spans),
+                    headers={"content-type": PACKED_MEDIA_TYPE},
+                )
             except StoreError as exc:
                 if not (type(exc) is StoreError and getattr(exc, "status_code", None) == 404):
                     raise
                 self._packed_writes = False  # a server without the route: plain JSON from now on
         if response is None:
-            response = await self._send("POST", AGL_PREFIX + "/spans/batch", content=to_json(spans))
+            response = await self._send("POST", AGL_PREFIX + "/spans/batch", body=spans)
         stored = orjson.loads(response.content)["stored"]
         # `attempt_id` comes back only for spans sent as "latest": the attempt they were stored under.
         return [

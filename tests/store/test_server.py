@@ -14,6 +14,7 @@ from agl_store.models import Span
 from .http_server import StoreServerProcess
 
 KEY = "test-key"
+JSON = {"content-type": "application/json"}
 MAX_BODY_BYTES = 1_000_000
 
 
@@ -244,7 +245,7 @@ async def unchanged_after(
 @pytest.mark.parametrize(
     ("method", "path", "request_args", "status", "code", "message"),
     [
-        ("POST", "/spans", {"content": b'{"rollout_id": "r",'}, 400, "invalid_input", "malformed JSON body"),
+        ("POST", "/spans", {"content": b'{"rollout_id": "r",', "headers": JSON}, 400, "invalid_input", "malformed JSON body"),
         # A body or query that does not fit the route's schema: 422, as agent-lightning 0.3's FastAPI answers.
         ("POST", "/queues/rollouts/enqueue", {"json": {}}, 422, "validation_error", "rollouts: Field required"),
         (
@@ -309,7 +310,14 @@ async def unchanged_after(
             "not_found",
             "ro-missing",
         ),
-        ("POST", "/spans", {"content": b"x" * (MAX_BODY_BYTES + 1)}, 413, "payload_too_large", "over the limit"),
+        (
+            "POST",
+            "/spans",
+            {"content": b"x" * (MAX_BODY_BYTES + 1), "headers": JSON},
+            413,
+            "payload_too_large",
+            "over the limit",
+        ),
     ],
 )
 async def test_bad_requests(
@@ -336,7 +344,7 @@ async def test_an_oversized_chunked_body_is_refused_while_it_is_read(
         for _ in range(MAX_BODY_BYTES // 10_000 + 2):
             yield b"x" * 10_000
 
-    answer = await unchanged_after(store, http, "POST", "/spans/batch", content=chunks())
+    answer = await unchanged_after(store, http, "POST", "/spans/batch", content=chunks(), headers=JSON)
     assert answer.status_code == 413
     assert "over the limit" in error_of(answer)["message"]
 
@@ -429,3 +437,11 @@ def test_a_broken_pages_plugin_is_skipped_not_fatal(
     app = app_module.create_app(LightningStore(), key="k")
     assert app.state.open_paths == frozenset({"/health", "/v1/agl/health"})
     assert "store pages 'broken' skipped: No module named 'missing_view'" in caplog.text
+
+
+async def test_the_bearer_scheme_is_case_insensitive(server: StoreServerProcess) -> None:
+    async with httpx.AsyncClient(base_url=server.url + "/v1/agl") as http:
+        for scheme in ("bearer", "BEARER"):
+            answer = await http.get("/statistics", headers={"authorization": f"{scheme} {KEY}"})
+            assert answer.status_code == 200, scheme
+        assert (await http.get("/statistics", headers={"authorization": f"Basic {KEY}"})).status_code == 401
