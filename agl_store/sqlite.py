@@ -83,6 +83,8 @@ T = TypeVar("T")
 
 MAX_WRITES_PER_COMMIT = 256
 """Concurrent writes grouped into one transaction at most; bounds a commit's size."""
+RECLAIM_PAGES_PER_STEP = 2048
+"""Free pages one transaction gives back to the file system after retention (8 MB of 4 KB pages)."""
 WAL_TRUNCATE_WAIT_S = 2.0
 """How long truncating the WAL after retention waits for readers of older snapshots."""
 ROLLOUT_SORT_FIELDS = frozenset({"rollout_id", "start_time", "end_time", "status", "mode", "resources_id"})
@@ -702,8 +704,9 @@ class SQLiteStore(LightningStore):
 
     # Retention deletes in transactions of at most `retention_chunk_spans` spans, queued with
     # the other writes, so calls made meanwhile wait for one chunk, not for the whole deletion
-    # (and reads do not wait at all). Each chunk's freed pages go back to the file system;
-    # at the end the WAL, which holds a copy of every page a chunk touched, is truncated.
+    # (and reads do not wait at all). Then the freed pages go back to the file system, in
+    # steps as bounded, and the WAL, which holds a copy of every page a step wrote, is
+    # truncated to zero bytes.
 
     async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
         ids = list(dict.fromkeys(_as_list(rollout_ids, "rollout_ids")))
@@ -715,10 +718,9 @@ class SQLiteStore(LightningStore):
         deleted = 0
         while remaining:
             done, removed = await self._write(ops.delete_finished, remaining, self.retention_chunk_spans)
-            await self._reclaim_space()
             remaining = remaining[done:]
             deleted += removed
-        await self._truncate_wal()
+        await self._reclaim_space()
         return deleted
 
     async def expire_rollouts(self, older_than_seconds: float) -> int:
@@ -732,20 +734,18 @@ class SQLiteStore(LightningStore):
         while more:
             removed, more = await self._write(ops.expire_finished, ended_before, self.retention_chunk_spans)
             expired += removed
-            await self._reclaim_space()
-        await self._truncate_wal()
+        await self._reclaim_space()
         return expired
 
     async def _reclaim_space(self) -> None:
         # Users ran out of disk with stores that only grew: give freed pages back.
-        if not self.in_memory:
-            await self._run(ops.reclaim_space)
-
-    async def _truncate_wal(self) -> None:
-        if not self.in_memory:
-            wait_ms, busy_ms = int(WAL_TRUNCATE_WAIT_S * 1000), int(self.busy_timeout * 1000)
-            if not await self._run(ops.truncate_wal, wait_ms, busy_ms):
-                logger.info("store %s: readers kept the WAL from being truncated after retention", self.path)
+        if self.in_memory:
+            return
+        while await self._run(ops.reclaim_space, RECLAIM_PAGES_PER_STEP):
+            pass
+        wait_ms, busy_ms = int(WAL_TRUNCATE_WAIT_S * 1000), int(self.busy_timeout * 1000)
+        if not await self._run(ops.truncate_wal, wait_ms, busy_ms):
+            logger.info("store %s: readers kept the WAL from being truncated after retention", self.path)
 
 
 def _file_bytes(path: Path) -> int:

@@ -828,11 +828,17 @@ def expire_finished(txn: Txn, ended_before: float, max_spans: int) -> Tuple[int,
     return removed, done < len(ids) or len(ids) == MAX_ROLLOUTS_PER_CHUNK
 
 
-def reclaim_space(conn: sqlite3.Connection) -> None:
-    """Return free pages to the file system (files created with auto_vacuum=INCREMENTAL).
-    Its own transaction: run between writes, never inside one."""
+def reclaim_space(conn: sqlite3.Connection, max_pages: int) -> bool:
+    """Return up to `max_pages` free pages to the file system (files created with
+    auto_vacuum=INCREMENTAL), moving pages from the end of the file into free ones. Its own
+    transaction, run between writes. Returns whether another call would free more."""
+    before = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    if not before:
+        return False
     # executescript steps the pragma to the end; execute() would free a single page.
-    conn.executescript("PRAGMA incremental_vacuum;")
+    conn.executescript(f"PRAGMA incremental_vacuum({int(max_pages)});")
+    after = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    return 0 < after < before  # unchanged: a file made without auto_vacuum, nothing to do
 
 
 def truncate_wal(conn: sqlite3.Connection, wait_ms: int, busy_timeout_ms: int) -> bool:
