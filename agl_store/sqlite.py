@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -186,12 +187,9 @@ class SQLiteStore(LightningStore):
         readers: List[ConnectionThread] = []
         try:
             if not self.in_memory:  # after the writer: the file is in WAL mode and migrated
+                set_up_reader = functools.partial(configure_reader, busy_timeout_ms=busy_timeout_ms)
                 for _ in range(self.read_connections):
-                    readers.append(
-                        await ConnectionThread.open(
-                            self.path, "agl-store-reader", lambda conn: configure_reader(conn, busy_timeout_ms=busy_timeout_ms)
-                        )
-                    )
+                    readers.append(await ConnectionThread.open(self.path, "agl-store-reader", set_up_reader))
         except BaseException:
             for opened in (*readers, writer):
                 await opened.close()
@@ -457,7 +455,7 @@ class SQLiteStore(LightningStore):
             where.add("r.start_time > ?", _check_number(start_time_after, "start_time_after"))
         if start_time_before is not None:
             where.add("r.start_time < ?", _check_number(start_time_before, "start_time_before"))
-        _order_by("r", sort_by, ROLLOUT_SORT_FIELDS, sort_order, default="r.rowid")  # checks both
+        _check_sort(sort_by, ROLLOUT_SORT_FIELDS, sort_order)
         _check_paging(limit, offset)
         query = rollout_page_query(
             statuses=statuses,
@@ -826,16 +824,20 @@ def _as_list(values: Any, field: str) -> list:
 def _order_by(
     table: Optional[str], sort_by: Optional[str], allowed: frozenset[str], sort_order: Any, *, default: str
 ) -> str:
-    if sort_order not in ("asc", "desc"):
-        raise InvalidInputError(f"sort_order must be 'asc' or 'desc', got {sort_order!r}")
+    _check_sort(sort_by, allowed, sort_order)
     direction = sort_order.upper()
     if sort_by is None:
         return f" ORDER BY {default} {direction}"
-    if sort_by not in allowed:
-        raise InvalidInputError(f"sort_by: cannot sort by {sort_by!r}; expected one of {sorted(allowed)}")
     prefix = f"{table}." if table else ""
     # The default order breaks ties, so pages are stable.
     return f" ORDER BY {prefix}{sort_by} {direction}, {default} {direction}"
+
+
+def _check_sort(sort_by: Optional[str], allowed: frozenset[str], sort_order: Any) -> None:
+    if sort_order not in ("asc", "desc"):
+        raise InvalidInputError(f"sort_order must be 'asc' or 'desc', got {sort_order!r}")
+    if sort_by is not None and sort_by not in allowed:
+        raise InvalidInputError(f"sort_by: cannot sort by {sort_by!r}; expected one of {sorted(allowed)}")
 
 
 def _paged(**parts: Any) -> ops.PagedQuery:

@@ -20,12 +20,17 @@ import orjson
 
 from .models import ROLLOUT_STATUSES, Rollout
 from .pages import Page, page_total
-from .sqlite_schema import ATTEMPT_COLUMNS, ROLLOUT_COLUMNS, ROLLOUT_COUNT_PREFIX, ROLLOUT_SELECT, rollout_from_row
+from .sqlite_schema import (
+    ATTEMPT_COLUMNS,
+    LATEST_ATTEMPT_JOIN,
+    ROLLOUT_COLUMNS,
+    ROLLOUT_COUNT_PREFIX,
+    ROLLOUT_SELECT,
+    rollout_from_row,
+)
 
 INDEX_ORDERED_SORTS = {"status": "r.status", "start_time": "r.start_time", "end_time": "r.end_time"}
 """Sorts that an index on (status, column) serves within one status; no sort means rowid order."""
-
-_LATEST_ATTEMPT_JOIN = "LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = r.latest_attempt_id"
 
 
 class RolloutPageQuery:
@@ -113,7 +118,7 @@ def _index_ordered(
     # The keys come out of the merge in order; only the page itself is sorted again.
     page_sql = (
         f"SELECT {ROLLOUT_COLUMNS}, {ATTEMPT_COLUMNS} FROM ({keys}) AS page "
-        f"CROSS JOIN rollouts r ON r.rowid = page.k {_LATEST_ATTEMPT_JOIN} ORDER BY {page_order}"
+        f"CROSS JOIN rollouts r ON r.rowid = page.k {LATEST_ATTEMPT_JOIN} ORDER BY {page_order}"
     )
     page_params: List[Any] = [value for status in statuses for value in (status, *params)]
     return RolloutPageQuery(

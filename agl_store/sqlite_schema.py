@@ -238,10 +238,8 @@ ATTEMPT_COLUMNS = (
     "a.rollout_id, a.attempt_id, a.sequence_id, a.start_time, a.end_time, a.status, a.worker_id, "
     "a.last_heartbeat_time, a.metadata"
 )
-ROLLOUT_SELECT = (
-    f"SELECT {ROLLOUT_COLUMNS}, {ATTEMPT_COLUMNS} FROM rollouts r "
-    "LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = r.latest_attempt_id"
-)
+LATEST_ATTEMPT_JOIN = "LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = r.latest_attempt_id"
+ROLLOUT_SELECT = f"SELECT {ROLLOUT_COLUMNS}, {ATTEMPT_COLUMNS} FROM rollouts r {LATEST_ATTEMPT_JOIN}"
 """A rollout with its latest attempt (NULL columns when it has none)."""
 
 SPAN_COLUMNS = (

@@ -52,7 +52,8 @@ class ConnectionThread:
         """`fn(conn, *args)` on this connection's thread. Functions run one at a time, in call order."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, self._conn, *args))
+        call = functools.partial(fn, self._conn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def close(self) -> None:
         """Close the connection after the functions already submitted. Idempotent."""

@@ -342,7 +342,12 @@ async def finished_rollout_with_spans(store: SQLiteStore, count: int, text_bytes
     rollout = await store.start_rollout(input="old")
     await store.add_many_spans(
         [
-            Span(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name="c", attributes={"t": "x" * text_bytes})
+            Span(
+                rollout_id=rollout.rollout_id,
+                attempt_id=rollout.attempt.attempt_id,
+                name="c",
+                attributes={"t": "x" * text_bytes},
+            )
             for _ in range(count)
         ]
     )
@@ -439,18 +444,20 @@ async def test_a_deletion_interrupted_between_chunks_is_finished_by_the_next(tmp
 # --- counts kept by the writes ------------------------------------------------------------------
 
 
+COUNTED = ("spans", "attempts", "resources", "workers")
+
+
 def counted_and_real(path: Path) -> tuple[dict, dict]:
+    """The row counts the triggers kept, and the real ones (both without zeros)."""
     conn = sqlite3.connect(path)
     try:
         counted = dict(conn.execute("SELECT name, value FROM row_counts WHERE value != 0"))
         real = {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in COUNTED}
-        real.update((f"rollouts:{s}", n) for s, n in conn.execute("SELECT status, count(*) FROM rollouts GROUP BY status"))
+        by_status = conn.execute("SELECT status, count(*) FROM rollouts GROUP BY status")
+        real.update((f"rollouts:{status}", n) for status, n in by_status)
         return counted, {name: n for name, n in real.items() if n}
     finally:
         conn.close()
-
-
-COUNTED = ("spans", "attempts", "resources", "workers")
 
 
 async def test_row_counts_follow_every_kind_of_write(tmp_path: Path) -> None:
