@@ -137,7 +137,7 @@ class SQLiteStore(LightningStore):
         poll_interval: float = 0.5,
         busy_timeout: float = 30.0,
         read_connections: int = 2,
-        retention_chunk_spans: int = 1000,
+        retention_chunk_spans: int = 500,
     ) -> None:
         if watchdog_interval <= 0:
             raise InvalidInputError(f"watchdog_interval must be > 0, got {watchdog_interval}")
