@@ -104,6 +104,14 @@ class _CpuDeviceModule(types.ModuleType):
     def manual_seed_all(seed: int) -> None:
         torch.manual_seed(seed)
 
+    @staticmethod
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+        torch.set_rng_state(state)  # verl's checkpoint loader restores the device's RNG through this
+
 
 class CpuPlatform(PlatformBase):
     """verl's device abstraction for the CPU: device `cpu`, collective backend `gloo`."""
