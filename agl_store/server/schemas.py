@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Type
 from pydantic import BaseModel, Field
 
 from ..base import UNSET
+from ..bounds import MAX_INTEGER
 from ..errors import InvalidInputError
 from ..models import (
     AttemptStatus,
@@ -44,13 +45,13 @@ class EnqueueManyBody(BaseModel):
 
 
 class DequeueManyBody(BaseModel):
-    limit: int = 1
+    limit: int = Field(default=1, le=MAX_INTEGER)
     worker_id: Optional[str] = None
 
 
 class Page(BaseModel):
-    limit: int = -1
-    offset: int = 0
+    limit: int = Field(default=-1, le=MAX_INTEGER)
+    offset: int = Field(default=0, le=MAX_INTEGER)
     sort_by: Optional[str] = None
     sort_order: SortOrder = "asc"
 
