@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..bounds import check_integer
+from ..bounds import check_integer, check_json_depth
 from ..errors import InvalidInputError, PayloadTooLargeError
 from ..models import Event, Link, OtelResource, Span, SpanContext, TraceStatus
 from .metrics import metrics_of
@@ -182,6 +182,7 @@ def parse_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
         return message
     try:
         document = orjson.loads(body) if body.strip() else {}
+        check_json_depth(document, "OTLP/JSON body")  # before walking it recursively
         json_format.ParseDict(_hex_ids_to_base64(document), message, ignore_unknown_fields=True)
     except (orjson.JSONDecodeError, json_format.ParseError, TypeError, AttributeError) as exc:
         raise InvalidInputError(f"unparseable OTLP/JSON trace request: {exc}") from None
