@@ -386,8 +386,8 @@ class SQLiteStore(LightningStore):
     ) -> Attempt:
         if status is not UNSET:
             check_attempt_status(status)
-        if last_heartbeat_time is not UNSET and not isinstance(last_heartbeat_time, (int, float)):
-            raise InvalidInputError(f"last_heartbeat_time must be a number, got {last_heartbeat_time!r}")
+        if last_heartbeat_time is not UNSET:
+            _check_number(last_heartbeat_time, "last_heartbeat_time")
         if metadata is not UNSET:
             _dumps(_check_metadata(metadata), "metadata")  # the connection thread encodes it again
         changes = ops.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
@@ -749,7 +749,10 @@ def _check_metadata(metadata: Any, field: str = "metadata") -> Any:
 def _check_number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInputError(f"{field} must be a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past the largest double
+        raise InvalidInputError(f"{field} is out of range, got {value!r}") from None
 
 
 def _check_logic(filter_logic: Any) -> str:

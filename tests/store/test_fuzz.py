@@ -16,7 +16,7 @@ from agl_store.client import LightningStoreClient
 
 from .http_server import StoreServerProcess
 
-EXAMPLES = 300
+EXAMPLES = 100
 
 
 @pytest.fixture(scope="module")
