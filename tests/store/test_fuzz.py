@@ -4,8 +4,8 @@ and the store stays readable. One `agl store serve` subprocess serves the whole 
 from __future__ import annotations
 
 import json
-from urllib.parse import quote
 from typing import Any, AsyncIterator, Dict, List, Tuple
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -17,10 +17,13 @@ from agl_store.client import LightningStoreClient
 from .http_server import StoreServerProcess
 
 EXAMPLES = 100
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+Server = Tuple[StoreServerProcess, Dict[str, str]]
+"""The served store and the ids of a running rollout, its attempt and a resource set in it."""
 
 
 @pytest.fixture(scope="module")
-async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Tuple[StoreServerProcess, Dict[str, str]]]:
+async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Server]:
     process = StoreServerProcess(tmp_path_factory.mktemp("fuzz") / "store.db")
     await process.start()
     async with LightningStoreClient(process.url) as store:
@@ -44,7 +47,8 @@ SCALARS = st.one_of(
     st.sampled_from(["", "latest", "queuing", "succeeded", "running", "asc", "desc", "and", "or", "train", "\x00"]),
 )
 JSON = st.recursive(
-    SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4))
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
 )
 
 
@@ -110,7 +114,8 @@ QUERY_FIELDS: Dict[str, List[str]] = {
 def a_span_like(ids: Dict[str, str]) -> st.SearchStrategy[Dict[str, Any]]:
     """A span body that is valid but for the fields the draw replaces."""
     base = {**{key: ids[key] for key in ("rollout_id", "attempt_id")}, "name": "fuzz"}
-    return st.fixed_dictionaries({}, optional={field: VALUES for field in SPAN_FIELDS}).map(lambda extra: {**base, **extra})
+    drawn = st.fixed_dictionaries({}, optional={field: VALUES for field in SPAN_FIELDS})
+    return drawn.map(lambda extra: {**base, **extra})
 
 
 def body_for(path: str, ids: Dict[str, str]) -> st.SearchStrategy[Any]:
@@ -161,54 +166,46 @@ def with_ids(path: str, ids: Dict[str, str]) -> str:
     return path.format(worker_id="w", **ids)
 
 
-async def assert_readable(http: httpx.AsyncClient, ids: Dict[str, str]) -> None:
-    for path, params in (("/v1/agl/rollouts", {}), ("/v1/agl/spans", {"rollout_id": ids["rollout_id"]})):
-        answer = await http.get(path, params=params)
-        assert answer.status_code == 200, answer.text
-
-
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(data=st.data())
-async def test_no_body_gets_a_500(server: Tuple[StoreServerProcess, Dict[str, str]], data: st.DataObject) -> None:
+async def post_leaves_the_store_readable(server: Server, path: str, content: bytes, **headers: str) -> None:
+    """POST `content`: no 500, and listing rollouts and reading spans still answer 200."""
     process, ids = server
+    async with httpx.AsyncClient(base_url=process.url, timeout=30) as http:
+        answer = await http.post(path, content=content, headers=headers)
+        assert answer.status_code < 500, answer.text
+        for read, params in (("/v1/agl/rollouts", {}), ("/v1/agl/spans", {"rollout_id": ids["rollout_id"]})):
+            answer = await http.get(read, params=params)
+            assert answer.status_code == 200, answer.text
+
+
+@FUZZ
+@given(data=st.data())
+async def test_no_body_gets_a_500(server: Server, data: st.DataObject) -> None:
+    ids = server[1]
     path = data.draw(st.sampled_from(sorted(BODY_FIELDS)), label="path")
     body = data.draw(body_for(path, ids), label="body")
-    async with httpx.AsyncClient(base_url=process.url, timeout=30) as http:
-        answer = await http.post(with_ids(path, ids), content=json.dumps(body, allow_nan=False))
-        assert answer.status_code < 500, answer.text
-        await assert_readable(http, ids)
+    await post_leaves_the_store_readable(server, with_ids(path, ids), json.dumps(body, allow_nan=False).encode())
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@FUZZ
 @given(data=st.data())
-async def test_no_trace_export_gets_a_500(server: Tuple[StoreServerProcess, Dict[str, str]], data: st.DataObject) -> None:
-    process, ids = server
-    body = data.draw(otlp_body(ids), label="body")
-    async with httpx.AsyncClient(base_url=process.url, timeout=30) as http:
-        answer = await http.post(
-            "/v1/traces", content=json.dumps(body, allow_nan=False), headers={"content-type": "application/json"}
-        )
-        assert answer.status_code < 500, answer.text
-        await assert_readable(http, ids)
+async def test_no_trace_export_gets_a_500(server: Server, data: st.DataObject) -> None:
+    body = json.dumps(data.draw(otlp_body(server[1]), label="body"), allow_nan=False).encode()
+    await post_leaves_the_store_readable(server, "/v1/traces", body, **{"content-type": "application/json"})
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@FUZZ
 @given(data=st.data())
-async def test_no_packed_batch_gets_a_500(server: Tuple[StoreServerProcess, Dict[str, str]], data: st.DataObject) -> None:
-    process, ids = server
-    spans = data.draw(st.lists(a_span_like(ids), max_size=2), label="spans")
+async def test_no_packed_batch_gets_a_500(server: Server, data: st.DataObject) -> None:
+    spans = data.draw(st.lists(a_span_like(server[1]), max_size=2), label="spans")
     ranges = data.draw(st.one_of(st.lists(st.one_of(st.none(), st.lists(EDGE_INTS, max_size=3)), max_size=3), VALUES))
     blobs = data.draw(st.binary(max_size=64), label="blobs")
     head = json.dumps({"spans": spans, "packed_tokens": ranges}, allow_nan=False).encode()
-    async with httpx.AsyncClient(base_url=process.url, timeout=30) as http:
-        answer = await http.post("/v1/agl/spans/batch/packed", content=head + b"\n" + blobs)
-        assert answer.status_code < 500, answer.text
-        await assert_readable(http, ids)
+    await post_leaves_the_store_readable(server, "/v1/agl/spans/batch/packed", head + b"\n" + blobs)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@FUZZ
 @given(data=st.data())
-async def test_no_query_gets_a_500(server: Tuple[StoreServerProcess, Dict[str, str]], data: st.DataObject) -> None:
+async def test_no_query_gets_a_500(server: Server, data: st.DataObject) -> None:
     process, ids = server
     path = data.draw(st.sampled_from(sorted(QUERY_FIELDS)), label="path")
     fields = QUERY_FIELDS[path]
@@ -220,9 +217,9 @@ async def test_no_query_gets_a_500(server: Tuple[StoreServerProcess, Dict[str, s
         assert answer.status_code < 500, answer.text
 
 
-@settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(FUZZ, max_examples=EXAMPLES // 3)
 @given(segment=st.text(min_size=1, max_size=12))
-async def test_no_path_id_gets_a_500(server: Tuple[StoreServerProcess, Dict[str, str]], segment: str) -> None:
+async def test_no_path_id_gets_a_500(server: Server, segment: str) -> None:
     process, _ = server
     async with httpx.AsyncClient(base_url=process.url, timeout=30) as http:
         for template in ("/v1/agl/rollouts/{}", "/v1/agl/rollouts/{}/attempts/latest", "/v1/agl/workers/{}"):
