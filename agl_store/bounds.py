@@ -49,29 +49,42 @@ def check_json_depth(value: Any, field: str) -> None:
     dataclasses; a list of scalars is passed over at C speed, yet that is most of the cost
     on token ids, so span attributes are checked on `tokens.pack_attributes`' walk instead.
     """
-    if _nests_deeper(value, MAX_JSON_DEPTH):
+    if type(value) not in _SCALARS and _nests_deeper(value, MAX_JSON_DEPTH):
         raise too_deep(field)
 
 
-def _nests_deeper(value: Any, room: int) -> bool:
-    children = _children(value)
-    if children is None:
-        return False
+def check_field_depths(model: BaseModel, prefix: str, *, skip: str = "") -> None:
+    """`check_json_depth` on each field of `model` (extra fields too) but `skip`, naming it
+    `prefix.field`. Reads the model's dict: pydantic's own iteration costs more than the check."""
+    for name, value in (*model.__dict__.items(), *(model.__pydantic_extra__ or {}).items()):
+        if name != skip and type(value) not in _SCALARS and _nests_deeper(value, MAX_JSON_DEPTH):
+            raise too_deep(f"{prefix}.{name}")
+
+
+def _nests_deeper(container: Any, room: int) -> bool:
+    """Whether `container`, given `room` levels, nests deeper (a non-container is given none)."""
+    kind = type(container)
+    if kind is dict:
+        children: Iterable[Any] = container.values()
+    elif kind is list or kind is tuple:
+        children = container
+    else:
+        found = _children(container)
+        if found is None:
+            return False
+        children = found
     if room == 0:
         return True
     if _SCALARS.issuperset(map(type, children)):
         return False
-    return any(_nests_deeper(child, room - 1) for child in children)
+    return any(type(child) not in _SCALARS and _nests_deeper(child, room - 1) for child in children)
 
 
 def _children(value: Any) -> Iterable[Any] | None:
-    """The values inside a container, or None for anything that is not one."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return None
-    if kind is dict or isinstance(value, dict):
+    """The values inside a less common container, or None for anything that is not one."""
+    if isinstance(value, dict):
         return list(value.values())
-    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)):
         return value
     if isinstance(value, BaseModel):
         return [*value.__dict__.values(), *(value.__pydantic_extra__ or {}).values()]

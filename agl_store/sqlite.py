@@ -31,7 +31,7 @@ from pydantic_core import PydanticSerializationError
 
 from . import sqlite_ops as ops
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
-from .bounds import check_integer, check_json_depth
+from .bounds import check_field_depths, check_integer, check_json_depth
 from .errors import InvalidInputError, StoreClosedError, StoreError
 from .models import (
     ROLLOUT_MODES,
@@ -839,10 +839,8 @@ def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> ops.E
         raise InvalidInputError(f"spans[{index}].sequence_id must be >= 1, got {span.sequence_id!r}")
     if span.sequence_id is not None:
         check_integer(span.sequence_id, f"spans[{index}].sequence_id")
-    for name, value in span:
-        # Token-bearing attributes get their depth checked on the packing walk (span_to_row).
-        if name != "attributes" or packed is not None:
-            check_json_depth(value, f"spans[{index}].{name}")
+    # Token-bearing attributes get their depth checked on the packing walk (span_to_row).
+    check_field_depths(span, f"spans[{index}]", skip="attributes" if packed is None else "")
     try:
         return ops.EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
     except TypeError as exc:
