@@ -18,14 +18,7 @@ import orjson
 import pytest
 import uvicorn
 
-from agl_store import (
-    ConflictError,
-    InvalidInputError,
-    NotFoundError,
-    StoreClosedError,
-    StoreError,
-    StoreUnavailableError,
-)
+from agl_store import ConflictError, InvalidInputError, NotFoundError, StoreClosedError, StoreError, StoreUnavailableError
 from agl_store.client import LightningStoreClient
 from agl_store.models import EnqueueRolloutRequest, Span
 
