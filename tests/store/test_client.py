@@ -18,8 +18,9 @@ import orjson
 import pytest
 import uvicorn
 
-from agl_store import ConflictError, InvalidInputError, NotFoundError, StoreClosedError, StoreError, StoreUnavailableError
+from agl_store import ConflictError, NotFoundError, StoreClosedError, StoreError, StoreUnavailableError
 from agl_store.client import LightningStoreClient
+from agl_store.errors import InvalidInputError
 from agl_store.models import EnqueueRolloutRequest, Span
 
 from .http_server import start_store_server
