@@ -74,7 +74,8 @@ def _seconds(unix_nano: int) -> Optional[float]:
 
 
 def _sequence_id(value: Any) -> Optional[int]:
-    """A usable sequence id, or None to let the store issue one.
+    """A usable sequence id (0 included, as agent-lightning 0.3 keeps it), or None to let the
+    store issue one (for a negative one too, as 0.3 does).
 
     OTLP attributes may carry it as a double (JavaScript exporters do): a whole one is
     taken, one with a fraction, infinite or NaN is not.
@@ -87,7 +88,7 @@ def _sequence_id(value: Any) -> Optional[int]:
             raise ValueError
     except (TypeError, ValueError, OverflowError):
         raise InvalidInputError(f"sequence id attribute must be an integer, got {value!r}") from None
-    return check_integer(number, "sequence id attribute") if number > 0 else None
+    return check_integer(number, "sequence id attribute") if number >= 0 else None
 
 
 def _trace_state(raw: str) -> Dict[str, str]:

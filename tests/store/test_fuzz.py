@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agl_store.client import LightningStoreClient
+from agl_store.span_wire import PACKED_MEDIA_TYPE
 
 from .http_server import StoreServerProcess
 
@@ -166,11 +167,13 @@ def with_ids(path: str, ids: Dict[str, str]) -> str:
     return path.format(worker_id="w", **ids)
 
 
-async def post_leaves_the_store_readable(server: Server, path: str, content: bytes, **headers: str) -> None:
+async def post_leaves_the_store_readable(
+    server: Server, path: str, content: bytes, content_type: str = "application/json"
+) -> None:
     """POST `content`: no 500, and listing rollouts and reading spans still answer 200."""
     process, ids = server
     async with httpx.AsyncClient(base_url=process.url, timeout=30) as http:
-        answer = await http.post(path, content=content, headers=headers)
+        answer = await http.post(path, content=content, headers={"content-type": content_type})
         assert answer.status_code < 500, answer.text
         for read, params in (("/v1/agl/rollouts", {}), ("/v1/agl/spans", {"rollout_id": ids["rollout_id"]})):
             answer = await http.get(read, params=params)
@@ -190,7 +193,7 @@ async def test_no_body_gets_a_500(server: Server, data: st.DataObject) -> None:
 @given(data=st.data())
 async def test_no_trace_export_gets_a_500(server: Server, data: st.DataObject) -> None:
     body = json.dumps(data.draw(otlp_body(server[1]), label="body"), allow_nan=False).encode()
-    await post_leaves_the_store_readable(server, "/v1/traces", body, **{"content-type": "application/json"})
+    await post_leaves_the_store_readable(server, "/v1/traces", body)
 
 
 @FUZZ
@@ -200,7 +203,7 @@ async def test_no_packed_batch_gets_a_500(server: Server, data: st.DataObject) -
     ranges = data.draw(st.one_of(st.lists(st.one_of(st.none(), st.lists(EDGE_INTS, max_size=3)), max_size=3), VALUES))
     blobs = data.draw(st.binary(max_size=64), label="blobs")
     head = json.dumps({"spans": spans, "packed_tokens": ranges}, allow_nan=False).encode()
-    await post_leaves_the_store_readable(server, "/v1/agl/spans/batch/packed", head + b"\n" + blobs)
+    await post_leaves_the_store_readable(server, "/v1/agl/spans/batch/packed", head + b"\n" + blobs, PACKED_MEDIA_TYPE)
 
 
 @FUZZ
