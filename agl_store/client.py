@@ -17,10 +17,10 @@ from typing import Any, Callable, Dict, List, Literal, Mapping, NamedTuple, Opti
 import httpx
 import orjson
 from pydantic import TypeAdapter
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
-from .errors import ERRORS_BY_CODE, StoreClosedError, StoreError, StoreUnavailableError
+from .errors import ERRORS_BY_CODE, InvalidInputError, StoreClosedError, StoreError, StoreUnavailableError
 from .http_transport import AiohttpTransport
 from .models import (
     Attempt,
@@ -176,7 +176,10 @@ class LightningStoreClient(LightningStore):
         if self._http is None:
             await self.open()
         if body is not UNSET:
-            content = to_json(body)
+            try:
+                content = to_json(body)
+            except PydanticSerializationError as exc:  # not JSON, or nested past any reader: the server's 400
+                raise InvalidInputError(f"request body is not JSON: {exc}") from None
             headers = {**(headers or {}), "content-type": "application/json"}
         last_network_error: Optional[Exception] = None
         for attempt in range(self._retries + 1):

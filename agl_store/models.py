@@ -15,6 +15,8 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Sequence, Unio
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .bounds import MAX_INTEGER
+
 RolloutStatus = Literal["queuing", "preparing", "running", "succeeded", "failed", "cancelled", "requeuing"]
 AttemptStatus = Literal["preparing", "running", "succeeded", "failed", "unresponsive", "timeout"]
 RolloutMode = Literal["train", "val", "test"]
@@ -66,7 +68,7 @@ class RolloutConfig(BaseModel):
 
     timeout_seconds: Optional[float] = Field(default=None, gt=0)
     unresponsive_seconds: Optional[float] = Field(default=None, gt=0)
-    max_attempts: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=1, ge=1, le=MAX_INTEGER)
     retry_condition: List[AttemptStatus] = Field(default_factory=list)
 
 

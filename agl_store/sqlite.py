@@ -30,9 +30,11 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from . import sqlite_ops as ops
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
+from .bounds import check_field_depths, check_integer, check_json_depth
 from .errors import InvalidInputError, StoreClosedError, StoreError, invalid_sort_by
 from .models import (
     ROLLOUT_MODES,
@@ -362,9 +364,9 @@ class SQLiteStore(LightningStore):
     async def dequeue_many_rollouts(
         self, *, limit: int = 1, worker_id: Optional[str] = None
     ) -> Sequence[AttemptedRollout]:
-        if not isinstance(limit, int) or limit < 0:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidInputError(f"limit must be an int >= 0, got {limit!r}")
-        if limit == 0:
+        if check_integer(limit, "limit") == 0:
             return []
         return await self._write(ops.dequeue, limit, worker_id)
 
@@ -410,14 +412,14 @@ class SQLiteStore(LightningStore):
     ) -> Attempt:
         if status is not UNSET:
             check_attempt_status(status)
-        if last_heartbeat_time is not UNSET and not isinstance(last_heartbeat_time, (int, float)):
-            raise InvalidInputError(f"last_heartbeat_time must be a number, got {last_heartbeat_time!r}")
+        if last_heartbeat_time is not UNSET:
+            _check_number(last_heartbeat_time, "last_heartbeat_time")
         # An attempt's worker and metadata are replaced, never cleared (agent-lightning 0.3's server says so too).
         for field, value in (("worker_id", worker_id), ("metadata", metadata)):
             if value is None:
                 raise InvalidInputError(f"{field} is invalid; it cannot be a null value.")
         if metadata is not UNSET:
-            _check_metadata(metadata)
+            _dumps(_check_metadata(metadata), "metadata")  # the connection thread encodes it again
         changes = ops.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
         return await self._write(ops.update_attempt, rollout_id, attempt_id, changes)
 
@@ -777,6 +779,7 @@ def _json_default(value: Any) -> Any:
 
 
 def _dumps(value: Any, field: str) -> bytes:
+    check_json_depth(value, field)
     try:
         return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
@@ -811,7 +814,10 @@ def _check_metadata(metadata: Any, field: str = "metadata") -> Any:
 def _check_number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInputError(f"{field} must be a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past the largest double
+        raise InvalidInputError(f"{field} is out of range, got {value!r}") from None
 
 
 def _check_logic(filter_logic: Any) -> str:
@@ -855,6 +861,8 @@ def _check_paging(limit: Any, offset: Any) -> None:
         raise InvalidInputError(f"limit must be -1 (no limit) or an int >= 0, got {limit!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise InvalidInputError(f"offset must be an int >= 0, got {offset!r}")
+    check_integer(limit, "limit")
+    check_integer(offset, "offset")
 
 
 class _Where:
@@ -899,10 +907,16 @@ def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> ops.E
     # 0 is agent-lightning 0.3's "no particular order" (its `Span.from_attributes` default).
     if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 0):
         raise InvalidInputError(f"spans[{index}].sequence_id must be >= 0, got {span.sequence_id!r}")
+    if span.sequence_id is not None:
+        check_integer(span.sequence_id, f"spans[{index}].sequence_id")
+    # Token-bearing attributes get their depth checked on the packing walk (span_to_row).
+    check_field_depths(span, f"spans[{index}]", skip="attributes" if packed is None else "")
     try:
         return ops.EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
     except TypeError as exc:
         raise InvalidInputError(f"spans[{index}] is not JSON: {exc}") from exc
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"spans[{index}].{exc.message}") from None
 
 
 def _encode_resources(resources: Any) -> Tuple[NamedResources, bytes]:
@@ -910,4 +924,8 @@ def _encode_resources(resources: Any) -> Tuple[NamedResources, bytes]:
         validated = _RESOURCES.validate_python(resources)
     except ValidationError as exc:
         raise InvalidInputError(f"resources: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from exc
-    return validated, _RESOURCES.dump_json(validated)
+    check_json_depth(validated, "resources")
+    try:
+        return validated, _RESOURCES.dump_json(validated)
+    except PydanticSerializationError as exc:
+        raise InvalidInputError(f"resources are not JSON: {exc}") from exc

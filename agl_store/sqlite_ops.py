@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import orjson
 
 from .base import UNSET
+from .bounds import MAX_INTEGER
 from .errors import ConflictError, NotFoundError
 from .models import (
     LATEST_ATTEMPT,
@@ -569,12 +570,20 @@ def _attempt_states(txn: Txn, pairs: Sequence[Tuple[str, str]]) -> Dict[Tuple[st
 
 def _advance_sequence(conn: sqlite3.Connection, rollout_id: str, floor: int, count: int) -> int:
     """Push the rollout's counter to at least `floor`, then issue `count` numbers after it;
-    returns the counter's new value (the last number issued)."""
-    return conn.execute(
+    returns the counter's new value (the last number issued).
+
+    Like a PostgreSQL sequence at its maximum, a counter never issues past `MAX_INTEGER`:
+    the caller's transaction fails instead (a span may have brought the largest id)."""
+    value = conn.execute(
         "INSERT INTO span_counters (rollout_id, value) VALUES (?, ?) "
         "ON CONFLICT (rollout_id) DO UPDATE SET value = max(value, ?) + ? RETURNING value",
         (rollout_id, floor + count, floor, count),
     ).fetchall()[0][0]
+    if count and value > MAX_INTEGER:
+        raise ConflictError(
+            f"rollout {rollout_id!r} has no sequence ids left: its spans reached {MAX_INTEGER}, the largest one"
+        )
+    return value
 
 
 def issue_sequence_ids(txn: Txn, pairs: List[Tuple[str, str]]) -> List[int]:

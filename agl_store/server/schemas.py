@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Type
 from pydantic import BaseModel, Field
 
 from ..base import UNSET
+from ..bounds import check_integer
 from ..errors import InvalidInputError, invalid_sort_by
 from ..models import (
     AttemptStatus,
@@ -152,6 +153,8 @@ def check_page(query: Page, item_model: Type[BaseModel]) -> None:
         raise InvalidInputError(f"limit must be greater than 0, or -1 for no limit; got {query.limit}")
     if query.offset < 0:
         raise InvalidInputError(f"offset must be greater than or equal to 0; got {query.offset}")
+    check_integer(query.limit, "limit")
+    check_integer(query.offset, "offset")
 
 
 def page_of(items: Any, query: Page) -> Dict[str, Any]:

@@ -28,6 +28,8 @@ from agl_store import (
     reward_span,
 )
 from agl_store.base import LightningStore
+from agl_store.bounds import MAX_INTEGER, MAX_JSON_DEPTH
+from agl_store.models import Event
 
 T = TypeVar("T")
 PATIENCE_S = 30.0  # only bounds a broken test; a passing one returns as soon as the store acts
@@ -741,6 +743,111 @@ async def test_statistics_count_everything(store: LightningStore) -> None:
 async def test_invalid_values_name_the_field(store: LightningStore, call: Callable, field: str) -> None:
     with pytest.raises(InvalidInputError, match=field):
         await call(store)
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda s: s.query_rollouts(limit=2**63), "limit"),
+        (lambda s: s.query_rollouts(offset=2**63), "offset"),
+        (lambda s: s.query_spans("r", limit=MAX_INTEGER + 1), "limit"),
+        (lambda s: s.query_attempts("r", offset=2**64 - 1), "offset"),
+        (lambda s: s.query_workers(limit=2**63 - 1), "limit"),
+        (lambda s: s.query_resources(offset=2**63), "offset"),
+        (lambda s: s.dequeue_many_rollouts(limit=2**63), "limit"),
+    ],
+)
+async def test_integers_past_2_to_the_53_are_refused_naming_the_field(
+    store: LightningStore, call: Callable, field: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=field):
+        await call(store)
+
+
+async def test_the_largest_sequence_id_is_the_last_a_rollout_gets(store: LightningStore) -> None:
+    rollout = await running_rollout(store)
+    rollout_id, attempt_id = rollout.rollout_id, rollout.attempt.attempt_id
+    before = await store.statistics()
+    for too_big in (MAX_INTEGER + 1, 2**63 - 1, 2**63, 2**64 - 1):
+        with pytest.raises(InvalidInputError, match="sequence_id"):
+            await store.add_span(llm_span(rollout_id, attempt_id, sequence_id=too_big))
+    assert (await store.statistics()).total_spans == before.total_spans
+
+    last = await store.add_span(llm_span(rollout_id, attempt_id, sequence_id=MAX_INTEGER))
+    assert last is not None and last.sequence_id == MAX_INTEGER
+    # Like a PostgreSQL sequence at its maximum: no id past it is ever issued.
+    with pytest.raises(ConflictError, match="no sequence ids left"):
+        await store.add_span(llm_span(rollout_id, attempt_id))
+    with pytest.raises(ConflictError, match="no sequence ids left"):
+        await store.get_next_span_sequence_id(rollout_id, attempt_id)
+
+    spans = await store.query_spans(rollout_id)
+    assert [type(span.sequence_id) for span in spans] == [int, int]
+    assert spans[-1].sequence_id == MAX_INTEGER
+
+
+def nested(depth: int, leaf: Any = "leaf") -> Any:
+    """A value `depth` objects and arrays deep (more when `leaf` is itself a container)."""
+    value = leaf
+    for level in range(depth):
+        value = {"level": value} if level % 2 else [value]
+    return value
+
+
+async def test_json_nested_to_the_limit_reads_back_everywhere(store: LightningStore) -> None:
+    deepest = nested(MAX_JSON_DEPTH)
+    queued = await store.enqueue_rollout(input=deepest, metadata={"m": nested(MAX_JSON_DEPTH - 1)})
+    assert (await store.get_rollout_by_id(queued.rollout_id)) == queued
+    assert queued in await store.query_rollouts(rollout_id_in=[queued.rollout_id])
+    claimed = await store.dequeue_many_rollouts(limit=10_000)
+    assert [r.input for r in claimed if r.rollout_id == queued.rollout_id] == [deepest]
+
+    rollout = next(r for r in claimed if r.rollout_id == queued.rollout_id)
+    attributes = {
+        "tokens": nested(MAX_JSON_DEPTH - 2, leaf=list(range(8))),  # token ids at the deepest level
+        "text": nested(MAX_JSON_DEPTH - 1),
+    }
+    event = Event(name="e", attributes={"x": nested(MAX_JSON_DEPTH - 3)})
+    span = llm_span(rollout.rollout_id, rollout.attempt.attempt_id, attributes=attributes, events=[event])
+    assert await store.add_span(span) is not None
+    (read,) = await store.query_spans(rollout.rollout_id)
+    assert read.attributes == attributes and read.events[0].attributes == {"x": nested(MAX_JSON_DEPTH - 3)}
+    await store.update_attempt(rollout.rollout_id, "latest", metadata={"m": nested(MAX_JSON_DEPTH - 1)})
+    await store.update_worker("deep-worker", heartbeat_stats={"s": nested(MAX_JSON_DEPTH - 1)})
+    assert (await store.get_worker_by_id("deep-worker")).heartbeat_stats == {"s": nested(MAX_JSON_DEPTH - 1)}
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda s, r, a: s.enqueue_rollout(input=nested(MAX_JSON_DEPTH + 1)), "input"),
+        (lambda s, r, a: s.start_rollout(input=1, metadata={"m": nested(MAX_JSON_DEPTH)}), "metadata"),
+        (lambda s, r, a: s.update_rollout(r, input=nested(MAX_JSON_DEPTH + 1)), "input"),
+        (lambda s, r, a: s.update_attempt(r, a, metadata={"m": nested(MAX_JSON_DEPTH)}), "metadata"),
+        (lambda s, r, a: s.update_worker("w", heartbeat_stats={"s": nested(MAX_JSON_DEPTH)}), "heartbeat_stats"),
+        (lambda s, r, a: s.add_span(llm_span(r, a, attributes={"x": nested(MAX_JSON_DEPTH)})), "attributes"),
+        (
+            lambda s, r, a: s.add_many_spans(
+                [llm_span(r, a), llm_span(r, a, attributes={"x": nested(MAX_JSON_DEPTH - 1, leaf=list(range(8)))})]
+            ),
+            r"spans\[1\].attributes",
+        ),
+        (
+            lambda s, r, a: s.add_span(llm_span(r, a, resource={"attributes": {"x": nested(MAX_JSON_DEPTH)}})),
+            "resource",
+        ),
+    ],
+)
+async def test_json_nested_past_the_limit_is_refused_before_storing(
+    store: LightningStore, call: Callable, field: str
+) -> None:
+    rollout = await running_rollout(store)
+    before = (await store.statistics()).model_dump(exclude={"uptime", "database_bytes"})
+    with pytest.raises(InvalidInputError, match=f"{field} nests deeper than {MAX_JSON_DEPTH} levels"):
+        await call(store, rollout.rollout_id, rollout.attempt.attempt_id)
+    assert (await store.statistics()).model_dump(exclude={"uptime", "database_bytes"}) == before
+    assert (await store.get_rollout_by_id(rollout.rollout_id)) is not None
+    assert await store.query_rollouts(limit=10_000)
 
 
 async def test_an_unsupported_sort_field_is_worded_as_agent_lightning_words_it(store: LightningStore) -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Dict
 
 import httpx
+import orjson
 import pytest
 
+from agl_store.bounds import MAX_JSON_DEPTH
 from agl_store.client import LightningStoreClient
 from agl_store.models import Span
+from agl_store.span_wire import PACKED_MEDIA_TYPE
 
 from .http_server import StoreServerProcess
 
@@ -318,6 +321,19 @@ async def unchanged_after(
             "payload_too_large",
             "over the limit",
         ),
+        # Integers SQLite's signed 64-bit INTEGER cannot hold were a 500 OverflowError.
+        ("GET", "/rollouts", {"params": {"limit": str(2**63)}}, 400, "invalid_input", "limit must be at most"),
+        ("GET", "/spans", {"params": {"rollout_id": "r", "offset": str(2**63)}}, 400, "invalid_input", "offset"),
+        ("POST", "/queues/rollouts/dequeue", {"json": {"limit": 2**63}}, 400, "invalid_input", "limit"),
+        ("POST", "/rollouts/search", {"json": {"offset": 2**64 - 1}}, 400, "invalid_input", "offset must be at most"),
+        (
+            "POST",
+            "/spans",
+            {"json": {"rollout_id": "r", "attempt_id": "a", "name": "n", "sequence_id": 2**63}},
+            400,
+            "invalid_input",
+            "sequence_id must be at most 9007199254740991",
+        ),
     ],
 )
 async def test_bad_requests(
@@ -335,6 +351,52 @@ async def test_bad_requests(
     error = error_of(answer)
     assert error["code"] == code
     assert message in error["message"]
+
+
+def nested_json(depth: int, leaf: bytes = b"1") -> bytes:
+    return b'{"a":' * depth + leaf + b"}" * depth
+
+
+async def test_json_too_deep_to_read_back_is_refused_and_reads_keep_working(
+    store: LightningStoreClient, http: httpx.AsyncClient
+) -> None:
+    # 254 levels went in but no response could hold them: listing rollouts answered 500, and
+    # a dequeue claimed the rollout while answering 500. 1000 levels was a RecursionError.
+    rollout = await store.start_rollout(input=1)
+    span_head = orjson.dumps({"rollout_id": rollout.rollout_id, "attempt_id": rollout.attempt.attempt_id, "name": "n"})
+    packed_tail = b'],"packed_tokens":[null]}\n'
+    for depth in (254, 1000):
+        cases = [
+            ("/queues/rollouts/enqueue", b'{"rollouts": [{"input": ' + nested_json(depth) + b"}]}", "input"),
+            (f"/rollouts/{rollout.rollout_id}", b'{"metadata": ' + nested_json(depth) + b"}", "metadata"),
+            ("/spans", span_head[:-1] + b',"attributes":' + nested_json(depth) + b"}", "attributes"),
+            (
+                "/spans/batch/packed",
+                b'{"spans":[' + span_head[:-1] + b',"attributes":' + nested_json(depth) + b"}" + packed_tail,
+                "spans[0].attributes",
+            ),
+        ]
+        for path, body, field in cases:
+            headers = {"content-type": PACKED_MEDIA_TYPE} if path.endswith("/packed") else JSON
+            answer = await unchanged_after(store, http, "POST", path, content=body, headers=headers)
+            assert answer.status_code == 400, (path, depth, answer.text)
+            assert f"{field} nests deeper than {MAX_JSON_DEPTH} levels" in error_of(answer)["message"]
+    assert (await http.get("/rollouts")).status_code == 200
+    assert (await http.post("/queues/rollouts/dequeue", json={"limit": 100})).status_code == 200
+    assert (await http.get("/spans", params={"rollout_id": rollout.rollout_id})).status_code == 200
+
+
+async def test_json_at_the_depth_limit_reads_back_as_plain_json(
+    store: LightningStoreClient, http: httpx.AsyncClient
+) -> None:
+    rollout = await store.start_rollout(input=1)
+    attributes = b'{"x":' + nested_json(MAX_JSON_DEPTH - 2, b"[1,2,3,4,5,6,7,8]") + b"}"  # token ids, deepest
+    span = orjson.dumps({"rollout_id": rollout.rollout_id, "attempt_id": rollout.attempt.attempt_id, "name": "n"})
+    stored = await http.post("/spans", content=span[:-1] + b',"attributes":' + attributes + b"}", headers=JSON)
+    assert stored.status_code == 201
+    page = await http.get("/spans", params={"rollout_id": rollout.rollout_id})  # as agent-lightning 0.3 reads
+    assert page.status_code == 200
+    assert page.json()["items"][0]["attributes"] == orjson.loads(attributes)
 
 
 async def test_an_oversized_chunked_body_is_refused_while_it_is_read(

@@ -14,7 +14,7 @@ from typing import List
 
 import pytest
 
-from agl_store import LLM, InvalidInputError, RolloutConfig, Span, StoreClosedError
+from agl_store import LLM, ConflictError, InvalidInputError, RolloutConfig, Span, StoreClosedError
 from agl_store import sqlite_ops as ops
 from agl_store.sqlite import SQLiteStore
 from agl_store.sqlite_schema import MIGRATIONS, apply_migrations
@@ -510,3 +510,26 @@ async def test_a_database_from_before_row_counts_is_counted_when_opened(tmp_path
         await store.enqueue_rollout(input=2)
         assert (await store.statistics()).rollouts_by_status["queuing"] == 2
     assert counted_and_real(path)[0] == counted_and_real(path)[1]
+
+
+async def test_a_counter_left_at_the_int64_top_issues_no_float_ids(tmp_path: Path) -> None:
+    # Before ids were bounded, a span could bring 2^63 - 1 and the next id overflowed to a float.
+    path = tmp_path / "store.db"
+    async with SQLiteStore(path) as store:
+        rollout = await store.start_rollout(input=None)
+        span = Span(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name="s")
+        await store.add_span(span)
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE span_counters SET value = ?", (2**63 - 1,))
+        with pytest.raises(ConflictError, match="no sequence ids left"):
+            await store.add_span(span.model_copy(update={"span_id": "b" * 16}))
+        assert [s.sequence_id for s in await store.query_spans(rollout.rollout_id)] == [1]
+
+
+async def test_numbers_past_the_largest_double_are_invalid_input() -> None:
+    async with SQLiteStore() as store:
+        rollout = await store.start_rollout(input=None)
+        with pytest.raises(InvalidInputError, match="start_time_after is out of range"):
+            await store.query_rollouts(start_time_after=10**400)
+        with pytest.raises(InvalidInputError, match="last_heartbeat_time is out of range"):
+            await store.update_attempt(rollout.rollout_id, "latest", last_heartbeat_time=10**400)

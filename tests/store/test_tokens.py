@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agl_store.bounds import MAX_JSON_DEPTH
+from agl_store.errors import InvalidInputError
 from agl_store.tokens import MIN_PACKED_LENGTH, pack_attributes, unpack_attributes
 
 
@@ -145,3 +147,18 @@ json_values = st.recursive(
 @given(st.dictionaries(st.text(max_size=10), json_values, max_size=6))
 def test_any_json_attributes_round_trip(attributes: dict) -> None:
     assert round_trip(attributes) == attributes
+
+
+def test_attributes_nested_past_the_depth_limit_are_refused_on_the_packing_walk() -> None:
+    def nested(depth: int, leaf: object) -> dict:
+        value = leaf
+        for level in range(depth - 1):
+            value = [value] if level % 2 else {"k": value}
+        return {"top": value}
+
+    ids = list(range(10))
+    at_limit = nested(MAX_JSON_DEPTH - 1, ids)  # the id list is the deepest, 128th level
+    assert round_trip(at_limit) == at_limit
+    for too_deep in (nested(MAX_JSON_DEPTH, ids), nested(MAX_JSON_DEPTH, []), nested(5_000, 1)):
+        with pytest.raises(InvalidInputError, match=f"attributes nests deeper than {MAX_JSON_DEPTH} levels"):
+            pack_attributes(too_deep)
