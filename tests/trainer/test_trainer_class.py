@@ -242,3 +242,26 @@ def test_a_resumed_run_trains_the_same_prompts_as_one_that_never_stopped(tokeniz
     resumed._load_checkpoint()
     assert resumed.global_steps == saved_at and resumed._pending == first._pending
     assert before + run_steps(resumed, 6) == expected
+
+
+async def test_groups_left_in_flight_by_the_last_step_are_cancelled_and_reported(tokenizer, tmp_path, caplog) -> None:
+    from agl_store.sqlite import SQLiteStore
+    from agl_train.runner.groups import GroupTracker
+
+    trainer = build(tokenizer, [*ASYNC, "trainer.total_training_steps=1"])
+    trainer.global_steps = 1
+    store = await SQLiteStore(str(tmp_path / "agl.db")).open()
+    try:
+        trainer._tracker = GroupTracker(store, 1)
+        groups = await trainer._tracker.submit([{"question": "late"}])
+        trainer._pending = [{"question": "never submitted"}]
+
+        with caplog.at_level("WARNING", logger="agl_train.trainer"):
+            metrics = await trainer._cancel_leftovers()
+
+        assert metrics == {"rollout/n_groups_cancelled_at_end": 1.0, "rollout/n_prompts_not_trained": 1.0}
+        assert (await store.get_rollout_by_id(groups[0].rollout_ids[0])).status == "cancelled"
+        assert trainer._tracker.in_flight == [] and trainer._pending == []
+        assert "1 groups in flight cancelled and 1 drawn prompts not submitted" in caplog.text
+    finally:
+        await store.close()
