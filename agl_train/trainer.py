@@ -14,6 +14,7 @@ Two layers:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -80,15 +81,24 @@ def _token_metrics(data: Optional[DataProto]) -> Dict[str, float]:
     }
 
 
+READS_IN_FLIGHT = 8
+"""Rollouts read at once: the store serves one while the trainer decodes another."""
+
+
 async def read_succeeded(
-    store: LightningStore, groups: Sequence[Group], reward_fillna_value: float
+    store: LightningStore, groups: Sequence[Group], reward_fillna_value: float, *, in_flight: int = READS_IN_FLIGHT
 ) -> List[RolloutTrace]:
-    """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid."""
-    return [
-        await read_rollout(store, rollout_id, uid=group.uid, reward_fillna_value=reward_fillna_value)
-        for group in groups
-        for rollout_id in group.succeeded()
-    ]
+    """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid
+    (`in_flight` reads at a time)."""
+    slots = asyncio.Semaphore(in_flight)
+
+    async def read(rollout_id: str, uid: str) -> RolloutTrace:
+        async with slots:
+            return await read_rollout(store, rollout_id, uid=uid, reward_fillna_value=reward_fillna_value)
+
+    return list(
+        await asyncio.gather(*(read(rollout_id, group.uid) for group in groups for rollout_id in group.succeeded()))
+    )
 
 
 async def rollout_step(
