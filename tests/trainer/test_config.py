@@ -177,3 +177,25 @@ def test_the_default_logger_runs_offline_and_writes_a_local_file(config, tmp_pat
     assert "wandb" not in tracking.logger
     lines = (tmp_path / "agl-test" / "defaults.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [{"step": 1, "data": {"rollout/reward_mean": 0.5}}]
+
+
+def test_the_gpu_check_runs_on_agls_defaults(tiny_model_path, tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from .conftest import REPO_ROOT
+
+    command = [sys.executable, "tests/gpu/gpu_check.py", "--model", str(tiny_model_path), "--base-url", "http://127.0.0.1:9"]
+    done = subprocess.run(
+        [*command, "--dry-run", "--out", str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    composed = OmegaConf.load(tmp_path / "config.yaml")
+    assert composed.algorithm.adv_estimator == "grpo" and composed.critic.enable is False
+    assert list(composed.trainer.logger) == ["console", "file"]
+    assert composed.actor_rollout_ref.model.override_config.attn_implementation in ("sdpa", "flash_attention_2")
+    assert composed.trainer.save_freq == composed.trainer.test_freq == composed.trainer.total_training_steps
