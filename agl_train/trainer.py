@@ -7,9 +7,10 @@ Two layers:
   prompt → runners execute them → wait (`rollout_timeout_seconds`) → read spans → rows
   (trace aggregator) → advantage (rollout-level) → update cap → per-rollout normalisation.
   Failed and timed-out rollouts are dropped from the batch and counted.
-- `AglTrainer`, a `RayPPOTrainer` whose `fit()` calls `rollout_step` each step between
-  publishing the rollout engine's replicas to the proxy and the actor update, and pauses and
-  drains the proxy around the weight update.
+- `AglTrainer`, a `RayPPOTrainer` whose `fit()` runs the steps of `schedule.StepSchedule`
+  and calls `rollout_step` each step between publishing the rollout engine's replicas to the
+  proxy and the actor update, and pauses and drains the proxy around the weight update.
+  Checkpoints (saved before `update_weights`, as verl) carry the prompts drawn but not trained.
 """
 
 from __future__ import annotations
@@ -211,8 +212,10 @@ class AglTrainer(RayPPOTrainer):
     """verl's PPO trainer with agent rollouts through agl's gateway.
 
     Construct it like `RayPPOTrainer` (the entry point does) with an `InMemoryDataset` and
-    `collate_inputs`. The constructor checks agl's settings: a bad combination (an async
-    batch not larger than `data.train_batch_size`, KL in the reward) raises ValueError.
+    `collate_inputs`. The constructor checks agl's settings before verl builds anything: a bad
+    combination (an async batch not larger than `data.train_batch_size`, KL in the reward, a
+    critic or GAE, a verl feature agl's loop does not implement) raises ValueError naming the
+    key; it also resolves the actor's attention implementation (`attention`).
     """
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
