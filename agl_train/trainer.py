@@ -441,7 +441,11 @@ class AglTrainer(RayPPOTrainer):
                 self.global_steps = step
                 for _ in range(plan.draw):
                     self._pending += next(batches, [])
-                metrics = self._train_step(self._inputs_to_submit(plan), save=plan.save)
+                new_inputs = self._inputs_to_submit(plan)
+                if not new_inputs and self._tracker is not None and not self._tracker.in_flight:
+                    logger.warning("step %d: the dataloader ended before step %d; stopping", step, schedule.last_step)
+                    break
+                metrics = self._train_step(new_inputs, save=plan.save)
                 metrics.update({"training/global_step": step, "training/epoch": plan.epoch})
                 if plan.validate:
                     metrics.update(self._validate())
