@@ -248,7 +248,10 @@ class AglTrainer(RayPPOTrainer):
         from agl_store.client import LightningStoreClient
 
         settings = self.runner_settings
-        store = LightningStoreClient(settings.agl_base_url, key=settings.agl_key or None, timeout=300.0)
+        # Token ids stay int32 arrays on the read path: no Python int per id (docs/trainer.md, Speed).
+        store = LightningStoreClient(
+            settings.agl_base_url, key=settings.agl_key or None, timeout=300.0, token_arrays=True
+        )
         await store.open()
         self._store = store
         runner = make_runner(settings)

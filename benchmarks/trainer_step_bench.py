@@ -93,23 +93,34 @@ async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> Tuple[float, 
 async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int) -> Dict[str, float]:
     stages: Dict[str, float] = {}
     async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
-        stages["read (HTTP, 1 at a time)"], _ = await timed(lambda: read_succeeded(client, groups, 0.0, in_flight=1), repeats)
+        stages["before: read (HTTP, lists, 1 at a time)"], as_lists = await timed(
+            lambda: read_succeeded(client, groups, 0.0, in_flight=1), repeats
+        )
+    async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
         stages["read (HTTP)"], traces = await timed(lambda: read_succeeded(client, groups, 0.0), repeats)
     local = await SQLiteStore(str(db_path)).open()
     try:
-        stages["read (in process)"], _ = await timed(lambda: read_succeeded(local, groups, 0.0), repeats)
+        stages["read (in process, lists)"], _ = await timed(lambda: read_succeeded(local, groups, 0.0), repeats)
     finally:
         await local.close()
+
+    async def rows_of_lists() -> Any:
+        return aggregate(as_lists, "trajectory", LIMITS)
 
     async def rows() -> Any:
         return aggregate(traces, "trajectory", LIMITS)
 
+    stages["before: aggregate (lists)"], _ = await timed(rows_of_lists, repeats)
+    del as_lists
     stages["aggregate"], aggregation = await timed(rows, repeats)
 
     async def tensors() -> Any:
         return to_data_proto(aggregation.rows, LIMITS, 0)
 
     stages["tensorize"], _ = await timed(tensors, repeats)
+    stages["before: total"] = (
+        stages["before: read (HTTP, lists, 1 at a time)"] + stages["before: aggregate (lists)"] + stages["tensorize"]
+    )
     stages["agl total"] = stages["read (HTTP)"] + stages["aggregate"] + stages["tensorize"]
     stages["_rows"] = float(len(aggregation.rows))
     stages["_calls"] = float(sum(len(t.calls) for t in traces))
@@ -171,13 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens: {calls} LLM calls, "
         f"{tokens / 1e6:.1f}M token ids read, {rows} trajectory rows (median of {args.repeats})"
     )
-    print(f"{'stage':<22}{'seconds':>10}{'per rollout ms':>16}")
+    print(f"{'stage':<42}{'seconds':>10}{'per rollout ms':>16}")
     for name, seconds in stages.items():
-        print(f"{name:<22}{seconds:>10.3f}{1000 * seconds / args.rollouts:>16.2f}")
+        print(f"{name:<42}{seconds:>10.3f}{1000 * seconds / args.rollouts:>16.2f}")
     total = stages["agl total"]
     print(
         f"baseline: one rollout's generation ≥ {rollout_s:.1f} s ({generated} tokens at "
         f"{args.decode_tokens_per_s:.0f} tokens/s); agl total / generation = {total / rollout_s:.3f}; "
+        f"before / now = {stages['before: total'] / total:.2f}; "
         f"target agl total < 2 s for 1,000 rollouts: {'ok' if total < 2 * args.rollouts / 1000 else 'MISS'}"
     )
     if args.json:
