@@ -9,16 +9,18 @@ The rollouts are `aggregate_bench.py`'s tool agents (a context growing to `--tok
 `agl store serve` on SQLite in its own process. Then, as the trainer does after each step's
 rollouts (`trainer.read_succeeded` → `step.build_batch`), each a median of `--repeats`:
 
-- `read (HTTP)`: every rollout's spans through `LightningStoreClient` over HTTP into
-  `RolloutTrace`s (`read_succeeded`: 8 reads in flight, token ids packed on the wire);
-- `read (HTTP, 1 at a time)`: the same, one rollout after the other (how the trainer read
-  before), the baseline of the line above;
-- `read (in process)`: the same through the `SQLiteStore` itself (the embedded store, when the
-  trainer runs in the proxy's process), for comparison;
+- `read (HTTP)`: every rollout's spans into `RolloutTrace`s through the trainer's store client,
+  `LightningStoreClient(token_arrays=True)` (token ids packed on the wire and kept as int32
+  arrays), 8 reads in flight (`read_succeeded`);
 - `aggregate`: trajectory rows (`aggregate(..., "trajectory")`, agl's default limits 2048/8192);
 - `tensorize`: rows → verl's `DataProto` (`to_data_proto`).
 
-`agl total` = read (HTTP) + aggregate + tensorize, the trainer's own time per step. Beside it,
+Baselines in the same run: `before: read (HTTP, lists, 1 at a time)` and `before: aggregate
+(lists)`, how the trainer read and merged before (token ids as Python lists, one rollout after
+the other), and `read (in process, lists)`: the `SQLiteStore` itself (the embedded store).
+
+`agl total` = read (HTTP) + aggregate + tensorize, the trainer's own time per step (`before:
+total` the same with the baselines). Beside it,
 the baseline every step pays anyway: the rollouts' generation, stated (not measured here: no
 GPU model runs in this benchmark) as the generated tokens of one rollout's sequential calls at
 `--decode-tokens-per-s` per sequence (60 by default, a 7B model on one GPU with a full batch);
@@ -91,41 +93,47 @@ async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> Tuple[float, 
 
 
 async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int) -> Dict[str, float]:
+    """The trainer's path first, then the baselines (so its numbers see a heap without theirs)."""
     stages: Dict[str, float] = {}
-    async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
-        stages["before: read (HTTP, lists, 1 at a time)"], as_lists = await timed(
-            lambda: read_succeeded(client, groups, 0.0, in_flight=1), repeats
-        )
     async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
         stages["read (HTTP)"], traces = await timed(lambda: read_succeeded(client, groups, 0.0), repeats)
-    local = await SQLiteStore(str(db_path)).open()
-    try:
-        stages["read (in process, lists)"], _ = await timed(lambda: read_succeeded(local, groups, 0.0), repeats)
-    finally:
-        await local.close()
-
-    async def rows_of_lists() -> Any:
-        return aggregate(as_lists, "trajectory", LIMITS)
 
     async def rows() -> Any:
         return aggregate(traces, "trajectory", LIMITS)
 
-    stages["before: aggregate (lists)"], _ = await timed(rows_of_lists, repeats)
-    del as_lists
     stages["aggregate"], aggregation = await timed(rows, repeats)
 
     async def tensors() -> Any:
         return to_data_proto(aggregation.rows, LIMITS, 0)
 
     stages["tensorize"], _ = await timed(tensors, repeats)
+    stages["agl total"] = stages["read (HTTP)"] + stages["aggregate"] + stages["tensorize"]
+    counts = {
+        "_rows": float(len(aggregation.rows)),
+        "_calls": float(sum(len(t.calls) for t in traces)),
+        "_tokens": float(sum(len(c.prompt_ids) + len(c.response_ids) for t in traces for c in t.calls)),
+    }
+    del traces, aggregation
+
+    async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
+        stages["before: read (HTTP, lists, 1 at a time)"], as_lists = await timed(
+            lambda: read_succeeded(client, groups, 0.0, in_flight=1), repeats
+        )
+
+    async def rows_of_lists() -> Any:
+        return aggregate(as_lists, "trajectory", LIMITS)
+
+    stages["before: aggregate (lists)"], _ = await timed(rows_of_lists, repeats)
+    del as_lists
     stages["before: total"] = (
         stages["before: read (HTTP, lists, 1 at a time)"] + stages["before: aggregate (lists)"] + stages["tensorize"]
     )
-    stages["agl total"] = stages["read (HTTP)"] + stages["aggregate"] + stages["tensorize"]
-    stages["_rows"] = float(len(aggregation.rows))
-    stages["_calls"] = float(sum(len(t.calls) for t in traces))
-    stages["_tokens"] = float(sum(len(c.prompt_ids) + len(c.response_ids) for t in traces for c in t.calls))
-    return stages
+    local = await SQLiteStore(str(db_path)).open()
+    try:
+        stages["read (in process, lists)"], _ = await timed(lambda: read_succeeded(local, groups, 0.0), repeats)
+    finally:
+        await local.close()
+    return {**stages, **counts}
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> Dict[str, Any]:
