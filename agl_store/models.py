@@ -40,6 +40,8 @@ ACTIVE_ROLLOUT_STATUSES: frozenset[str] = frozenset({"preparing", "running"})
 TERMINAL_ATTEMPT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "unresponsive", "timeout"})
 
 TaskInput = Any
+LATEST_ATTEMPT = "latest"
+"""The attempt id that names a rollout's latest attempt, wherever the store takes an attempt id."""
 
 
 def new_id(prefix: str) -> str:
@@ -290,3 +292,8 @@ class StoreStatistics(BaseModel):
     rollouts_by_status: Dict[str, int] = Field(default_factory=dict)
     uptime: float = 0.0
     database_bytes: Optional[int] = None
+    """Bytes on disk of the database file and its `-wal` file; None in memory."""
+    wal_bytes: Optional[int] = None
+    """Of `database_bytes`, the `-wal` file's (truncated to 0 after retention)."""
+    unused_bytes: Optional[int] = None
+    """Of the database file, free pages that later writes reuse."""

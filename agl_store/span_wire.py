@@ -40,6 +40,8 @@ from .tokens import fill_packed, pack_attributes, unpack_attributes
 
 ENCODING_HEADER = "x-agl-span-encoding"
 PACKED = "packed-v1"
+PACKED_MEDIA_TYPE = "application/vnd.agl.packed-spans"
+"""The Content-Type of a `packed_batch` frame posted to `/spans/batch/packed`."""
 
 SPAN_LIST = TypeAdapter(List[Span])
 """Validates a JSON list of spans (pages read here, batches the server takes)."""

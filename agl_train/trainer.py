@@ -278,7 +278,7 @@ class AglTrainer(RayPPOTrainer):
             self.gateway,
             [replica.server_address for replica in self.llm_server_manager.get_replicas()],
             version=str(self.global_steps),
-            api_key=self.runner_settings.agl_key or None,
+            api_key=self.runner_settings.agent_key or None,
             sampling_parameters={"temperature": float(self.config.actor_rollout_ref.rollout.temperature)},
         )
 

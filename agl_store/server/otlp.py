@@ -71,14 +71,15 @@ def _seconds(unix_nano: int) -> Optional[float]:
 
 
 def _sequence_id(value: Any) -> Optional[int]:
-    """A usable sequence id, or None to let the store issue one."""
+    """A usable sequence id (0 included, as agent-lightning 0.3 keeps it), or None to let the
+    store issue one (for a negative one too, as 0.3 does)."""
     if value is None or isinstance(value, bool):
         return None
     try:
         number = int(value)
     except (TypeError, ValueError):
         raise InvalidInputError(f"sequence id attribute must be an integer, got {value!r}") from None
-    return number if number > 0 else None
+    return number if number >= 0 else None
 
 
 def _trace_state(raw: str) -> Dict[str, str]:

@@ -104,10 +104,17 @@ def test_ids_come_from_resource_attributes_and_span_attributes_override_them() -
 def test_agent_lightning_attribute_names_are_read() -> None:
     request = export_request(
         {"agentlightning.rollout_id": "ro-al"},
-        [proto_span(1, **{"agentlightning.attempt_id": "at-al", "agentlightning.span_sequence_id": "5"})],
+        [
+            proto_span(n, **{"agentlightning.attempt_id": "at-al", "agentlightning.span_sequence_id": sequence})
+            for n, sequence in ((1, "5"), (2, "0"), (3, "-1"))
+        ],
     )
-    (span,), _ = spans_from_request(request)
-    assert (span.rollout_id, span.attempt_id, span.sequence_id) == ("ro-al", "at-al", 5)
+    spans, _ = spans_from_request(request)
+    assert [(s.rollout_id, s.attempt_id, s.sequence_id) for s in spans] == [
+        ("ro-al", "at-al", 5),
+        ("ro-al", "at-al", 0),  # kept, as agent-lightning 0.3 keeps it
+        ("ro-al", "at-al", None),  # negative: the store issues one
+    ]
 
 
 def test_attribute_values_become_native_json() -> None:
@@ -158,7 +165,7 @@ async def test_traces_endpoint_stores_protobuf_and_json_spans(tmp_path: Path) ->
         attempted = await store.start_rollout(input={"q": 1})
         ids = {"agl.rollout_id": attempted.rollout_id, "agl.attempt_id": attempted.attempt.attempt_id}
         proto_body = export_request(ids, [proto_span(1), proto_span(2, **{"agl.prompt_token_ids": [7, 8, 9]})])
-        json_body = export_request(ids, [proto_span(3, name="tool")])
+        json_body = export_request({**ids, "agl.attempt_id": "latest"}, [proto_span(3, name="tool")])
         async with httpx.AsyncClient(base_url=store.url) as http:
             answer = await http.post(
                 "/v1/traces",
@@ -176,6 +183,7 @@ async def test_traces_endpoint_stores_protobuf_and_json_spans(tmp_path: Path) ->
             assert answer.status_code == 200, answer.text
         spans = await store.query_spans(attempted.rollout_id)
         assert [s.name for s in spans] == ["agl.llm_call", "agl.llm_call", "tool"]
+        assert {s.attempt_id for s in spans} == {attempted.attempt.attempt_id}  # "latest" is stored as the attempt
         assert [s.sequence_id for s in spans] == sorted({s.sequence_id for s in spans})
         assert spans[1].attributes["agl.prompt_token_ids"] == [7, 8, 9]
 

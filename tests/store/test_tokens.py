@@ -23,7 +23,8 @@ def int_bytes(blob: bytes | None) -> int:
 
 
 def test_an_llm_call_span_round_trips_with_token_ids_in_the_blob() -> None:
-    prompt = [random.Random(0).randrange(151_000) for _ in range(2000)]
+    rng = random.Random(0)
+    prompt = [rng.randrange(151_000) for _ in range(2000)]
     attributes = {
         "agl.request": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "return_token_ids": True},
         "agl.response": {"choices": [{"index": 0, "token_ids": list(range(64)), "message": {"content": "ok"}}]},
@@ -42,7 +43,8 @@ def test_binary_ids_are_much_smaller_than_json() -> None:
     # Ids of a 151k vocabulary as the proxy records them: JSON spends ~6.9 bytes per id
     # ("123456," plus spaces in some writers), the blob 4, so packed/JSON is about 0.58
     # here (1 / 1.7); with Python's `json.dumps` spacing it is 1 / 2.0.
-    ids = [random.Random(1).randrange(100_000, 151_000) for _ in range(4096)]
+    rng = random.Random(1)
+    ids = [rng.randrange(100_000, 151_000) for _ in range(4096)]
     as_json = len(orjson.dumps({"ids": ids}))
 
     skeleton, blob = pack_attributes({"ids": ids})
