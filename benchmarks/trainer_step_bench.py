@@ -176,8 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rollout_s = generated / args.decode_tokens_per_s
     results = {
         "workload": {
-            "rollouts": args.rollouts, "turns": args.turns, "tokens_per_rollout": args.tokens, "llm_calls": calls,
-            "tokens_read": tokens, "trajectory_rows": rows, "repeats": args.repeats, "python": platform.python_version(),
+            "rollouts": args.rollouts, "turns": args.turns, "tokens_per_rollout": args.tokens,
+            "llm_calls": calls, "tokens_read": tokens, "trajectory_rows": rows, "repeats": args.repeats,
+            "python": platform.python_version(),
         },
         "stages_s": stages,
         "baseline": {

@@ -248,7 +248,8 @@ async def test_token_arrays_leave_packed_token_ids_as_int32_arrays(tmp_path: Pat
     async with start_store_server(tmp_path / "store.db") as store:
         attempted = await store.start_rollout(input={"task": 1})
         call = {"agl.prompt_token_ids": prompt, "agl.choices": [{"index": 0, "token_ids": short}]}
-        span = Span(rollout_id=attempted.rollout_id, attempt_id=attempted.attempt.attempt_id, name="agl.llm_call", attributes=call)
+        ids = {"rollout_id": attempted.rollout_id, "attempt_id": attempted.attempt.attempt_id}
+        span = Span(**ids, name="agl.llm_call", attributes=call)
         await store.add_many_spans([span])
         async with LightningStoreClient(store.url, token_arrays=True) as reader:
             (read,) = await reader.query_spans(attempted.rollout_id)

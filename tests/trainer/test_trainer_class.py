@@ -197,7 +197,8 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         trainer._loop.stop()
 
     assert calls == [
-        "rollouts", "pause", "sleep_replicas", "old_log_prob", "update_actor", "save_checkpoint", "update_weights", "resume"
+        "rollouts", "pause", "sleep_replicas", "old_log_prob", "update_actor",
+        "save_checkpoint", "update_weights", "resume",
     ]
 
 
@@ -223,7 +224,9 @@ def run_steps(trainer, until):
 
 
 @pytest.mark.parametrize("rollout, saved_at", [(ASYNC, 2), (ASYNC, 3), (ASYNC, 4), ([], 2), ([], 4)])
-def test_a_resumed_run_trains_the_same_prompts_as_one_that_never_stopped(tokenizer, tmp_path, rollout, saved_at) -> None:
+def test_a_resumed_run_trains_the_same_prompts_as_one_that_never_stopped(
+    tokenizer, tmp_path, rollout, saved_at
+) -> None:
     overrides = [*rollout, f"trainer.default_local_dir={tmp_path}", "data.shuffle=false", "trainer.total_epochs=2"]
     whole = build(tokenizer, overrides)
     whole.global_steps = 0
@@ -265,3 +268,32 @@ async def test_groups_left_in_flight_by_the_last_step_are_cancelled_and_reported
         assert "1 groups in flight cancelled and 1 drawn prompts not submitted" in caplog.text
     finally:
         await store.close()
+
+
+async def test_reads_in_flight_keep_the_groups_order(tmp_path) -> None:
+    from agl_store.sqlite import SQLiteStore
+    from agl_train.runner.groups import Group
+    from agl_train.trainer import read_succeeded
+
+    from ..train.builders import llm_call_span, reward
+
+    store = await SQLiteStore(str(tmp_path / "agl.db")).open()
+    try:
+        groups = []
+        for g in range(3):
+            rollout_ids = []
+            for k in range(3):
+                rollout = await store.start_rollout(input={"g": g})
+                rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+                call = llm_call_span(range(20), range(10 * k + 1), rollout_id=rid, attempt_id=aid)
+                await store.add_many_spans([call, reward(g + k / 10, rollout_id=rid, attempt_id=aid)])
+                rollout_ids.append(rid)
+            outcomes = {rid: "succeeded" for rid in rollout_ids}
+            groups.append(Group(uid=f"g{g}", input={"g": g}, rollout_ids=rollout_ids, outcomes=outcomes))
+
+        traces = await read_succeeded(store, groups, 0.0, in_flight=4)
+    finally:
+        await store.close()
+    assert [t.rollout_id for t in traces] == [rid for group in groups for rid in group.rollout_ids]
+    assert [t.uid for t in traces] == ["g0"] * 3 + ["g1"] * 3 + ["g2"] * 3
+    assert [t.reward for t in traces] == [g + k / 10 for g in range(3) for k in range(3)]
