@@ -89,7 +89,8 @@ class LightningStoreClient(LightningStore):
     Open it with `await client.open()` or `async with LightningStoreClient(url) as store:`.
     `timeout` bounds each request (long polls get their wait added); `retries` is how many
     times a request is repeated after a network error or a 5xx before giving up with
-    `StoreUnavailableError` (network) or the server's error (5xx).
+    `StoreUnavailableError` (network) or the server's error (5xx). With `token_arrays`,
+    `query_spans` leaves token id lists that travelled packed as `array('i')` instead of lists.
     """
 
     name = "LightningStoreClient"
@@ -104,8 +105,11 @@ class LightningStoreClient(LightningStore):
         backoff_base: float = 0.1,
         backoff_max: float = 2.0,
         transport: Optional[httpx.AsyncBaseTransport] = None,
+        token_arrays: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
+        # Spans read back keep packed token ids as array('i') (tokens.fill_packed): the trainer's reader.
+        self._token_arrays = token_arrays
         self._key = key
         self._timeout = timeout
         self._retries = max(0, retries)
@@ -516,7 +520,8 @@ class LightningStoreClient(LightningStore):
         }
         # Token ids travel packed (see agl_store.span_wire) when the server supports it.
         response = await self._send("POST", AGL_PREFIX + "/spans/search", body=body, headers=_PACKED_SPANS)
-        spans, total = spans_from_page(response.content, response.headers.get(ENCODING_HEADER) == PACKED)
+        packed = response.headers.get(ENCODING_HEADER) == PACKED
+        spans, total = spans_from_page(response.content, packed, arrays=self._token_arrays)
         return Page(spans, total=total)
 
     # --- resources ------------------------------------------------------------------------

@@ -159,8 +159,9 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def spans_from_page(body: bytes, packed: bool) -> Tuple[List[Span], int]:
-    """The spans of a page body and its `total`; packed pages get their token arrays back."""
+def spans_from_page(body: bytes, packed: bool, *, arrays: bool = False) -> Tuple[List[Span], int]:
+    """The spans of a page body and its `total`; packed pages get their token arrays back
+    (as `array('i')` with `arrays`, see `tokens.fill_packed`)."""
     with _collector_paused():
         if not packed:
             data = orjson.loads(body)
@@ -169,7 +170,7 @@ def spans_from_page(body: bytes, packed: bool) -> Tuple[List[Span], int]:
         spans = SPAN_LIST.validate_python(data["items"])
         for span, blob in zip(spans, blobs, strict=True):
             if blob is not None:
-                fill_packed(span.attributes, blob)
+                fill_packed(span.attributes, blob, arrays=arrays)
         return spans, data["total"]
 
 

@@ -69,11 +69,13 @@ def unpack_attributes(text: bytes, blob: Optional[bytes]) -> Dict[str, Any]:
     return value if blob is None else fill_packed(value, blob)
 
 
-def fill_packed(value: Dict[str, Any], blob: bytes) -> Dict[str, Any]:
+def fill_packed(value: Dict[str, Any], blob: bytes, *, arrays: bool = False) -> Dict[str, Any]:
     """Put the int arrays of `blob` back into `value` (the JSON text's skeleton), in place.
 
     The store client calls this on spans that came over the wire in packed form, so that
-    neither the server nor pydantic handles the token ids one by one.
+    neither the server nor pydantic handles the token ids one by one. With `arrays` the
+    arrays stay `array('i')` (a copy of their bytes, no Python int per id): for readers that
+    only compare and copy token ids, such as the trainer.
     """
     # orjson writes newlines inside strings as \n, so the first raw newline ends the index.
     split = blob.index(b"\n")
@@ -86,6 +88,9 @@ def fill_packed(value: Dict[str, Any], blob: bytes) -> Dict[str, Any]:
         parent: Any = value
         for key in path[:-1]:
             parent = parent[key]
+        if arrays:
+            parent[path[-1]] = ints[offset : offset + count]
+            continue
         known = decoded.get(offset)
         if known is not None and len(known) == count:
             parent[path[-1]] = known.copy()  # equal, but not the same object: callers may mutate

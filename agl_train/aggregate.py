@@ -20,6 +20,7 @@ truncates the row's response (the row is kept).
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -81,13 +82,18 @@ class Aggregation:
     metrics: Dict[str, float] = field(default_factory=dict)
 
 
+def _as_list(ids: Sequence[int]) -> List[int]:
+    """A new list of `ids` (rows own plain lists; an `array('i')` converts fastest by `tolist`)."""
+    return ids.tolist() if type(ids) is array else list(ids)
+
+
 def _unlimited_row(trace: RolloutTrace, turn_index: int, call: LLMCall) -> Row:
     return Row(
         rollout_id=trace.rollout_id,
         uid=trace.uid,
         turn_index=turn_index,
-        prompt_ids=list(call.prompt_ids),
-        response_ids=list(call.response_ids),
+        prompt_ids=_as_list(call.prompt_ids),
+        response_ids=_as_list(call.response_ids),
         response_mask=[1] * len(call.response_ids),
         logprobs=list(call.logprobs) if call.logprobs is not None else None,
         reward=trace.reward,
@@ -114,14 +120,22 @@ def apply_limits(row: Row, limits: Limits) -> Row:
     )
 
 
+def _equal(a: Sequence[int], b: Sequence[int]) -> bool:
+    # Lists and arrays never compare equal to each other; a store read mixes them only for
+    # arrays too short to be packed (< 8 ids), so the element-wise path stays short.
+    if type(a) is type(b):
+        return a == b
+    return len(a) == len(b) and all(x == y for x, y in zip(a, b))
+
+
 def extends(prompt_ids: Sequence[int], previous_prompt: Sequence[int], previous_response: Sequence[int]) -> bool:
     """Whether `prompt_ids` starts with exactly `previous_prompt + previous_response`."""
     p, r = len(previous_prompt), len(previous_response)
     if len(prompt_ids) < p + r:
         return False
     # Compare from the end of the previous context first: a re-rendered prompt usually
-    # differs near the last turn, so mismatches are found sooner.
-    return prompt_ids[p : p + r] == previous_response and prompt_ids[:p] == previous_prompt
+    # differs near the last turn, so mismatches are found sooner. Arrays compare as memory.
+    return _equal(prompt_ids[p : p + r], previous_response) and _equal(prompt_ids[:p], previous_prompt)
 
 
 def transition_rows(
@@ -136,8 +150,8 @@ class _Segment:
 
     def __init__(self, turn_index: int, call: LLMCall) -> None:
         self.turn_index = turn_index
-        self.prompt_ids = list(call.prompt_ids)
-        self.response_ids = list(call.response_ids)
+        self.prompt_ids = _as_list(call.prompt_ids)
+        self.response_ids = _as_list(call.response_ids)
         self.response_mask = [1] * len(call.response_ids)
         self.logprobs: Optional[List[float]] = list(call.logprobs) if call.logprobs is not None else None
         self.n_calls = 1

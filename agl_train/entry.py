@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, List, Sequence
 
+from .attention import resolve_attn_implementation
 from .dataset import check_dataset
 from .settings import trainer_settings
 
@@ -65,9 +66,12 @@ def run_ppo(config: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any
     """Train with verl on agent rollouts of `train_dataset`, validating on `val_dataset`.
 
     Each dataset is a non-empty in-memory sequence of JSON-like tasks; each task becomes a
-    rollout's `input`. Blocks until training ends.
+    rollout's `input`. Blocks until training ends. The actor's attention implementation is
+    chosen here, in `config` (`attention.resolve_attn_implementation`: `auto` → flash-attention
+    where it is installed, else SDPA).
     """
     train, val = check_inputs(config, train_dataset, val_dataset)
+    resolve_attn_implementation(config)
     import ray
 
     worker_process_setup_hook()
@@ -118,6 +122,7 @@ def make_task_runner() -> Any:
             from verl.trainer.ppo.utils import need_critic
 
             OmegaConf.resolve(config)
+            resolve_attn_implementation(config)  # no-op after run_ppo; here for callers of the runner alone
             _, worker_group_cls = self.add_actor_rollout_worker(config)
             if need_critic(config):
                 self.add_critic_worker(config)

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence, Tuple
 from .aggregate import Limits, get_aggregator, limits_for_level
 from .loss import LOSS_MODE
 from .runner.settings import RunnerSettings, check_async_batch
+from .verl_config import check_verl_config
 
 CONFIG_MODULE = "agl_train"
 CONFIG_NAME = "config"
@@ -78,10 +79,13 @@ def settings_from_config(config: Any) -> TrainSettings:
 
 
 def trainer_settings(config: Any) -> Tuple[TrainSettings, RunnerSettings]:
-    """Every agl setting of a trainer config, checked: the data path's, the runners', and no
-    KL penalty in the reward (agl's trainer does not apply it). ValueError names what is wrong."""
+    """Every agl setting of a trainer config, checked: the data path's, the runners', no KL
+    penalty in the reward (agl's trainer does not apply it), and no verl key that agl's loop
+    would not honour (`verl_config.check_verl_config`: critics, GAE, rollout correction, ...).
+    ValueError names the key to change."""
     settings = settings_from_config(config)
     runner_settings = RunnerSettings.from_config(config)
     if config["algorithm"].get("use_kl_in_reward", False):
         raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
+    check_verl_config(config)
     return settings, runner_settings

@@ -12,6 +12,7 @@ carry the rollout's reward and shift its advantage.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -36,12 +37,14 @@ SKIP_NO_RESPONSE_IDS = "no_response_token_ids"
 class LLMCall:
     """One generated choice of one LLM call, in token ids.
 
+    Token ids are lists, or `array('i')` when the store client read them packed
+    (`LightningStoreClient(token_arrays=True)`, what the trainer uses: no Python int per id).
     `logprobs` has one entry per response token, or is None when the call did not record them.
     A call with `n` choices becomes `n` LLMCalls sharing `sequence_id`.
     """
 
-    prompt_ids: List[int]
-    response_ids: List[int]
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
     logprobs: Optional[List[float]] = None
     sequence_id: Optional[int] = None
     span_id: str = ""
@@ -73,7 +76,9 @@ def _sorted_by_sequence(spans: Iterable[Span]) -> List[Span]:
     return sorted(spans, key=lambda s: (s.sequence_id is None, s.sequence_id or 0))
 
 
-def _int_list(value: Any) -> Optional[List[int]]:
+def _int_list(value: Any) -> Optional[Sequence[int]]:
+    if type(value) is array and value.typecode == "i":
+        return value if value else None  # decoded from the store's int32 blobs: ints by construction
     if not isinstance(value, list) or not value:
         return None
     # `map(type, ...)` runs in C: the check costs little next to reading an 8k-token span.

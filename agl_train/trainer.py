@@ -7,19 +7,23 @@ Two layers:
   prompt → runners execute them → wait (`rollout_timeout_seconds`) → read spans → rows
   (trace aggregator) → advantage (rollout-level) → update cap → per-rollout normalisation.
   Failed and timed-out rollouts are dropped from the batch and counted.
-- `AglTrainer`, a `RayPPOTrainer` whose `fit()` calls `rollout_step` each step between
-  publishing the rollout engine's replicas to the proxy and the actor update, and pauses and
-  drains the proxy around the weight update.
+- `AglTrainer`, a `RayPPOTrainer` whose `fit()` runs the steps of `schedule.StepSchedule`
+  and calls `rollout_step` each step between publishing the rollout engine's replicas to the
+  proxy and the actor update, and pauses and drains the proxy around the weight update.
+  Checkpoints (saved before `update_weights`, as verl) carry the prompts drawn but not trained.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import os
 import random
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import httpx
 import numpy as np
@@ -28,6 +32,7 @@ from agl_store.base import LightningStore
 from agl_store.models import ProxyLLM, RolloutConfig
 
 from ._verl import DataProto
+from .attention import resolve_attn_implementation
 from .dataset import INPUT_KEY
 from .gateway import GatewayClient, server_root, vllm_model_list
 from .hooks import run_startup_hooks
@@ -36,6 +41,7 @@ from .runner.dispatch import RolloutDispatcher
 from .runner.factory import make_runner
 from .runner.groups import Collected, Group, GroupTracker
 from .runner.loop_thread import LoopThread
+from .schedule import StepPlan, StepSchedule
 from .settings import TrainSettings, trainer_settings
 from .spans import RolloutTrace, read_rollout
 from .step import build_batch, prepare_update
@@ -52,6 +58,9 @@ logger = logging.getLogger(__name__)
 
 WAIT_GRACE_S = 30.0
 """Extra wait past the rollout timeout: the runner kills at the timeout, then records the outcome."""
+
+CARRIED_FILE = "agl_carried.json"
+"""In a checkpoint's `global_step_<k>` folder: the prompts drawn but not yet trained (JSON list)."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +83,24 @@ def _token_metrics(data: Optional[DataProto]) -> Dict[str, float]:
     }
 
 
+READS_IN_FLIGHT = 8
+"""Rollouts read at once: the store serves one while the trainer decodes another."""
+
+
 async def read_succeeded(
-    store: LightningStore, groups: Sequence[Group], reward_fillna_value: float
+    store: LightningStore, groups: Sequence[Group], reward_fillna_value: float, *, in_flight: int = READS_IN_FLIGHT
 ) -> List[RolloutTrace]:
-    """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid."""
-    return [
-        await read_rollout(store, rollout_id, uid=group.uid, reward_fillna_value=reward_fillna_value)
-        for group in groups
-        for rollout_id in group.succeeded()
-    ]
+    """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid
+    (`in_flight` reads at a time)."""
+    slots = asyncio.Semaphore(in_flight)
+
+    async def read(rollout_id: str, uid: str) -> RolloutTrace:
+        async with slots:
+            return await read_rollout(store, rollout_id, uid=uid, reward_fillna_value=reward_fillna_value)
+
+    return list(
+        await asyncio.gather(*(read(rollout_id, group.uid) for group in groups for rollout_id in group.succeeded()))
+    )
 
 
 async def rollout_step(
@@ -195,13 +213,16 @@ class AglTrainer(RayPPOTrainer):
     """verl's PPO trainer with agent rollouts through agl's gateway.
 
     Construct it like `RayPPOTrainer` (the entry point does) with an `InMemoryDataset` and
-    `collate_inputs`. The constructor checks agl's settings: a bad combination (an async
-    batch not larger than `data.train_batch_size`, KL in the reward) raises ValueError.
+    `collate_inputs`. The constructor checks agl's settings before verl builds anything: a bad
+    combination (an async batch not larger than `data.train_batch_size`, KL in the reward, a
+    critic or GAE, a verl feature agl's loop does not implement) raises ValueError naming the
+    key; it also resolves the actor's attention implementation (`attention`).
     """
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         # agl's settings are checked before verl builds anything, so a bad one fails fast.
         self.agl_settings, self.runner_settings = trainer_settings(config)
+        resolve_attn_implementation(config)  # workers read it; a no-op after run_ppo
         with warnings.catch_warnings():
             # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
             # v0 worker stack (SPEC section 5) and owns the loop, so the warning is noise here.
@@ -212,6 +233,7 @@ class AglTrainer(RayPPOTrainer):
         self._store: Optional[LightningStore] = None
         self._dispatcher: Optional[RolloutDispatcher] = None
         self._tracker: Optional[GroupTracker] = None
+        self._pending: List[Any] = []  # prompts drawn from the dataloader, not yet submitted
         self._rng = random.Random(self.config.data.get("seed", 0) or 0)
 
     @property
@@ -227,7 +249,10 @@ class AglTrainer(RayPPOTrainer):
         from agl_store.client import LightningStoreClient
 
         settings = self.runner_settings
-        store = LightningStoreClient(settings.agl_base_url, key=settings.agl_key or None, timeout=300.0)
+        # Token ids stay int32 arrays on the read path: no Python int per id (docs/trainer.md, Speed).
+        store = LightningStoreClient(
+            settings.agl_base_url, key=settings.agl_key or None, timeout=300.0, token_arrays=True
+        )
         await store.open()
         self._store = store
         runner = make_runner(settings)
@@ -285,21 +310,27 @@ class AglTrainer(RayPPOTrainer):
             config=self.config.algorithm,
         )
 
-    def _inputs_to_submit(self, pending: List[Any]) -> Optional[List[Any]]:
-        """Take from `pending` the prompts to enqueue now, or None to wait for more data.
-
-        Async rollout keeps `async_train_batch_size` groups in flight, so a step starts only
-        once in-flight + pending groups reach it; without it, each batch is one step.
-        """
-        if not self.agl_settings.async_rollout:
-            taken, pending[:] = list(pending), []
-            return taken
-        assert self._tracker is not None
-        room = self.runner_settings.groups_in_flight - len(self._tracker.in_flight)
-        if len(pending) < room:
-            return None
-        taken, pending[:] = pending[:room], pending[room:]
+    def _inputs_to_submit(self, plan: StepPlan) -> List[Any]:
+        """Take from the pending prompts enough to have `plan.in_flight` groups in flight."""
+        in_flight = len(self._tracker.in_flight) if self._tracker is not None else 0
+        room = max(plan.in_flight - in_flight, 0)
+        taken, self._pending = self._pending[:room], self._pending[room:]
         return taken
+
+    async def _cancel_leftovers(self) -> Dict[str, float]:
+        """At the end of the run: cancel the groups still in flight and report them with the
+        prompts never submitted (the run ended before the data: `trainer.total_training_steps`)."""
+        assert self._tracker is not None
+        groups, prompts = len(self._tracker.in_flight), len(self._pending)
+        if groups or prompts:
+            await self._tracker.abandon()
+            logger.warning(
+                "step %d is the last: %d groups in flight cancelled and %d drawn prompts not submitted "
+                "(trainer.total_training_steps=%d ends the run before the data)",
+                self.global_steps, groups, prompts, self.total_training_steps,
+            )
+            self._pending = []
+        return {"rollout/n_groups_cancelled_at_end": float(groups), "rollout/n_prompts_not_trained": float(prompts)}
 
     # --- verl's side ------------------------------------------------------------------------
 
@@ -325,11 +356,70 @@ class AglTrainer(RayPPOTrainer):
 
         return self._loop.run(run())
 
+    def _schedule(self) -> StepSchedule:
+        trainer = self.config.trainer
+        return StepSchedule(
+            batches_per_epoch=len(self.train_dataloader),
+            total_epochs=int(trainer.total_epochs),
+            total_training_steps=int(self.total_training_steps),
+            batch_size=self.agl_settings.train_batch_size,
+            groups_in_flight=self.runner_settings.groups_in_flight,
+            save_freq=int(trainer.save_freq),
+            test_freq=int(trainer.test_freq),
+        )
+
+    def _batches(self, start_epoch: int) -> Iterator[List[Any]]:
+        """The prompts of each dataloader batch from `start_epoch` on (a resumed loader starts
+        inside that epoch, past the batches already drawn)."""
+        for _ in range(start_epoch, int(self.config.trainer.total_epochs)):
+            for batch_dict in self.train_dataloader:
+                yield list(batch_dict[INPUT_KEY])
+
+    def _save_checkpoint(self) -> None:
+        """verl's checkpoint (actor, dataloader), with the prompts drawn but not trained first."""
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
+        in_flight = [group.input for group in self._tracker.in_flight] if self._tracker is not None else []
+        with open(os.path.join(folder, CARRIED_FILE), "w", encoding="utf-8") as handle:
+            json.dump(in_flight + self._pending, handle)
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self) -> None:
+        """verl's resume, then agl's: the carried prompts come back as pending, and the
+        dataloader resumes where the schedule says (verl positions it by steps, which async
+        rollout runs behind the batches drawn)."""
+        fresh = self.train_dataloader.state_dict()
+        super()._load_checkpoint()
+        completed = self.global_steps
+        if completed == 0:
+            return
+        trainer = self.config.trainer
+        folder = os.path.abspath(
+            trainer.resume_from_path
+            if trainer.resume_mode == "resume_path"
+            else os.path.join(trainer.default_local_dir, f"global_step_{completed}")
+        )
+        carried_path = os.path.join(folder, CARRIED_FILE)
+        if os.path.exists(carried_path):
+            with open(carried_path, encoding="utf-8") as handle:
+                self._pending = list(json.load(handle))
+        _, offset = self._schedule().resume_position(completed)
+        verl_restored = completed % len(self.train_dataloader) != 0
+        if offset == 0 and verl_restored:
+            self.train_dataloader.load_state_dict(fresh)
+        elif offset != 0 and not verl_restored:
+            import torch
+
+            self.train_dataloader.load_state_dict(torch.load(os.path.join(folder, "data.pt"), weights_only=False))
+        logger.info("resumed after step %d with %d carried prompts", completed, len(self._pending))
+
     def fit(self) -> None:
-        """verl's training loop with agl's rollout step (see the module docstring)."""
+        """verl's training loop with agl's rollout step, on `StepSchedule`'s steps."""
         from omegaconf import OmegaConf
         from verl.utils.tracking import Tracking
 
+        if self._dump_executor._shutdown:
+            self._init_dump_executor()
         tracking = Tracking(
             project_name=self.config.trainer.project_name,
             experiment_name=self.config.trainer.experiment_name,
@@ -339,6 +429,8 @@ class AglTrainer(RayPPOTrainer):
         self.global_steps = 0
         self._load_checkpoint()
         self.checkpoint_manager.update_weights(self.global_steps)
+        schedule = self._schedule()
+        completed = self.global_steps
         run_startup_hooks(self.runner_settings.hooks)
         self._loop.start()
         try:
@@ -347,31 +439,45 @@ class AglTrainer(RayPPOTrainer):
                 tracking.log(data=self._validate(), step=self.global_steps)
                 if self.config.trainer.get("val_only", False):
                     return
-            self.global_steps += 1  # from 1, or past the step a loaded checkpoint ended
-            pending: List[Any] = []
-            for epoch in range(self.config.trainer.total_epochs):
-                for batch_dict in self.train_dataloader:
-                    pending += batch_dict[INPUT_KEY]
-                    new_inputs = self._inputs_to_submit(pending)
-                    if new_inputs is None:
-                        continue
-                    metrics = self._train_step(new_inputs)
-                    metrics.update({"training/global_step": self.global_steps, "training/epoch": epoch})
-                    is_last = self.global_steps >= self.total_training_steps
-                    trainer_config = self.config.trainer
-                    if trainer_config.save_freq > 0 and (is_last or self.global_steps % trainer_config.save_freq == 0):
-                        self._save_checkpoint()
-                    if trainer_config.test_freq > 0 and (is_last or self.global_steps % trainer_config.test_freq == 0):
-                        metrics.update(self._validate())
-                    tracking.log(data=metrics, step=self.global_steps)
-                    if self.global_steps >= self.total_training_steps:
-                        return
-                    self.global_steps += 1
+            batches = self._batches(schedule.resume_position(completed)[0])
+            for step in range(completed + 1, schedule.last_step + 1):
+                plan = schedule.plan(step)
+                self.global_steps = step
+                for _ in range(plan.draw):
+                    self._pending += next(batches, [])
+                new_inputs = self._inputs_to_submit(plan)
+                if not new_inputs and self._tracker is not None and not self._tracker.in_flight:
+                    logger.warning("step %d: the dataloader ended before step %d; stopping", step, schedule.last_step)
+                    break
+                metrics = self._train_step(new_inputs, save=plan.save)
+                metrics.update({"training/global_step": step, "training/epoch": plan.epoch})
+                if plan.validate:
+                    metrics.update(self._validate())
+                if plan.is_last:
+                    metrics.update(self._loop.run(self._cancel_leftovers()))
+                tracking.log(data=metrics, step=step)
         finally:
+            self._shutdown_dump_executor()
             self._loop.run(self._close_agl())
             self._loop.stop()
 
-    def _train_step(self, new_inputs: Sequence[Any]) -> Dict[str, float]:
+    def _prepare_batch(self, batch: DataProto, metrics: Dict[str, float]) -> None:
+        """What verl does to a batch before its log-probs: `trainer.balance_batch` (reorder the
+        rows so each data-parallel rank gets similar token counts), token counts, temperature."""
+        if self.config.trainer.balance_batch:
+            self._balance_batch(batch, metrics=metrics)
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(dim=-1).tolist()
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+
+    def _dump_rollouts(self, batch: DataProto, timing_raw: Dict[str, float]) -> None:
+        """`trainer.rollout_data_dir`: the step's rows as verl writes them (`<dir>/<step>.jsonl`:
+        decoded prompt and response, score), with each row's rollout id and uid."""
+        directory = self.config.trainer.get("rollout_data_dir")
+        if directory:
+            extra = {key: batch.non_tensor_batch[key].tolist() for key in ("rollout_id", "uid")}
+            self._log_rollout_data(batch, extra, timing_raw, directory)
+
+    def _train_step(self, new_inputs: Sequence[Any], save: bool = False) -> Dict[str, float]:
         metrics: Dict[str, float] = {}
         timing_raw: Dict[str, float] = {}
         with marked_timer("step", timing_raw):
@@ -382,8 +488,7 @@ class AglTrainer(RayPPOTrainer):
                 self.checkpoint_manager.sleep_replicas()
             batch = step.data
             if batch is not None:
-                batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(dim=-1).tolist()
-                batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+                self._prepare_batch(batch, metrics)
                 with marked_timer("old_log_prob", timing_raw):
                     old_log_prob, _ = self._compute_old_log_prob(batch)
                     old_log_prob.batch.pop("entropys", None)
@@ -399,9 +504,15 @@ class AglTrainer(RayPPOTrainer):
                 metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
             else:
                 logger.warning("step %d: no trainable rows (all rollouts failed or too few rows); no update", self.global_steps)
+            if save:
+                # As verl: saved while the replicas sleep, before update_weights wakes them.
+                with marked_timer("save_checkpoint", timing_raw):
+                    self._save_checkpoint()
             with marked_timer("update_weights", timing_raw):
                 self.checkpoint_manager.update_weights(self.global_steps)
             self._loop.run(self.gateway.resume())
+            if batch is not None:
+                self._dump_rollouts(batch, timing_raw)
         metrics["timing_s/agl_step"] = timing_raw["step"]
         if batch is not None:
             metrics.update(compute_data_metrics(batch=batch, use_critic=False))
@@ -411,6 +522,7 @@ class AglTrainer(RayPPOTrainer):
 
 __all__: List[str] = [
     "AglTrainer",
+    "CARRIED_FILE",
     "StepData",
     "WAIT_GRACE_S",
     "pause_for_update",

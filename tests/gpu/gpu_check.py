@@ -1,7 +1,10 @@
-"""A few real verl steps with agl's trainer on the tiny model: the GPU check of issue #5.
+"""A few real verl steps with agl's trainer on the tiny model: the GPU check.
 
-Run through `tests/gpu/run_gpu_check.sh` (it starts the proxy first). `--dry-run` composes
-the config and checks the inputs only, which works on a CPU machine too.
+Run through `tests/gpu/run_gpu_check.sh` (it starts the proxy first). The config is agl's
+defaults (`agl_train/config.yaml`: GRPO, no critic, console + file logger, attention `auto`)
+plus the sizes of a one-GPU run; the last step saves a checkpoint and validates, so the
+schedule's last step is exercised. `--dry-run` composes the config and checks the inputs
+only, which works on a CPU machine too.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 
-def overrides(model_path: str, base_url: str, steps: int) -> List[str]:
-    """A 1-GPU run: 4 prompts × 2 rollouts per step, one model call per rollout (CoinAgent)."""
+def overrides(model_path: str, base_url: str, steps: int, out: str) -> List[str]:
+    """A 1-GPU run: 4 prompts × 2 rollouts per step, one model call per rollout (CoinAgent);
+    sizes only, every other key keeps agl's default."""
     return [
         f"actor_rollout_ref.model.path={model_path}",
         "actor_rollout_ref.rollout.name=vllm",
@@ -29,8 +33,6 @@ def overrides(model_path: str, base_url: str, steps: int) -> List[str]:
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.use_kl_loss=false",
-        "algorithm.adv_estimator=grpo",
-        "algorithm.use_kl_in_reward=false",
         "data.train_batch_size=4",
         "data.dataloader_num_workers=0",
         "data.max_prompt_length=256",
@@ -45,10 +47,10 @@ def overrides(model_path: str, base_url: str, steps: int) -> List[str]:
         "trainer.nnodes=1",
         "trainer.total_epochs=1",
         f"trainer.total_training_steps={steps}",
-        "trainer.logger=[console]",
         "trainer.val_before_train=true",
-        "trainer.test_freq=-1",
-        "trainer.save_freq=-1",
+        f"trainer.test_freq={steps}",
+        f"trainer.save_freq={steps}",
+        f"trainer.default_local_dir={out}/checkpoints",
         "trainer.project_name=agl-gpu-check",
         "trainer.experiment_name=tiny",
     ]
@@ -63,20 +65,22 @@ def main() -> int:
     parser.add_argument("--model", required=True, help="local model directory (the tiny model)")
     parser.add_argument("--base-url", required=True, help="the running agl proxy (with its embedded store)")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--out", default=None, help="write the composed config here")
+    parser.add_argument("--out", default="/tmp/agl-gpu-check", help="the composed config and checkpoints go here")
     parser.add_argument("--dry-run", action="store_true", help="compose and check only (no Ray, no GPU)")
     args = parser.parse_args()
 
     from omegaconf import OmegaConf
 
+    from agl_train.attention import resolve_attn_implementation
     from agl_train.entry import check_inputs, run_ppo
     from agl_train.settings import compose_config
 
-    config = compose_config(overrides(args.model, args.base_url, args.steps))
+    config = compose_config(overrides(args.model, args.base_url, args.steps, args.out))
     train, val = tasks(4 * args.steps), tasks(4, offset=1000)
     check_inputs(config, train, val)
-    if args.out:
-        Path(args.out, "config.yaml").write_text(OmegaConf.to_yaml(config))
+    resolve_attn_implementation(config)  # as run_ppo does: the composed config shows the choice
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    Path(args.out, "config.yaml").write_text(OmegaConf.to_yaml(config))
     if args.dry_run:
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
         from verl.utils.config import validate_config

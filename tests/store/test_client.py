@@ -251,3 +251,23 @@ async def test_a_pickled_client_reconnects_on_first_use(tmp_path: Path) -> None:
         copy = pickle.loads(pickle.dumps(store))
         async with copy:
             assert await copy.get_rollout_by_id(rollout.rollout_id) == rollout
+
+
+async def test_token_arrays_leave_packed_token_ids_as_int32_arrays(tmp_path: Path) -> None:
+    from array import array
+
+    prompt, short = list(range(1000, 1100)), [7, 8, 9]
+    async with start_store_server(tmp_path / "store.db") as store:
+        attempted = await store.start_rollout(input={"task": 1})
+        call = {"agl.prompt_token_ids": prompt, "agl.choices": [{"index": 0, "token_ids": short}]}
+        ids = {"rollout_id": attempted.rollout_id, "attempt_id": attempted.attempt.attempt_id}
+        span = Span(**ids, name="agl.llm_call", attributes=call)
+        await store.add_many_spans([span])
+        async with LightningStoreClient(store.url, token_arrays=True) as reader:
+            (read,) = await reader.query_spans(attempted.rollout_id)
+        (plain,) = await store.query_spans(attempted.rollout_id)
+
+    ids = read.attributes["agl.prompt_token_ids"]
+    assert type(ids) is array and ids.typecode == "i" and ids.tolist() == prompt
+    assert read.attributes["agl.choices"][0]["token_ids"] == short  # too short to be packed: a list
+    assert plain.attributes == call  # without the option: plain lists, as stored

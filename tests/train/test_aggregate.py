@@ -173,3 +173,30 @@ def test_merging_then_unmerging_gives_back_every_generated_token_once(calls: Lis
         assert all(lp == 0.0 for lp, m in zip(row.logprobs, row.response_mask) if m == 0)
     assert position == len(calls)
     assert len(breaks) == len(rows) - 1
+
+
+def test_token_ids_read_as_int32_arrays_give_the_same_rows_as_lists() -> None:
+    from array import array
+
+    from agl_train.spans import LLMCall
+
+    def as_arrays(call: LLMCall) -> LLMCall:
+        # As the trainer's store client reads them: packed arrays, short ones (< 8 ids) still lists.
+        def pack(ids):
+            return array("i", ids) if len(ids) >= 8 else list(ids)
+
+        return LLMCall(prompt_ids=pack(call.prompt_ids), response_ids=pack(call.response_ids), logprobs=call.logprobs)
+
+    first = call(list(range(10)), [50, 51, 52])
+    second = call(list(range(10)) + [50, 51, 52] + [60, 61], list(range(70, 80)))
+    broken = call([99] + list(range(1, 20)), [81, 82])
+    lists = trace("ro-1", [first, second, broken])
+    arrays = trace("ro-1", [as_arrays(c) for c in lists.calls])
+    limits = Limits(64, 64)
+
+    expected, got = aggregate([lists], "trajectory", limits), aggregate([arrays], "trajectory", limits)
+    assert [(r.prompt_ids, r.response_ids, r.response_mask) for r in got.rows] == [
+        (r.prompt_ids, r.response_ids, r.response_mask) for r in expected.rows
+    ]
+    assert len(got.rows) == 2 and all(type(r.prompt_ids) is list and type(r.response_ids) is list for r in got.rows)
+    assert aggregate([arrays], "transition", limits).rows == aggregate([lists], "transition", limits).rows

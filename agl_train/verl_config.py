@@ -1,0 +1,109 @@
+"""verl keys that agl's training loop cannot honour, refused before verl builds anything.
+
+agl's loop (`AglTrainer.fit`) computes the advantage per rollout from the rollout's final reward
+before any log-prob is computed, and builds no critic. verl keys that need something else would
+fail after a whole step of rollouts, or, worse, be ignored; `check_verl_config(config)` raises a
+ValueError naming the key and the value to set instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple
+
+_MISSING = object()
+
+ESTIMATOR_KEY = "algorithm.adv_estimator"
+
+REFUSED_ESTIMATORS = {
+    "gae": "needs a critic's values, and agl's rollout-level advantage has one scalar per rollout",
+    "remax": "needs a greedy baseline rollout per prompt, which agl's runners do not run",
+    "optimal_token_baseline": "needs old log-probs before the advantage; agl computes the advantage first",
+    "tir_optimal_token_baseline": "needs old log-probs before the advantage; agl computes the advantage first",
+    "gdpo": "needs per-component rewards (algorithm.gdpo_reward_keys), which agl's reward spans do not carry",
+}
+"""verl estimators agl's step cannot feed, with the reason."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A verl key whose values other than `allowed` agl's loop does not implement."""
+
+    key: str
+    allowed: Tuple[Any, ...]
+    why: str
+
+    def accepts(self, value: Any) -> bool:
+        return value is _MISSING or value in self.allowed
+
+
+REFUSED_KEYS: Tuple[Refused, ...] = (
+    Refused("critic.enable", (False, None), "agl trains the actor only (no critic, no value estimates)"),
+    Refused("trainer.critic_warmup", (0,), "critic warm-up steps need a critic, which agl does not build"),
+    Refused(
+        "algorithm.rollout_correction.rollout_is",
+        (None,),
+        "rollout importance-sampling weights are not computed by agl's step",
+    ),
+    Refused(
+        "algorithm.rollout_correction.rollout_rs",
+        (None,),
+        "rollout rejection sampling is not applied by agl's step",
+    ),
+    Refused(
+        "algorithm.rollout_correction.bypass_mode",
+        (False,),
+        "agl always recomputes old log-probs with the actor",
+    ),
+    Refused("algorithm.filter_groups.enable", (False,), "agl trains every completed group; it does not refill batches"),
+    Refused("algorithm.use_pf_ppo", (False,), "agl does not reweight its rows"),
+    Refused(
+        "data.gen_batch_size",
+        (None,),
+        "agl's step schedule draws batches of data.train_batch_size prompts",
+    ),
+    Refused(
+        "trainer.validation_data_dir",
+        (None,),
+        "agl's validation reads rewards from the store; the spans of validation rollouts are there",
+    ),
+    Refused("trainer.log_val_generations", (0,), "agl's validation logs rewards, not generations"),
+)
+"""verl keys agl refuses unless they keep their default (the first allowed value)."""
+
+
+def select(config: Any, dotted: str, default: Any = _MISSING) -> Any:
+    """The value at a dotted key of a DictConfig or nested dicts; `default` when a part is missing."""
+    node = config
+    for part in dotted.split("."):
+        getter: Optional[Callable[[str, Any], Any]] = getattr(node, "get", None)
+        if getter is None:
+            return default
+        node = getter(part, _MISSING)
+        if node is _MISSING:
+            return default
+    return node
+
+
+def check_verl_config(config: Any) -> None:
+    """ValueError naming the first verl key set to something agl's loop would not honour."""
+    estimator = str(select(config, ESTIMATOR_KEY, "gae"))
+    if estimator in REFUSED_ESTIMATORS:
+        raise ValueError(
+            f"{ESTIMATOR_KEY}={estimator} is not supported by agl's trainer: {REFUSED_ESTIMATORS[estimator]}; "
+            f"set {ESTIMATOR_KEY}=grpo (or rloo, reinforce_plus_plus_baseline, grpo_passk, ...)"
+        )
+    for refused in REFUSED_KEYS:
+        value = select(config, refused.key)
+        if not refused.accepts(value):
+            raise ValueError(
+                f"{refused.key}={_yaml(value)} is not supported by agl's trainer: {refused.why}; "
+                f"set {refused.key}={_yaml(refused.allowed[0])}"
+            )
+
+
+def _yaml(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+__all__ = ["REFUSED_ESTIMATORS", "REFUSED_KEYS", "Refused", "check_verl_config", "select"]

@@ -1,0 +1,211 @@
+"""What agl adds to a training step outside the GPU work, for one step's batch of rollouts.
+
+    .venv/bin/python benchmarks/trainer_step_bench.py            # 1,000 rollouts × 10 calls × ~8k tokens
+    .venv/bin/python benchmarks/trainer_step_bench.py --quick    # 100 rollouts, 2 repeats
+    .venv/bin/python benchmarks/trainer_step_bench.py --json artifacts/trainer_step_bench.json
+
+The rollouts are `aggregate_bench.py`'s tool agents (a context growing to `--tokens` over
+`--turns` calls, logprobs, one rollout in eight breaking its prefix), written to
+`agl store serve` on SQLite in its own process. Then, as the trainer does after each step's
+rollouts (`trainer.read_succeeded` → `step.build_batch`), each a median of `--repeats`:
+
+- `read (HTTP)`: every rollout's spans into `RolloutTrace`s through the trainer's store client,
+  `LightningStoreClient(token_arrays=True)` (token ids packed on the wire and kept as int32
+  arrays), 8 reads in flight (`read_succeeded`);
+- `aggregate`: trajectory rows (`aggregate(..., "trajectory")`, agl's default limits 2048/8192);
+- `tensorize`: rows → verl's `DataProto` (`to_data_proto`).
+
+Baselines in the same run: `before: read (HTTP, lists, 1 at a time)` and `before: aggregate
+(lists)`, how the trainer read and merged before (token ids as Python lists, one rollout after
+the other), and `read (in process, lists)`: the `SQLiteStore` itself (the embedded store).
+
+`agl total` = read (HTTP) + aggregate + tensorize, the trainer's own time per step (`before:
+total` the same with the baselines). Beside it,
+the baseline every step pays anyway: the rollouts' generation, stated (not measured here: no
+GPU model runs in this benchmark) as the generated tokens of one rollout's sequential calls at
+`--decode-tokens-per-s` per sequence (60 by default, a 7B model on one GPU with a full batch);
+rollouts run in parallel, so one rollout's generation time is a lower bound of the step's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Dict, List, Sequence, Tuple
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR.parent))
+sys.path.insert(0, str(BENCH_DIR))
+
+from _serving import served  # noqa: E402
+from aggregate_bench import rollout_spans  # noqa: E402
+
+from agl_store.client import LightningStoreClient  # noqa: E402
+from agl_store.sqlite import SQLiteStore  # noqa: E402
+from agl_train.aggregate import Limits, aggregate  # noqa: E402
+from agl_train.runner.groups import Group  # noqa: E402
+from agl_train.trainer import read_succeeded  # noqa: E402
+from agl_train.verl_batch import to_data_proto  # noqa: E402
+
+LIMITS = Limits(max_prompt_length=2048, max_response_length=8192)
+"""agl's default trajectory limits (`agentlightning.trace_aggregator`)."""
+SERVER_START_TIMEOUT_S = 60.0
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def fill(store: Any, rollouts: int, turns: int, tokens: int) -> List[Group]:
+    """Write `rollouts` finished rollouts, one group of one rollout each, and return the groups."""
+    rng = random.Random(0)
+    groups: List[Group] = []
+    for i in range(rollouts):
+        rollout = await store.start_rollout(input={"task": i})
+        rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+        spans = rollout_spans(rid, turns, tokens, breaks=i % 8 == 0, rng=rng)
+        await store.add_many_spans(
+            [s.model_copy(update={"rollout_id": rid, "attempt_id": aid, "sequence_id": None}) for s in spans]
+        )
+        await store.update_attempt(rid, aid, status="succeeded")
+        groups.append(Group(uid=f"g{i}", input={"task": i}, rollout_ids=[rid], outcomes={rid: "succeeded"}))
+        if (i + 1) % 100 == 0:
+            log(f"  wrote {i + 1}/{rollouts} rollouts")
+    return groups
+
+
+async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> Tuple[float, Any]:
+    """Median wall seconds of `await fn()` over `repeats` runs, and its last result."""
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = await fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int) -> Dict[str, float]:
+    """The trainer's path first, then the baselines (so its numbers see a heap without theirs)."""
+    stages: Dict[str, float] = {}
+    async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
+        stages["read (HTTP)"], traces = await timed(lambda: read_succeeded(client, groups, 0.0), repeats)
+
+    async def rows() -> Any:
+        return aggregate(traces, "trajectory", LIMITS)
+
+    stages["aggregate"], aggregation = await timed(rows, repeats)
+
+    async def tensors() -> Any:
+        return to_data_proto(aggregation.rows, LIMITS, 0)
+
+    stages["tensorize"], _ = await timed(tensors, repeats)
+    stages["agl total"] = stages["read (HTTP)"] + stages["aggregate"] + stages["tensorize"]
+    counts = {
+        "_rows": float(len(aggregation.rows)),
+        "_calls": float(sum(len(t.calls) for t in traces)),
+        "_tokens": float(sum(len(c.prompt_ids) + len(c.response_ids) for t in traces for c in t.calls)),
+    }
+    del traces, aggregation
+
+    async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
+        stages["before: read (HTTP, lists, 1 at a time)"], as_lists = await timed(
+            lambda: read_succeeded(client, groups, 0.0, in_flight=1), repeats
+        )
+
+    async def rows_of_lists() -> Any:
+        return aggregate(as_lists, "trajectory", LIMITS)
+
+    stages["before: aggregate (lists)"], _ = await timed(rows_of_lists, repeats)
+    del as_lists
+    stages["before: total"] = (
+        stages["before: read (HTTP, lists, 1 at a time)"] + stages["before: aggregate (lists)"] + stages["tensorize"]
+    )
+    local = await SQLiteStore(str(db_path)).open()
+    try:
+        stages["read (in process, lists)"], _ = await timed(lambda: read_succeeded(local, groups, 0.0), repeats)
+    finally:
+        await local.close()
+    return {**stages, **counts}
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> Dict[str, Any]:
+    db_path = workdir / "agl.db"
+    command = lambda port: [  # noqa: E731
+        sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(db_path),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]
+    with served(command, SERVER_START_TIMEOUT_S, workdir / "server.log", cwd=BENCH_DIR.parent) as (url, _):
+        log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url}")
+        async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
+            groups = await fill(client, args.rollouts, args.turns, args.tokens)
+        log(f"measuring (median of {args.repeats})")
+        return await measure(url, db_path, groups, args.repeats)
+
+
+def generated_tokens(turns: int, tokens: int) -> int:
+    """The tokens one rollout's calls generate (the workload's answers)."""
+    spans = rollout_spans("r", turns, tokens, False, random.Random(0))
+    return sum(len(span.attributes["agl.choices"][0]["token_ids"]) for span in spans if span.name == "agl.llm_call")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rollouts", type=int, default=1000)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode-tokens-per-s", type=float, default=60.0)
+    parser.add_argument("--quick", action="store_true", help="100 rollouts, 2 repeats")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rollouts, args.repeats = 100, 2
+
+    with tempfile.TemporaryDirectory(prefix="agl-trainer-bench-") as tmp:
+        stages = asyncio.run(run(args, Path(tmp)))
+    rows, calls, tokens = (int(stages.pop(key)) for key in ("_rows", "_calls", "_tokens"))
+    generated = generated_tokens(args.turns, args.tokens)
+    rollout_s = generated / args.decode_tokens_per_s
+    results = {
+        "workload": {
+            "rollouts": args.rollouts, "turns": args.turns, "tokens_per_rollout": args.tokens,
+            "llm_calls": calls, "tokens_read": tokens, "trajectory_rows": rows, "repeats": args.repeats,
+            "python": platform.python_version(),
+        },
+        "stages_s": stages,
+        "baseline": {
+            "generated_tokens_per_rollout": generated,
+            "decode_tokens_per_s": args.decode_tokens_per_s,
+            "rollout_generation_s": rollout_s,
+        },
+    }
+    print(
+        f"{args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens: {calls} LLM calls, "
+        f"{tokens / 1e6:.1f}M token ids read, {rows} trajectory rows (median of {args.repeats})"
+    )
+    print(f"{'stage':<42}{'seconds':>10}{'per rollout ms':>16}")
+    for name, seconds in stages.items():
+        print(f"{name:<42}{seconds:>10.3f}{1000 * seconds / args.rollouts:>16.2f}")
+    total = stages["agl total"]
+    print(
+        f"baseline: one rollout's generation ≥ {rollout_s:.1f} s ({generated} tokens at "
+        f"{args.decode_tokens_per_s:.0f} tokens/s); agl total / generation = {total / rollout_s:.3f}; "
+        f"before / now = {stages['before: total'] / total:.2f}; "
+        f"target agl total < 2 s for 1,000 rollouts: {'ok' if total < 2 * args.rollouts / 1000 else 'MISS'}"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
