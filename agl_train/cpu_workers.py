@@ -231,6 +231,12 @@ class LocalWorkerGroup:
         self.worker = ActorRolloutRefWorker(actor_rollout_ref_config, role=role)
         self.worker.init_model()
         self.world_size = 1
+        # verl's trainer caches each role's data-parallel ranks here (`_get_dp_size`, used by `balance_batch`).
+        self._dispatch_info: Dict[str, List[int]] = {}
+
+    def _query_dispatch_info(self, role: str) -> List[int]:
+        """The data-parallel rank of each worker: one worker, rank 0."""
+        return [0]
 
     @property
     def model(self) -> torch.nn.Module:

@@ -49,10 +49,10 @@ def tasks(count: int, offset: int = 0) -> List[Dict[str, str]]:
 
 
 def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int = 0) -> List[str]:
-    """The run's config: 4 prompts × 4 rollouts per step, GRPO, one mini-batch per step, on the CPU."""
+    """The run's config over agl's defaults (GRPO, no critic, sdpa without flash-attn): 4 prompts × 4 rollouts
+    per step, one mini-batch per step, on the CPU."""
     return [
         f"actor_rollout_ref.model.path={model_path}",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",  # no flash-attn on a CPU
         "actor_rollout_ref.actor.strategy=fsdp",
         "actor_rollout_ref.actor.use_torch_compile=false",
         "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",  # compiling costs more than it saves here
@@ -66,8 +66,6 @@ def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.temperature=1.0",
-        "algorithm.adv_estimator=grpo",
-        "critic.enable=false",
         "data.train_batch_size=4",
         f"data.seed={seed}",
         "data.dataloader_num_workers=0",

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 def test_a_checkpoint_saved_by_verl_restores_the_actors_weights(tiny_model_path: Path, tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
+    from agl_train.attention import resolve_attn_implementation
     from agl_train.cpu_workers import LocalWorkerGroup, use_cpu
     from agl_train.settings import compose_config
     from agl_train.verl_loss import register_per_rollout_loss
@@ -22,6 +23,7 @@ def test_a_checkpoint_saved_by_verl_restores_the_actors_weights(tiny_model_path:
     register_per_rollout_loss()
     config = compose_config(overrides(tiny_model_path, "http://127.0.0.1:9", steps=2, out=tmp_path))
     OmegaConf.resolve(config)
+    resolve_attn_implementation(config)  # as the trainer's constructor does: sdpa without flash-attn
     use_cpu()
     actor = LocalWorkerGroup(config.actor_rollout_ref, role="actor")
     saved = {name: tensor.clone() for name, tensor in actor.model.state_dict().items()}
