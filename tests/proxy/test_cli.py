@@ -8,11 +8,13 @@ import signal
 import sys
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import yaml
 
 from agl_store.client import LightningStoreClient
+from agl_store.sqlite import SQLiteStore
 
 from .helpers import model_entry, wait_for_spans
 
@@ -84,3 +86,36 @@ async def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     )
     _, err = await process.communicate()
     assert process.returncode == 2 and b"no `model_list:`" in err
+
+
+async def test_sigterm_under_load_loses_no_answered_call(backend, tmp_path: Path) -> None:
+    db = tmp_path / "agl.db"
+    process, proxy_url = await _start("--backend", backend[1], "--model", "tiny", "--db", str(db), "--span-buffer", "8")
+    async with LightningStoreClient(proxy_url) as client:
+        rollouts = [await client.start_rollout(input={"agent": i}) for i in range(4)]
+    answered: set[str] = set()
+
+    async def agent(index: int, http: httpx.AsyncClient) -> None:
+        rollout = rollouts[index % len(rollouts)]
+        base = f"{proxy_url}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}/v1"
+        for call in range(10_000):
+            marker = f"agent{index}-call{call}"
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "user": marker}
+            try:
+                response = await http.post(base + "/chat/completions", json=body)
+            except httpx.HTTPError:  # the proxy is shutting down
+                return
+            if response.status_code != 200:
+                return
+            answered.add(marker)
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        agents = asyncio.gather(*(agent(i, http) for i in range(16)))
+        while len(answered) < 300:
+            await asyncio.sleep(0.01)
+        await _stop(process)  # SIGTERM while the agents keep calling
+        await agents
+
+    async with SQLiteStore(db) as store:
+        stored = {s.attributes["agl.request"]["user"] for r in rollouts for s in await store.query_spans(r.rollout_id)}
+    assert answered and answered <= stored
