@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import sys
 from typing import Any, Dict, List, Optional
@@ -45,7 +46,7 @@ def add_proxy_commands(subparsers: Any) -> None:
     )
     serve.add_argument(
         "--backpressure-wait",
-        type=float,
+        type=_seconds,
         default=DEFAULT_BACKPRESSURE_WAIT_S,
         metavar="SECONDS",
         help=f"how long a new call waits for room in the span buffer before a 503 (default {DEFAULT_BACKPRESSURE_WAIT_S:g})",
@@ -57,6 +58,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
     return value
 
 

@@ -82,7 +82,6 @@ async def run_sustained(
             while time.monotonic() < deadline:
                 await asyncio.sleep(SAMPLE_EVERY_S)
                 backlog.append(await _metric(session, metrics_url, "agl_proxy_spans_buffered") or 0.0)
-                print("DBG", round(time.monotonic()-t0,1), sum(acknowledged.values()), backlog[-1], await _metric(session, metrics_url, "agl_proxy_spans_exported_total"), await _metric(session, metrics_url, "agl_proxy_spans_dropped_total"), flush=True)
 
         t0 = time.monotonic()
         tasks = [client(url, rid) for url, rid in zip(base_urls, rollout_ids, strict=True)]
