@@ -1,7 +1,7 @@
 """Sustained load through one proxy, then every acknowledged call counted against the spans stored.
 
-`proxy_bench.py --sustained S` runs this against `agl proxy serve` (embedded store) and, for
-scale, against the bare pass-through: `concurrency` clients call as fast as they are answered
+`proxy_bench.py --sustained-seconds S` runs this against `agl proxy serve` (embedded store) and,
+for scale, against the backend itself: `concurrency` clients call as fast as they are answered
 for `seconds`, each on its own rollout. A call counts as acknowledged when it answered 200; a
 503/429 (the proxy's backpressure) is counted and retried after its `Retry-After`, capped.
 Once the load stops the proxy gets SIGTERM (a graceful stop flushes its spans), and the
@@ -131,7 +131,7 @@ def settle(result: SustainedResult, stored: Dict[str, int]) -> None:
 
 def describe(result: SustainedResult) -> str:
     line = (
-        f"{result.target:5} c={result.concurrency} {result.seconds:4.0f} s: {result.calls_per_s:7.1f} calls/s "
+        f"{result.target:6} c={result.concurrency} {result.seconds:4.0f} s: {result.calls_per_s:7.1f} calls/s "
         f"({result.acknowledged} acknowledged, {result.refused} refused, {result.errors} errors)"
     )
     if result.exported_in_window is not None:
@@ -139,7 +139,7 @@ def describe(result: SustainedResult) -> str:
     if result.max_backlog is not None:
         line += f", backlog ≤ {result.max_backlog}"
     if result.lost is not None:
-        line += f", {result.spans_stored} spans stored, {result.lost} lost"
+        line += f"; after SIGTERM {result.spans_stored} spans stored, {result.lost} acknowledged calls without one"
     return line
 
 
