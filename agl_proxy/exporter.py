@@ -204,7 +204,7 @@ class SpanExporter:
                     "agl_proxy could not export %d span(s), retrying in %.1f s: %r", len(remaining), backoff, exc
                 )
                 self._buffer.extendleft(reversed(remaining))
-                self._writing = 0
+                self._writing = 0  # back in the buffer, so `buffered` counts each span once while we wait
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, RETRY_MAX_S)
             finally:

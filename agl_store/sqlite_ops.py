@@ -612,10 +612,10 @@ ROWS_PER_INSERT = 256
 def _insert_rows(conn: sqlite3.Connection, rows: List[tuple]) -> int:
     """Insert span rows, many per statement; how many went in (duplicates are ignored).
 
-    One statement per chunk rather than `executemany` (a statement per row): each
-    statement releases the GIL and takes it back, and while the event loop is busy each
-    take-back waits up to the interpreter's switch interval (5 ms), which made a 256-span
-    batch take a second under load.
+    One statement per chunk rather than `executemany` (a step per row): each step releases
+    the GIL and has to take it back, and while the event loop thread is busy (a loaded
+    proxy with an embedded store) each take-back can wait up to the interpreter's switch
+    interval (5 ms).
     """
     inserted = 0
     for start in range(0, len(rows), ROWS_PER_INSERT):
@@ -652,7 +652,7 @@ def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
 
 
 def _insert_many(conn: sqlite3.Connection, rows: List[tuple]) -> List[bool]:
-    """Insert span rows in one statement; which of them went in (duplicates are ignored)."""
+    """Insert span rows; which of them went in (duplicates are ignored)."""
     before = conn.execute("SELECT coalesce(max(pk), 0) FROM spans").fetchone()[0]
     if _insert_rows(conn, rows) == len(rows):
         return [True] * len(rows)

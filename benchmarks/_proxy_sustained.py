@@ -135,7 +135,7 @@ def describe(result: SustainedResult) -> str:
         f"({result.acknowledged} acknowledged, {result.refused} refused, {result.errors} errors)"
     )
     if result.exported_in_window is not None:
-        line += f", {result.exported_in_window / result.seconds:7.1f} spans/s exported during the load"
+        line += f", {result.exported_in_window / result.seconds:7.1f} spans/s exported by the end of the load"
     if result.max_backlog is not None:
         line += f", backlog ≤ {result.max_backlog}"
     if result.lost is not None:
