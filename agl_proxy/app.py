@@ -1,26 +1,34 @@
 """The proxy's ASGI app: OpenAI routes, per-rollout routes, admin routes, metrics.
 
-`create_app(gateway, key=..., store_app=...)` builds it from explicit parts. With
-`store_app` (the store's REST app, when the proxy runs an embedded store) the store's
+`create_app(gateway, key=..., admin_key=..., store_app=...)` builds it from explicit parts.
+With `store_app` (the store's REST app, when the proxy runs an embedded store) the store's
 routes are served on the same port, so one URL is the whole gateway.
+
+Two groups of routes, two keys: the LLM routes (what agents call) take `key` or the admin
+key; the admin routes (`/proxy/*`, `/metrics`) and the store's take only `admin_key`, so an
+agent holding its key cannot repoint, pause or read the proxy, nor touch the store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 import orjson
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
-from .auth import OPEN_PATHS, BearerKeyMiddleware
+from agl_store.server.cross_site import CrossSiteGuard, is_loopback
+
+from .auth import BearerKeyMiddleware
 from .calls import LLMCallEndpoint, json_object
-from .errors import BadRequestError, ProxyError
+from .errors import BadRequestError, ProxyError, render_error
 from .gateway import Gateway
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
@@ -45,10 +53,23 @@ async def _json_body(request: Request) -> Dict[str, Any]:
     return json_object(raw) if raw else {}
 
 
-def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
-    async def health(request: Request) -> Response:
-        return JSONBytesResponse({"status": "ok"})
+def pause_request(body: Dict[str, Any]) -> Tuple[Optional[str], bool, Optional[float]]:
+    """(reason, drain, timeout) of a `/proxy/pause` body; BadRequestError names a bad field."""
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise BadRequestError(f"reason must be a string, got {type(reason).__name__}")
+    drain = body.get("drain")
+    if drain is not None and not isinstance(drain, bool):
+        raise BadRequestError(f"drain must be true or false, got {drain!r:.50}")
+    timeout = body.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0
+    ):
+        raise BadRequestError(f"timeout must be a finite number of seconds >= 0, got {timeout!r:.50}")
+    return reason, bool(drain), None if timeout is None else float(timeout)
 
+
+def _model_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRoute]:
     async def models(request: Request) -> Response:
         created = int(time.time())
         data = [
@@ -57,6 +78,13 @@ def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
         ]
         return JSONBytesResponse({"object": "list", "data": data})
 
+    return [
+        Route(path, models, methods=["GET"], middleware=middleware)
+        for path in ("/v1/models", "/models", ROLLOUT_PREFIX + "/v1/models")
+    ]
+
+
+def _admin_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRoute]:
     async def state(request: Request) -> Response:
         return JSONBytesResponse(
             {
@@ -68,11 +96,11 @@ def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
 
     async def pause(request: Request) -> Response:
         """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight."""
-        body = await _json_body(request)
-        gateway.gate.pause(body.get("reason"))
+        reason, drain, timeout = pause_request(await _json_body(request))  # checked before anything changes
+        gateway.gate.pause(reason)
         drained = None
-        if body.get("drain"):
-            drained = await gateway.gate.wait_drained(body.get("timeout"))
+        if drain:
+            drained = await gateway.gate.wait_drained(timeout)
         return JSONBytesResponse({**gateway.gate.state(), "drained": drained})
 
     async def resume(request: Request) -> Response:
@@ -94,32 +122,52 @@ def _admin_routes(gateway: Gateway) -> List[BaseRoute]:
         return PlainTextResponse(gateway.metrics.render(gateway.gauges()), media_type="text/plain; version=0.0.4")
 
     return [
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/proxy/state", state, methods=["GET"]),
-        Route("/proxy/pause", pause, methods=["POST"]),
-        Route("/proxy/resume", resume, methods=["POST"]),
-        Route("/proxy/model_list", model_list, methods=["GET", "POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/models", models, methods=["GET"]),
-        Route(ROLLOUT_PREFIX + "/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"], middleware=middleware),
+        Route("/proxy/state", state, methods=["GET"], middleware=middleware),
+        Route("/proxy/pause", pause, methods=["POST"], middleware=middleware),
+        Route("/proxy/resume", resume, methods=["POST"], middleware=middleware),
+        Route("/proxy/model_list", model_list, methods=["GET", "POST"], middleware=middleware),
     ]
 
 
-def _call_routes(gateway: Gateway) -> List[BaseRoute]:
+async def _health(request: Request) -> Response:
+    return JSONBytesResponse({"status": "ok"})
+
+
+def _call_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRoute]:
     chat = LLMCallEndpoint(gateway, "chat")
     completions = LLMCallEndpoint(gateway, "text_completion")
     routes: List[BaseRoute] = []
     # Base URLs with and without /v1 both occur in agent code; serve both.
     for prefix in ("", ROLLOUT_PREFIX):
         for version in ("/v1", ""):
-            routes.append(Route(prefix + version + "/chat/completions", chat, methods=["POST"]))
-            routes.append(Route(prefix + version + "/completions", completions, methods=["POST"]))
+            for path, endpoint in (("/chat/completions", chat), ("/completions", completions)):
+                routes.append(Route(prefix + version + path, endpoint, methods=["POST"], middleware=middleware))
     return routes
 
 
-def create_app(gateway: Gateway, *, key: Optional[str] = None, store_app: Optional[ASGIApp] = None) -> ASGIApp:
-    """The proxy's ASGI app over `gateway`; `key` turns on bearer auth (all routes but /health)."""
+def create_app(
+    gateway: Gateway,
+    *,
+    key: Optional[str] = None,
+    admin_key: Optional[str] = None,
+    store_app: Optional[ASGIApp] = None,
+    host: str = "127.0.0.1",
+) -> ASGIApp:
+    """The proxy's ASGI app over `gateway`.
+
+    `key` is required on the LLM routes (the admin key works there too), `admin_key` on the
+    admin routes and the store's; a group without its key is open. `/health` is always open.
+    `host` is the address served on: routes without a key on a loopback address answer only
+    loopback `Host` names (`agl_store.server.cross_site` has every check against web pages).
+    """
+    loopback = is_loopback(host)
+
+    def protected(group_key: Optional[str], other_keys: Tuple[str, ...], what: str) -> List[Middleware]:
+        middleware = [Middleware(CrossSiteGuard, keyless=not group_key, loopback=loopback, render=render_error)]
+        if group_key:
+            middleware.append(Middleware(BearerKeyMiddleware, key=group_key, other_keys=other_keys, what=what))
+        return middleware
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[Dict[str, Any]]:
@@ -133,12 +181,19 @@ def create_app(gateway: Gateway, *, key: Optional[str] = None, store_app: Option
             stack.push_async_callback(gateway.close)
             yield state
 
-    routes = _call_routes(gateway) + _admin_routes(gateway)
+    client = protected(key, (admin_key,) if admin_key else (), "the proxy's key")
+    admin = protected(admin_key, (), "the proxy's admin key (the LLM routes' key is not enough here)")
+    health = [Middleware(CrossSiteGuard, keyless=not (key or admin_key), loopback=loopback, render=render_error)]
+    routes = [
+        Route("/health", _health, methods=["GET"], middleware=health),
+        *_call_routes(gateway, client),
+        *_model_routes(gateway, client),
+        *_admin_routes(gateway, admin),
+    ]
     if store_app is not None:
-        routes.append(Mount("/", app=store_app))
-    app: ASGIApp = Starlette(routes=routes, lifespan=lifespan, exception_handlers={ProxyError: _error_response})
-    if key:
-        # The embedded store's open paths (its health check, the view's page shell) stay open here too.
+        # The store app guards itself against web pages; here it gets the admin key on top,
+        # its open paths (its health check, the view's page shell) staying open.
         store_open_paths = getattr(getattr(store_app, "state", None), "open_paths", frozenset())
-        app = BearerKeyMiddleware(app, key, open_paths=OPEN_PATHS | store_open_paths)
-    return app
+        mount = [Middleware(BearerKeyMiddleware, key=admin_key, open_paths=store_open_paths)] if admin_key else []
+        routes.append(Mount("/", app=store_app, middleware=mount))
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={ProxyError: _error_response})

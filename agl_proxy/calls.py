@@ -10,6 +10,7 @@ relay the answer, and hand the call's record to the span exporter.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any, Dict, Optional, Sequence, Set, Tuple
 
@@ -34,20 +35,35 @@ from .spans import CallRecord
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_ID_CHARS = 256
+# Ids travel on to the backend as header values: printable ASCII only.
+_ID = re.compile(r"[\x20-\x7e]*")
 
 
 def attribution(scope: Scope) -> Tuple[str, str]:
-    """(rollout_id, attempt_id) from the per-rollout path, else the `x-rollout-id` / `x-attempt-id` headers."""
+    """(rollout_id, attempt_id) from the per-rollout path, else the `x-rollout-id` / `x-attempt-id` headers.
+
+    BadRequestError names the id that is not printable ASCII of at most 256 characters.
+    """
     params = scope.get("path_params") or {}
-    rollout_id = params.get("rollout_id") or ""
-    attempt_id = params.get("attempt_id") or ""
+    rollout_id = _checked_id(params.get("rollout_id") or "", "rollout id (path)")
+    attempt_id = _checked_id(params.get("attempt_id") or "", "attempt id (path)")
     if not rollout_id:
         for name, value in scope["headers"]:
             if name == b"x-rollout-id":
-                rollout_id = value.decode("latin-1")
+                rollout_id = _checked_id(value.decode("latin-1"), "x-rollout-id header")
             elif name == b"x-attempt-id":
-                attempt_id = value.decode("latin-1")
+                attempt_id = _checked_id(value.decode("latin-1"), "x-attempt-id header")
     return rollout_id, attempt_id
+
+
+def _checked_id(value: str, field: str) -> str:
+    if len(value) > MAX_ID_CHARS or not _ID.fullmatch(value):
+        raise BadRequestError(
+            f"the {field} must be printable ASCII of at most {MAX_ID_CHARS} characters "
+            f"(no control characters, no CR/LF): {value[:100]!r}"
+        )
+    return value
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -107,8 +123,8 @@ class LLMCallEndpoint:
         gw = self.gateway
         t0 = time.perf_counter()
         start_time = time.time()
-        rollout_id, attempt_id = attribution(scope)
         try:
+            rollout_id, attempt_id = attribution(scope)
             body = json_object(await read_body(receive))
         except BadRequestError as exc:
             await send_error(send, exc)

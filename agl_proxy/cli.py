@@ -11,10 +11,20 @@ import asyncio
 import math
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from agl_store.cli import KeyOption
+
+from .deployments import ModelRegistry
 from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 from .proxy import DEFAULT_PORT, LLMProxy
+
+CLIENT_KEY = KeyOption("--key", "AGL_KEY", "bearer key of the LLM routes: what agents call with")
+ADMIN_KEY = KeyOption(
+    "--admin-key", "AGL_ADMIN_KEY", "bearer key of /proxy/*, /metrics and the embedded store (default: --key)"
+)
+STORE_KEY = KeyOption("--store-key", "AGL_STORE_KEY", "bearer key of the --store-url server (default: --admin-key)")
 
 
 def add_proxy_commands(subparsers: Any) -> None:
@@ -34,8 +44,8 @@ def add_proxy_commands(subparsers: Any) -> None:
     stores.add_argument("--db", default="agl.db", help="embedded store: SQLite file path or store URL (default agl.db)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
-    serve.add_argument("--key", default=None, help="bearer key required by the proxy (and the embedded store)")
-    serve.add_argument("--store-key", default=None, help="bearer key of the --store-url server (default: --key)")
+    for option in (CLIENT_KEY, ADMIN_KEY, STORE_KEY):
+        option.add_to(serve)
     serve.add_argument("--advertise-url", help="the root URL agents reach this proxy at (default http://HOST:PORT)")
     serve.add_argument("--logprobs", action="store_true", help="ask backends for the sampled tokens' logprobs")
     serve.add_argument(
@@ -91,36 +101,67 @@ def model_list_from_args(args: argparse.Namespace) -> List[Dict[str, Any]]:
     return entries
 
 
+@dataclass(frozen=True)
+class Keys:
+    """The keys `agl proxy serve` was given, resolved to their defaults."""
+
+    client: Optional[str]
+    admin: Optional[str]
+    store: Optional[str]
+    sources: str
+    """For the listening line: where each key came from (never the key)."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Keys":
+        client, client_from = CLIENT_KEY.read(args)
+        admin, admin_from = ADMIN_KEY.read(args)
+        store, store_from = STORE_KEY.read(args)
+        if client and not admin:
+            sources = f"one key for agents and admin routes, from {client_from} (give --admin-key to keep agents out)"
+        elif admin:
+            clients = f"agents' key from {client_from}" if client else "LLM routes open"
+            sources = f"{clients}; admin key from {admin_from}"
+        else:
+            sources = "no key"
+        admin = admin or client
+        if store and args.store_url:
+            sources += f"; store key from {store_from}"
+        return cls(client=client, admin=admin, store=store or admin, sources=sources)
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         model_list = model_list_from_args(args)
+        ModelRegistry(model_list)  # a bad entry fails here, before the store is opened
+        keys = Keys.from_args(args)
     except (OSError, ValueError) as exc:
         print(f"agl proxy serve: {exc}", file=sys.stderr)
         return 2
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(_serve_async(args, model_list))
-    return uvloop.run(_serve_async(args, model_list))
+        return asyncio.run(_serve_async(args, model_list, keys))
+    return uvloop.run(_serve_async(args, model_list, keys))
 
 
-async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]]) -> int:
+async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]], keys: Keys) -> int:
     from agl_store.cli import db_url
     from agl_store.urls import open_store
 
     store_url = args.store_url or db_url(args.db)
-    store = await open_store(store_url, key=args.store_key or args.key)
+    store = await open_store(store_url, key=keys.store)
     store_app: Optional[Any] = None
     if not args.store_url:
         from agl_store.server import create_app as create_store_app
 
-        store_app = create_store_app(store, key=args.key, manage_store=False)
+        store_app = create_store_app(store, key=keys.admin, manage_store=False, host=args.host)
     proxy = LLMProxy(
         model_list,
         store,
         host=args.host,
         port=args.port,
-        key=args.key,
+        key=keys.client,
+        admin_key=keys.admin,
         logprobs=args.logprobs,
         max_span_buffer=args.span_buffer,
         backpressure_wait_s=args.backpressure_wait,
@@ -139,9 +180,8 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
         loop.add_signal_handler(sig, stop.set)
     models = ", ".join(proxy.gateway.registry.model_names)
     where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
-    auth = "bearer key required" if args.key else "no key"
     advertised = f"; agents use {proxy.url}" if args.advertise_url else ""
-    details = f"models: {models}; {where}; {auth}{advertised}"
+    details = f"models: {models}; {where}; {keys.sources}{advertised}"
     print(f"agl proxy serve: listening on {proxy.bound_url} ({details})", flush=True)
     try:
         await stop.wait()

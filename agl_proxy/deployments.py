@@ -7,30 +7,61 @@ Several entries may share one `model_name`: they are replicas of one model.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .credentials import check_http_url, is_secret_name, mask_secrets, split_userinfo
 from .errors import NoBackendError, NotFoundError
 
 # Providers whose HTTP API is OpenAI's, so agl's own pass-through can serve them and keep
 # every extra field (token ids) that LiteLLM's adapters would move or drop.
 OPENAI_COMPATIBLE_PROVIDERS = frozenset({"hosted_vllm", "openai", "text-completion-openai"})
 DEFAULT_TIMEOUT_S = 600.0
-# Keys of `litellm_params` that describe the connection rather than the request.
-_CONNECTION_KEYS = frozenset(
+# Keys of `litellm_params` that describe the connection, routing or billing rather than the
+# request: never request defaults, so never in a backend's JSON body or a span.
+CONNECTION_KEYS = frozenset(
     {
         "model",
         "api_base",
         "base_url",
         "api_key",
+        "api_version",
+        "api_type",
         "timeout",
         "stream_timeout",
         "max_retries",
+        "num_retries",
         "rpm",
         "tpm",
         "organization",
+        "extra_headers",
+        "headers",
+        "custom_llm_provider",
+        "region_name",
+        "tenant_id",
+        "client_id",
+        "deployment_id",
+        "input_cost_per_token",
+        "output_cost_per_token",
+        "input_cost_per_second",
+        "output_cost_per_second",
+        "mock_response",
+        "use_in_pass_through",
+        "configurable_clientside_auth_params",
     }
 )
+# Provider-specific connection settings (`aws_region_name`, `vertex_project`, ...).
+CONNECTION_PREFIXES = ("aws_", "vertex_", "azure_", "watsonx_", "litellm_", "bedrock_", "sagemaker_", "gcp_", "google_")
+# Of the connection keys, these configure the proxy's routing, not LiteLLM's call.
+ROUTING_KEYS = frozenset({"model", "base_url", "timeout", "stream_timeout", "max_retries", "num_retries", "rpm", "tpm"})
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def is_request_default(name: str) -> bool:
+    """True for `litellm_params` keys that are request fields (`temperature`), not connection settings or secrets."""
+    return name not in CONNECTION_KEYS and not name.startswith(CONNECTION_PREFIXES) and not is_secret_name(name)
 
 
 @dataclass(frozen=True)
@@ -42,14 +73,19 @@ class Deployment:
     model: str
     """The model name the backend knows (the provider prefix removed)."""
     api_base: Optional[str]
+    """Without a `user:password@` part: that goes to the backend as `basic_auth`."""
     api_key: Optional[str] = field(default=None, repr=False)
     timeout_s: float = DEFAULT_TIMEOUT_S
     model_version: Optional[str] = None
     request_defaults: Mapping[str, Any] = field(default_factory=dict)
-    """Extra `litellm_params` (e.g. `temperature`), applied to every request of this deployment."""
+    """Extra `litellm_params` that are request fields (e.g. `temperature`): defaults of every request."""
     litellm_params: Mapping[str, Any] = field(default_factory=dict, repr=False)
     use_litellm: bool = False
     """`model_info.agl_passthrough: false`: serve an OpenAI-compatible backend through LiteLLM anyway."""
+    basic_auth: Optional[str] = field(default=None, repr=False)
+    """`Basic ...`, from the userinfo of the configured `api_base`."""
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """`extra_headers`: sent as HTTP headers on every pass-through call."""
 
     @property
     def key(self) -> str:
@@ -75,49 +111,102 @@ class Deployment:
 
     @property
     def label(self) -> str:
-        """How errors, metrics and spans name this backend."""
+        """How errors, metrics and spans name this backend (never with credentials)."""
         return self.api_base or f"{self.provider}/{self.model}"
 
+    @property
+    def litellm_kwargs(self) -> Dict[str, Any]:
+        """The connection settings LiteLLM's call takes (credentials included; never shown)."""
+        params = {k: v for k, v in self.litellm_params.items() if not is_request_default(k) and k not in ROUTING_KEYS}
+        api_base = self.litellm_params.get("api_base") or self.litellm_params.get("base_url")
+        if api_base:
+            params["api_base"] = api_base
+        return params
 
-def parse_deployment(entry: Mapping[str, Any]) -> Deployment:
-    """One `model_list` entry as a `Deployment`; a malformed one raises ValueError saying why."""
+
+def _timeout(value: Any, where: str) -> float:
+    if value is None:
+        return DEFAULT_TIMEOUT_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{where}.litellm_params.timeout must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _extra_headers(value: Any, where: str) -> Dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}.litellm_params.extra_headers must be a mapping of header names to strings")
+    for name, header in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            raise ValueError(f"{where}.litellm_params.extra_headers has an invalid header name {name!r}")
+        if not isinstance(header, str) or any(c in header for c in "\r\n\x00"):
+            raise ValueError(f"{where}.litellm_params.extra_headers.{name} must be a string without CR, LF or NUL")
+    return dict(value)
+
+
+def parse_deployment(entry: Any, where: str = "model_list entry") -> Deployment:
+    """One `model_list` entry as a `Deployment`; a malformed one raises ValueError naming the field (`where` first)."""
     if not isinstance(entry, Mapping):
-        raise ValueError(f"model_list entries must be mappings, got {type(entry).__name__}")
+        raise ValueError(f"{where} must be a mapping with model_name and litellm_params, got {type(entry).__name__}")
     model_name = entry.get("model_name")
     params = entry.get("litellm_params")
     if not isinstance(model_name, str) or not model_name:
-        raise ValueError(f"model_list entry without a model_name: {dict(entry)!r}")
+        raise ValueError(f"{where}.model_name must be a non-empty string, got {model_name!r}")
     if not isinstance(params, Mapping) or not isinstance(params.get("model"), str):
-        raise ValueError(f"model_list entry {model_name!r} needs litellm_params.model (e.g. 'hosted_vllm/NAME')")
+        raise ValueError(f"{where}.litellm_params.model must be a string such as 'hosted_vllm/NAME'")
     provider, sep, model = params["model"].partition("/")
     if not sep:
         provider, model = "openai", params["model"]
+    info = entry.get("model_info")
+    if info is None:
+        info = {}
+    if not isinstance(info, Mapping):
+        raise ValueError(f"{where}.model_info must be a mapping, got {type(info).__name__}")
+    api_key = params.get("api_key")
+    if api_key is not None and not isinstance(api_key, str):
+        raise ValueError(f"{where}.litellm_params.api_key must be a string")
     api_base = params.get("api_base") or params.get("base_url")
-    info = entry.get("model_info") or {}
+    basic_auth = None
+    if api_base:
+        api_base, basic_auth = split_userinfo(check_http_url(api_base, f"{where}.litellm_params.api_base"))
+        if basic_auth and api_key:
+            raise ValueError(
+                f"{where}.litellm_params: api_base carries user:password and api_key is set too; "
+                "the backend can get only one Authorization header"
+            )
     version = info.get("agl_model_version", info.get("version"))
     return Deployment(
         model_name=model_name,
         provider=provider,
         model=model,
-        api_base=str(api_base).rstrip("/") if api_base else None,
-        api_key=params.get("api_key"),
-        timeout_s=float(params.get("timeout") or DEFAULT_TIMEOUT_S),
+        api_base=api_base.rstrip("/") if api_base else None,
+        api_key=api_key or None,
+        timeout_s=_timeout(params.get("timeout"), where),
         model_version=None if version is None else str(version),
-        request_defaults={k: v for k, v in params.items() if k not in _CONNECTION_KEYS},
+        request_defaults={k: v for k, v in params.items() if is_request_default(k)},
         litellm_params=dict(params),
         use_litellm=info.get("agl_passthrough") is False,
+        basic_auth=basic_auth,
+        headers=_extra_headers(params.get("extra_headers"), where),
     )
+
+
+def known_models(names: Sequence[str], limit: int = 10) -> str:
+    """The first `limit` names, and how many more there are: an error message stays short."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 class ModelRegistry:
     """The deployments of one `model_list`, by model name. Immutable: updates build a new one."""
 
     def __init__(self, model_list: Sequence[Mapping[str, Any]]) -> None:
-        self.model_list: List[Dict[str, Any]] = [dict(entry) for entry in model_list]
         self.by_name: Dict[str, List[Deployment]] = {}
-        for entry in self.model_list:
-            deployment = parse_deployment(entry)
+        for index, entry in enumerate(model_list):
+            deployment = parse_deployment(entry, f"model_list[{index}]")
             self.by_name.setdefault(deployment.model_name, []).append(deployment)
+        self.model_list: List[Dict[str, Any]] = [dict(entry) for entry in model_list]
 
     @property
     def model_names(self) -> List[str]:
@@ -135,18 +224,14 @@ class ModelRegistry:
         if not model_name:
             if len(self.by_name) == 1:
                 return next(iter(self.by_name.values()))
-            raise NotFoundError(f"the request names no model; known models: {', '.join(self.by_name)}")
+            raise NotFoundError(f"the request names no model; known models: {known_models(self.model_names)}")
         deployments = self.by_name.get(model_name)
         if deployments is None:
-            raise NotFoundError(f"model {model_name!r} is not served here; known models: {', '.join(self.by_name)}")
+            raise NotFoundError(
+                f"model {model_name[:200]!r} is not served here; known models: {known_models(self.model_names)}"
+            )
         return deployments
 
     def redacted(self) -> List[Dict[str, Any]]:
-        """The model list with api keys masked, for the admin route."""
-        out = []
-        for entry in self.model_list:
-            params = dict(entry.get("litellm_params") or {})
-            if params.get("api_key"):
-                params["api_key"] = "***"
-            out.append({**entry, "litellm_params": params})
-        return out
+        """The model list with every secret-named field and URL password masked, for the admin route."""
+        return [mask_secrets(entry) for entry in self.model_list]

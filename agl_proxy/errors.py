@@ -7,10 +7,21 @@ exception classes (404 NotFound, 429 RateLimit, 502/503/504 APIStatusError, ...)
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Optional
 
 import orjson
 from starlette.types import Send
+
+MAX_ECHO_CHARS = 200
+"""Text from elsewhere (a backend's error, a pause reason) is cut to this before the proxy repeats it."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def short_text(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """`text` on one line, control characters replaced, cut to `limit` characters (with '…')."""
+    text = _CONTROL.sub(" ", text).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class ProxyError(Exception):
@@ -102,9 +113,14 @@ class BackendTimeoutError(ProxyError):
     code = "backend_timeout"
 
 
+def render_error(code: str, message: str) -> bytes:
+    """An OpenAI-shaped error body for a refusal the proxy's middleware makes (401, 403, 415)."""
+    return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}})
+
+
 async def send_error(send: Send, error: ProxyError) -> None:
     """Answer an ASGI request with `error` in OpenAI's error format."""
-    headers = [(b"content-type", b"application/json")]
+    headers = [(b"content-type", b"application/json"), (b"x-content-type-options", b"nosniff")]
     headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": error.body()})

@@ -20,7 +20,7 @@ from starlette.types import Receive, Send
 
 from .assembly import StreamAssembler
 from .deployments import Deployment
-from .errors import BackendFailedError, BackendTimeoutError, ProxyError
+from .errors import BackendFailedError, BackendTimeoutError, ProxyError, short_text
 from .spans import CallRecord
 
 CONNECT_TIMEOUT_S = 10.0
@@ -72,30 +72,42 @@ def backend_body(
 
 
 def backend_headers(deployment: Deployment, rollout_id: str, attempt_id: str) -> Dict[str, str]:
-    headers = {"content-type": "application/json"}
+    headers = {**deployment.headers, "content-type": "application/json"}
     if rollout_id:
         headers["x-rollout-id"] = rollout_id
     if attempt_id:
         headers["x-attempt-id"] = attempt_id
     if deployment.api_key:
         headers["authorization"] = f"Bearer {deployment.api_key}"
+    elif deployment.basic_auth:
+        headers["authorization"] = deployment.basic_auth
     return headers
 
 
-def _error_message(data: bytes) -> str:
+def _json_object(data: bytes) -> Optional[Dict[str, Any]]:
     try:
         parsed = orjson.loads(data)
-        if isinstance(parsed, dict):
-            error = parsed.get("error", parsed)
-            if isinstance(error, dict) and error.get("message"):
-                return str(error["message"])
-            if isinstance(parsed.get("detail"), str):
-                return parsed["detail"]
-            if isinstance(parsed.get("message"), str):
-                return parsed["message"]
     except orjson.JSONDecodeError:
-        pass
-    return data[:300].decode("utf-8", "replace")
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _error_message(response: httpx.Response, data: bytes) -> str:
+    """What the backend said went wrong, short: the message of an OpenAI- or FastAPI-shaped
+    JSON error, else only the type and size of the body. Whatever else a backend answers
+    (an internal service's page, if a deployment points there) is not repeated."""
+    parsed = _json_object(data)
+    if parsed is not None:
+        error = parsed.get("error", parsed)
+        for message in (error.get("message") if isinstance(error, dict) else error, parsed.get("detail")):
+            if isinstance(message, str) and message:
+                return short_text(message)
+    return _body_summary(response, data)
+
+
+def _body_summary(response: httpx.Response, data: bytes) -> str:
+    content_type = short_text(response.headers.get("content-type", "no content type"), 60)
+    return f"a {content_type} body of {len(data)} bytes"
 
 
 def _response_headers(response: httpx.Response) -> List[Tuple[bytes, bytes]]:
@@ -171,25 +183,31 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
             BackendFailedError(f"backend {label} dropped the connection: {type(exc).__name__}: {exc}")
         ) from exc
     status = response.status_code
+    parsed = _json_object(data)
     if status >= 500:
         raise RetryableBackendError(
-            BackendFailedError(f"backend {label} answered HTTP {status}: {_error_message(data)}")
+            BackendFailedError(f"backend {label} answered HTTP {status}: {_error_message(response, data)}")
         )
     if status < 300:
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict) or "choices" not in parsed:
+        if parsed is None or "choices" not in parsed:
             raise RetryableBackendError(
                 BackendFailedError(
-                    f"backend {label} answered HTTP {status} with a body that is not an OpenAI response: {data[:200]!r}"
+                    f"backend {label} answered HTTP {status} with {_body_summary(response, data)} "
+                    "that is not an OpenAI response"
                 )
             )
         record.response = parsed
-    else:
+    elif status >= 400 and parsed is not None:
         # The backend's own verdict on the request (e.g. too long a prompt): the client sees it as is.
-        record.fail("backend_rejected", f"backend {label} answered HTTP {status}: {_error_message(data)}", status)
+        message = f"backend {label} answered HTTP {status}: {_error_message(response, data)}"
+        record.fail("backend_rejected", message, status)
+    else:
+        # A redirect, or a 4xx that is not a JSON error: not an OpenAI-compatible server's answer.
+        raise RetryableBackendError(
+            BackendFailedError(
+                f"backend {label} answered HTTP {status} with {_body_summary(response, data)}, not an OpenAI error"
+            )
+        )
     record.status_code = status
     await send({"type": "http.response.start", "status": status, "headers": _response_headers(response)})
     await send({"type": "http.response.body", "body": data})
@@ -247,11 +265,13 @@ async def _relay_stream(
         record.fail_with(error)
         await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
     elif assembler.error is not None:
-        message = assembler.error.get("message") if isinstance(assembler.error, dict) else str(assembler.error)
+        message = assembler.error.get("message") if isinstance(assembler.error, dict) else assembler.error
         record.fail(
-            "backend_stream_error", f"backend {label} reported an error mid-stream: {message}", record.status_code
+            "backend_stream_error",
+            f"backend {label} reported an error mid-stream: {short_text(str(message))}",
+            record.status_code,
         )
     elif assembler.garbage is not None:
-        record.fail("backend_garbage", f"backend {label} streamed data that is not JSON: {assembler.garbage!r}", 502)
+        record.fail("backend_garbage", f"backend {label} streamed data that is not JSON", 502)
     record.response = assembler.result()
     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -17,20 +17,9 @@ from starlette.types import Send
 
 from .assembly import StreamAssembler
 from .deployments import Deployment
-from .errors import BackendFailedError, BackendTimeoutError
+from .errors import BackendFailedError, BackendTimeoutError, short_text
 from .forwarding import RequestOptions, RetryableBackendError, relay_chunk, request_fields
 from .spans import CallRecord
-
-# litellm_params that configure LiteLLM's call rather than the request body.
-_CALL_KEYS = (
-    "api_base",
-    "api_key",
-    "api_version",
-    "organization",
-    "aws_region_name",
-    "vertex_project",
-    "vertex_location",
-)
 
 
 def import_litellm() -> Any:
@@ -52,21 +41,19 @@ async def complete_with_litellm(
     """Serve one call through `litellm.acompletion` / `atext_completion`."""
     # In a thread: the first import takes seconds, which must not stall the other calls.
     litellm = await asyncio.to_thread(import_litellm)
-    kwargs = request_fields(body, deployment, options)
-    kwargs["model"] = deployment.litellm_params["model"]
-    for key in _CALL_KEYS:
-        if deployment.litellm_params.get(key) is not None:
-            kwargs[key] = deployment.litellm_params[key]
-    kwargs.update(timeout=deployment.timeout_s, num_retries=0)
+    request = request_fields(body, deployment, options)
+    request["model"] = deployment.litellm_params["model"]
     record.deployment = deployment
-    record.request = {k: v for k, v in kwargs.items() if k != "api_key"}
+    # The span gets the request, never the connection settings and credentials added below.
+    record.request = request
+    kwargs = {**request, **deployment.litellm_kwargs, "timeout": deployment.timeout_s, "num_retries": 0}
     call = litellm.acompletion if record.operation == "chat" else litellm.atext_completion
     label = deployment.label
     try:
         result = await call(**kwargs)
     except Exception as exc:  # LiteLLM's exceptions carry the provider's status
         status = getattr(exc, "status_code", None)
-        message = f"backend {label} (via LiteLLM) failed: {getattr(exc, 'message', None) or exc}"
+        message = f"backend {label} (via LiteLLM) failed: {short_text(str(getattr(exc, 'message', None) or exc))}"
         if isinstance(exc, litellm.exceptions.Timeout):
             raise BackendTimeoutError(message) from exc
         if isinstance(exc, litellm.exceptions.APIConnectionError) or not isinstance(status, int) or status >= 500:
@@ -90,7 +77,7 @@ async def complete_with_litellm(
         async for chunk in result:
             await relay_chunk(b"data: " + orjson.dumps(_dump(chunk)) + b"\n\n", send, assembler, record, t0)
     except Exception as exc:  # noqa: BLE001 - mid-stream: tell the client in the stream
-        failure = BackendFailedError(f"backend {label} (via LiteLLM) failed mid-stream: {exc}")
+        failure = BackendFailedError(f"backend {label} (via LiteLLM) failed mid-stream: {short_text(str(exc))}")
         record.fail_with(failure)
         await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": True})
     else:

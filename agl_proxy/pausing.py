@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Any, Dict, Optional
 
-from .errors import PausedError
+from .errors import PausedError, short_text
 
 DEFAULT_RETRY_AFTER_S = 5
 
@@ -42,8 +42,9 @@ class PauseGate:
             self._drained.set()
 
     def pause(self, reason: Optional[str] = None) -> None:
+        """Refuse new calls; `reason` (cut to 200 characters) is repeated in every 429."""
         self.paused = True
-        self.reason = reason
+        self.reason = short_text(reason) if reason else None
         self.paused_at = time.time()
 
     def resume(self) -> None:

@@ -43,6 +43,10 @@ class LLMProxy:
     same port (the embedded store's REST routes). Once `max_span_buffer` spans of answered
     calls wait for the store, new calls wait up to `backpressure_wait_s` for room, then get
     a 503 with `Retry-After` (docs/proxy.md, "Export").
+
+    `key` is what agents call the LLM routes with (`as_resource()` hands it out); `admin_key`
+    is required on the admin routes (`/proxy/*`, `/metrics`) and `store_app`'s routes. Without
+    `admin_key`, `key` is both (one key: whoever calls the model may also reconfigure the proxy).
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class LLMProxy:
         port: int = DEFAULT_PORT,
         key: Optional[str] = None,
         *,
+        admin_key: Optional[str] = None,
         logprobs: bool = False,
         sampling_overrides: Optional[Mapping[str, Any]] = None,
         sampling_by_mode: Optional[Mapping[str, Mapping[str, Any]]] = None,
@@ -65,6 +70,7 @@ class LLMProxy:
         self.host = host
         self.port = port
         self.key = key
+        self.admin_key = key if admin_key is None else admin_key
         self.store = store
         self.gateway = Gateway(
             model_list or [],
@@ -106,7 +112,9 @@ class LLMProxy:
 
     def create_app(self) -> Any:
         """The ASGI app, for serving it some other way (tests use it with httpx's ASGITransport)."""
-        return create_app(self.gateway, key=self.key, store_app=self._store_app)
+        return create_app(
+            self.gateway, key=self.key, admin_key=self.admin_key, store_app=self._store_app, host=self.host
+        )
 
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
         """Replace the backends at run time; calls in flight finish where they started."""
@@ -172,7 +180,7 @@ class LLMProxy:
     ) -> ProxyLLM:
         """An LLM resource whose `get_base_url(rollout_id, attempt_id)` is the per-rollout URL.
 
-        `model` may be left out when one model is configured.
+        `model` may be left out when one model is configured. It carries `key`, never `admin_key`.
         """
         if model is None:
             names = self.gateway.registry.model_names

@@ -1,4 +1,4 @@
-"""The LightningStore contract (SPEC section 2).
+"""The LightningStore contract.
 
 Every method is async. Backends (`SQLiteStore` for both `sqlite://` files and `memory://`,
 `LightningStoreClient` for `http://`) implement all of it and are run through one test
@@ -15,7 +15,11 @@ Status rules, enforced by the backends:
 - The store itself marks attempts `timeout` (past `config.timeout_seconds` since the
   attempt started) and `unresponsive` (no heartbeat or span for `unresponsive_seconds`),
   from a background task, whether or not anyone calls it.
-- A rollout in `succeeded`, `failed` or `cancelled` is finished: only `metadata` may change.
+- A rollout in `succeeded`, `failed` or `cancelled` is finished (it has an `end_time`, and a
+  late status report of its attempts leaves it so), yet it can run again, as in
+  agent-lightning 0.3: `update_rollout(status="requeuing")` puts it back in the queue and
+  `start_attempt` gives it a new attempt; it is then unfinished and follows that attempt.
+- `attempt_id="latest"` names the rollout's latest attempt wherever an attempt id is taken.
 """
 
 from __future__ import annotations
@@ -110,7 +114,10 @@ class LightningStore:
         config: RolloutConfig | None = None,
         metadata: Dict[str, Any] | None = None,
     ) -> Rollout:
-        """Append a rollout in `queuing` to the tail of the queue; no attempt yet."""
+        """Append a rollout in `queuing` to the tail of the queue; no attempt yet.
+
+        `resources_id=None` means the latest resources at this moment (None when there are none).
+        """
         raise NotImplementedError
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
@@ -129,7 +136,8 @@ class LightningStore:
         raise NotImplementedError
 
     async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
-        """Create a new attempt for an existing, unfinished rollout (a manual retry)."""
+        """Create a new attempt of a rollout, finished or not (a manual retry); the rollout is
+        `preparing` and follows this attempt from now on."""
         raise NotImplementedError
 
     async def update_rollout(
@@ -142,8 +150,9 @@ class LightningStore:
         config: RolloutConfig = UNSET,
         metadata: Optional[Dict[str, Any]] = UNSET,
     ) -> Rollout:
-        """Change the given fields. A terminal status sets `end_time` and wakes waiters;
-        `queuing` / `requeuing` puts the rollout back in the queue exactly once."""
+        """Change the given fields; any status may be set. A terminal status sets `end_time`
+        and wakes waiters; `queuing` / `requeuing` puts the rollout back in the queue exactly
+        once; any other status clears `end_time`."""
         raise NotImplementedError
 
     async def update_attempt(
@@ -153,9 +162,12 @@ class LightningStore:
         status: AttemptStatus = UNSET,
         worker_id: str = UNSET,
         last_heartbeat_time: float = UNSET,
-        metadata: Optional[Dict[str, Any]] = UNSET,
+        metadata: Dict[str, Any] = UNSET,
     ) -> Attempt:
-        """Change an attempt; a status change of the latest attempt propagates to the rollout."""
+        """Change an attempt; a status change of the latest attempt propagates to the rollout.
+
+        None is not a value of any field (InvalidInputError): leave a field out to keep it.
+        """
         raise NotImplementedError
 
     async def get_rollout_by_id(self, rollout_id: str) -> Optional[Rollout]:
@@ -203,7 +215,7 @@ class LightningStore:
         """Wait until every listed rollout is finished or `timeout` seconds pass.
 
         Returns the finished ones (all of them unless the timeout expired). `timeout=None`
-        waits indefinitely. Unknown ids raise NotFoundError.
+        waits indefinitely. Ids the store does not know are not waited for and not returned.
         """
         raise NotImplementedError
 
@@ -214,7 +226,9 @@ class LightningStore:
 
         A duplicate is a span with the same (rollout_id, attempt_id, span_id) as a stored
         one. The span is a heartbeat of its attempt and moves a `preparing` attempt and
-        rollout to `running`.
+        rollout to `running`. `sequence_id` None gets the next number; a given one (>= 0)
+        is kept and pushes the counter past it. An `attempt_id` of "latest" is stored (and
+        returned) as the rollout's latest attempt.
         """
         raise NotImplementedError
 
@@ -234,7 +248,8 @@ class LightningStore:
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         """Issue the next sequence number of the rollout: 1, 2, ... strictly increasing,
-        atomic across processes and clients. The attempt must exist."""
+        atomic across processes and clients. The rollout must exist; the attempt is not
+        checked (numbers are per rollout)."""
         raise NotImplementedError
 
     async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:

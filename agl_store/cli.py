@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence
 
 from .errors import StoreError
@@ -30,6 +33,50 @@ def db_url(db: str) -> str:
     return f"sqlite:///{db}"
 
 
+@dataclass(frozen=True)
+class KeyOption:
+    """A bearer key given as `--NAME KEY`, `--NAME-file PATH` or the environment variable `env`.
+
+    The flag is visible in the process list; the file and the variable are not.
+    """
+
+    flag: str
+    """`--key`, `--admin-key`, ..."""
+    env: str
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_mutually_exclusive_group()
+        group.add_argument(self.flag, dest=self.dest, metavar="KEY", help=f"{self.help} (default: ${self.env})")
+        group.add_argument(
+            self.flag + "-file", dest=self.dest + "_file", metavar="PATH", help=f"read {self.flag} from a file"
+        )
+
+    def read(self, args: argparse.Namespace) -> tuple[Optional[str], str]:
+        """(the key or None, where it came from); ValueError for an unreadable or empty file."""
+        given = getattr(args, self.dest)
+        if given:
+            return given, self.flag
+        path = getattr(args, self.dest + "_file")
+        if path:
+            try:
+                key = Path(path).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(f"{self.flag}-file {path}: {exc.strerror or exc}") from exc
+            if not key:
+                raise ValueError(f"{self.flag}-file {path} is empty")
+            return key, f"{self.flag}-file"
+        key = os.environ.get(self.env, "").strip()
+        return (key, f"${self.env}") if key else (None, "")
+
+
+STORE_KEY = KeyOption("--key", "AGL_STORE_KEY", "require 'Authorization: Bearer KEY' (health checks stay open)")
+
+
 def add_store_commands(subparsers: Any) -> None:
     """Add `agl store serve` to the top-level subparsers."""
     store = subparsers.add_parser("store", help="the LightningStore (rollouts, spans, resources)")
@@ -38,7 +85,7 @@ def add_store_commands(subparsers: Any) -> None:
     serve.add_argument("--db", default="agl.db", help="SQLite file path or store URL: sqlite:///PATH, memory://")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
-    serve.add_argument("--key", default=None, help="require 'Authorization: Bearer KEY' (health checks stay open)")
+    STORE_KEY.add_to(serve)
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     serve.set_defaults(run=_serve)
 
@@ -84,6 +131,11 @@ def _serve(args: argparse.Namespace) -> int:
 async def _serve_async(args: argparse.Namespace) -> int:
     from .urls import open_store
 
+    try:
+        key, key_source = STORE_KEY.read(args)
+    except ValueError as exc:
+        print(f"agl store serve: {exc}", file=sys.stderr)
+        return 2
     url = db_url(args.db)
     try:
         store = await open_store(url)
@@ -92,8 +144,8 @@ async def _serve_async(args: argparse.Namespace) -> int:
         return 2
     # Opened here so a bad URL fails before the port is taken; the app's lifespan owns it
     # from then on (its open() is a no-op, its close() runs at shutdown).
-    app = create_app(store, key=args.key, max_body_bytes=args.max_body_bytes)
-    auth = "bearer key required" if args.key else "no key"
+    app = create_app(store, key=key, max_body_bytes=args.max_body_bytes, host=args.host)
+    auth = f"bearer key required (from {key_source})" if key else "no key"
     try:
         return await serve_app(
             app, name="agl store serve", host=args.host, port=args.port, describe=f"store {url}, {auth}"

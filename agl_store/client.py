@@ -17,10 +17,10 @@ from typing import Any, Callable, Dict, List, Literal, Mapping, NamedTuple, Opti
 import httpx
 import orjson
 from pydantic import TypeAdapter
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
-from .errors import ERRORS_BY_CODE, StoreClosedError, StoreError, StoreUnavailableError
+from .errors import ERRORS_BY_CODE, InvalidInputError, StoreClosedError, StoreError, StoreUnavailableError
 from .http_transport import AiohttpTransport
 from .models import (
     Attempt,
@@ -41,7 +41,7 @@ from .models import (
 )
 from .otel import span_from_otel
 from .pages import Page
-from .span_wire import ENCODING_HEADER, PACKED, packed_batch, spans_from_page
+from .span_wire import ENCODING_HEADER, PACKED, PACKED_MEDIA_TYPE, packed_batch, spans_from_page
 
 logger = logging.getLogger("agl_store.client")
 
@@ -176,7 +176,10 @@ class LightningStoreClient(LightningStore):
         if self._http is None:
             await self.open()
         if body is not UNSET:
-            content = to_json(body)
+            try:
+                content = to_json(body)
+            except PydanticSerializationError as exc:  # not JSON, or nested past any reader: the server's 400
+                raise InvalidInputError(f"request body is not JSON: {exc}") from None
             headers = {**(headers or {}), "content-type": "application/json"}
         last_network_error: Optional[Exception] = None
         for attempt in range(self._retries + 1):
@@ -331,7 +334,7 @@ class LightningStoreClient(LightningStore):
         status: AttemptStatus = UNSET,
         worker_id: str = UNSET,
         last_heartbeat_time: float = UNSET,
-        metadata: Optional[Dict[str, Any]] = UNSET,
+        metadata: Dict[str, Any] = UNSET,
     ) -> Attempt:
         fields = {
             "status": status,
@@ -411,9 +414,11 @@ class LightningStoreClient(LightningStore):
                 timeout=poll + self._timeout,
             )
             finished = [_rollout(item) for item in data]
-            if {r.rollout_id for r in finished} >= wanted:
+            unfinished = wanted - {r.rollout_id for r in finished}
+            if not unfinished or (deadline is not None and time.monotonic() >= deadline):
                 return finished
-            if deadline is not None and time.monotonic() >= deadline:
+            # The poll also ends early when only unknown ids are left, which are not waited for.
+            if not await self.query_rollouts(rollout_id_in=list(unfinished), limit=1):
                 return finished
 
     # --- spans ----------------------------------------------------------------------------
@@ -435,15 +440,24 @@ class LightningStoreClient(LightningStore):
         if self._packed_writes:
             # Token ids packed here, not parsed by the server (see agl_store.span_wire).
             try:
-                response = await self._send("POST", AGL_PREFIX + "/spans/batch/packed", content=packed_batch(spans))
+                response = await self._send(
+                    "POST",
+                    AGL_PREFIX + "/spans/batch/packed",
+                    content=packed_batch(spans),
+                    headers={"content-type": PACKED_MEDIA_TYPE},
+                )
             except StoreError as exc:
                 if not (type(exc) is StoreError and getattr(exc, "status_code", None) == 404):
                     raise
                 self._packed_writes = False  # a server without the route: plain JSON from now on
         if response is None:
-            response = await self._send("POST", AGL_PREFIX + "/spans/batch", content=to_json(spans))
+            response = await self._send("POST", AGL_PREFIX + "/spans/batch", body=spans)
         stored = orjson.loads(response.content)["stored"]
-        return [spans[item["index"]].model_copy(update={"sequence_id": item["sequence_id"]}) for item in stored]
+        # `attempt_id` comes back only for spans sent as "latest": the attempt they were stored under.
+        return [
+            spans[item["index"]].model_copy(update={k: item[k] for k in ("sequence_id", "attempt_id") if k in item})
+            for item in stored
+        ]
 
     async def add_otel_span(
         self,

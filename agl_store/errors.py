@@ -6,6 +6,8 @@ against an embedded store handles a remote one unchanged.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 
 class StoreError(Exception):
     """Base class of every error the store raises on purpose."""
@@ -26,6 +28,15 @@ class InvalidInputError(StoreError, ValueError):
 
     status_code = 400
     code = "invalid_input"
+
+
+class RequestValidationError(InvalidInputError):
+    """A request body or query string does not fit its route's schema (a missing field, a wrong
+    type): 422, as agent-lightning 0.3's FastAPI server answers. Python callers catch it as
+    InvalidInputError."""
+
+    status_code = 422
+    code = "validation_error"
 
 
 class NotFoundError(StoreError, ValueError):
@@ -71,6 +82,7 @@ ERRORS_BY_CODE: dict[str, type[StoreError]] = {
     for cls in (
         StoreError,
         InvalidInputError,
+        RequestValidationError,
         NotFoundError,
         ConflictError,
         PayloadTooLargeError,
@@ -79,3 +91,8 @@ ERRORS_BY_CODE: dict[str, type[StoreError]] = {
         StoreUnavailableError,
     )
 }
+
+
+def invalid_sort_by(sort_by: object, allowed: Iterable[str]) -> InvalidInputError:
+    """The error for an unsupported sort field, worded as agent-lightning 0.3 words it (clients match on it)."""
+    return InvalidInputError(f"Invalid sort_by: {sort_by}, allowed fields are: {', '.join(allowed)}")

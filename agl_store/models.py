@@ -15,6 +15,8 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Sequence, Unio
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .bounds import MAX_INTEGER
+
 RolloutStatus = Literal["queuing", "preparing", "running", "succeeded", "failed", "cancelled", "requeuing"]
 AttemptStatus = Literal["preparing", "running", "succeeded", "failed", "unresponsive", "timeout"]
 RolloutMode = Literal["train", "val", "test"]
@@ -40,6 +42,8 @@ ACTIVE_ROLLOUT_STATUSES: frozenset[str] = frozenset({"preparing", "running"})
 TERMINAL_ATTEMPT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "unresponsive", "timeout"})
 
 TaskInput = Any
+LATEST_ATTEMPT = "latest"
+"""The attempt id that names a rollout's latest attempt, wherever the store takes an attempt id."""
 
 
 def new_id(prefix: str) -> str:
@@ -64,7 +68,7 @@ class RolloutConfig(BaseModel):
 
     timeout_seconds: Optional[float] = Field(default=None, gt=0)
     unresponsive_seconds: Optional[float] = Field(default=None, gt=0)
-    max_attempts: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=1, ge=1, le=MAX_INTEGER)
     retry_condition: List[AttemptStatus] = Field(default_factory=list)
 
 
@@ -290,3 +294,8 @@ class StoreStatistics(BaseModel):
     rollouts_by_status: Dict[str, int] = Field(default_factory=dict)
     uptime: float = 0.0
     database_bytes: Optional[int] = None
+    """Bytes on disk of the database file and its `-wal` file; None in memory."""
+    wal_bytes: Optional[int] = None
+    """Of `database_bytes`, the `-wal` file's (truncated to 0 after retention)."""
+    unused_bytes: Optional[int] = None
+    """Of the database file, free pages that later writes reuse."""

@@ -1,9 +1,9 @@
-"""`Page`: what every store's query methods return."""
+"""`Page`: what every store's query methods return, and when a page shows its own total."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -14,3 +14,16 @@ class Page(list[T]):
     def __init__(self, items: Sequence[T] = (), total: int | None = None) -> None:
         super().__init__(items)
         self.total = len(self) if total is None else total
+
+
+def page_total(rows: int, limit: int, offset: int) -> Optional[int]:
+    """The match count when a page of `rows` rows shows it (it is the last page), else None.
+
+    `limit` -1 means no limit. An empty page past offset 0 shows nothing: the matches may
+    end anywhere before it.
+    """
+    if rows == 0 and offset > 0:
+        return None
+    if limit < 0 or rows < limit:
+        return offset + rows
+    return None

@@ -35,11 +35,14 @@ import orjson
 from pydantic import TypeAdapter
 from pydantic_core import to_json
 
+from .errors import InvalidInputError
 from .models import Span
 from .tokens import fill_packed, pack_attributes, unpack_attributes
 
 ENCODING_HEADER = "x-agl-span-encoding"
 PACKED = "packed-v1"
+PACKED_MEDIA_TYPE = "application/vnd.agl.packed-spans"
+"""The Content-Type of a `packed_batch` frame posted to `/spans/batch/packed`."""
 
 SPAN_LIST = TypeAdapter(List[Span])
 """Validates a JSON list of spans (pages read here, batches the server takes)."""
@@ -175,8 +178,11 @@ def packed_batch(spans: Sequence[Span]) -> bytes:
     with each span's token arrays `null` in its attributes and its blob after the JSON."""
     items: List[bytes] = []
     blobs: List[Optional[bytes]] = []
-    for span in spans:
-        skeleton, blob = pack_attributes(span.attributes)
+    for index, span in enumerate(spans):
+        try:
+            skeleton, blob = pack_attributes(span.attributes)
+        except InvalidInputError as exc:  # name the span, as the server would
+            raise InvalidInputError(f"spans[{index}].{exc.message}") from None
         head = to_json(span, exclude={"attributes"})
         items.append(head[:-1] + (b',"attributes":' if len(head) > 2 else b'"attributes":') + skeleton + b"}")
         blobs.append(blob)

@@ -1,11 +1,14 @@
 """SQLiteStore: the embedded LightningStore, on a SQLite file or in memory (`:memory:`).
 
-One aiosqlite connection per store. Each operation is one plain function of
-`agl_store.sqlite_ops`, run whole on aiosqlite's connection thread: one thread hop per call
-instead of one per statement, and since that thread runs one function at a time, the
-store's writes are serialised. Every write runs inside `sqlite_ops.atomic()` (`BEGIN
-IMMEDIATE`), which also serialises writers across processes sharing the file, so sequence
-numbers and dequeues stay unique without any lock of our own.
+Each operation is one plain function of `agl_store.sqlite_ops`, run whole on a connection's
+own thread (`sqlite_threads`): one thread hop per call instead of one per statement. Writes
+go to the one writer connection, whose thread runs one function at a time, so the store's
+writes are serialised. Every write runs inside `sqlite_ops.atomic()` (`BEGIN IMMEDIATE`),
+which also serialises writers across processes sharing the file, so sequence numbers and
+dequeues stay unique without any lock of our own. Reads of a file run on separate reader
+connections, each in one snapshot: WAL lets them proceed while a write (a long retention
+chunk, another process's transaction) is in progress. An in-memory database exists only in
+its one connection, so there reads share the writer's.
 
 This module is the async face: lifecycle, input validation (before any transaction, so bad
 input never takes the write lock), waiting, and the watchdog task. A background task started
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -24,13 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar
 
-import aiosqlite
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from . import sqlite_ops as ops
 from .base import UNSET, FilterLogic, LightningStore, SortOrder
-from .errors import InvalidInputError, StoreClosedError, StoreError
+from .bounds import check_field_depths, check_integer, check_json_depth
+from .errors import InvalidInputError, StoreClosedError, StoreError, invalid_sort_by
 from .models import (
     ROLLOUT_MODES,
     TERMINAL_ROLLOUT_STATUSES,
@@ -54,21 +59,22 @@ from .models import (
 from .otel import span_from_otel
 from .pages import Page
 from .sqlite_ops import UNATTRIBUTED_ROLLOUT_ID
+from .sqlite_rollout_pages import read_rollout_page, rollout_page_query
 from .sqlite_schema import (
     ATTEMPT_COLUMNS,
     RESOURCES_COLUMNS,
-    ROLLOUT_SELECT,
     SPAN_COLUMNS,
     WORKER_COLUMNS,
     apply_migrations,
     attempt_from_row,
     configure_connection,
+    configure_reader,
     resources_from_row,
-    rollout_from_row,
     span_from_row,
     span_to_row,
     worker_from_row,
 )
+from .sqlite_threads import ConnectionThread, ReaderPool
 from .tokens import check_packed_batch
 from .transitions import check_attempt_status, check_rollout_status, check_worker_status
 
@@ -80,6 +86,10 @@ T = TypeVar("T")
 
 MAX_WRITES_PER_COMMIT = 256
 """Concurrent writes grouped into one transaction at most; bounds a commit's size."""
+RECLAIM_PAGES_PER_STEP = 2048
+"""Free pages one transaction gives back to the file system after retention (8 MB of 4 KB pages)."""
+WAL_TRUNCATE_WAIT_S = 2.0
+"""How long truncating the WAL after retention waits for readers of older snapshots."""
 ROLLOUT_SORT_FIELDS = frozenset({"rollout_id", "start_time", "end_time", "status", "mode", "resources_id"})
 ATTEMPT_SORT_FIELDS = frozenset(
     {"sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id", "last_heartbeat_time"}
@@ -113,6 +123,10 @@ class SQLiteStore(LightningStore):
         poll_interval: how often `wait_for_rollouts` re-reads the database to notice other
             processes' writes (this process's own writes wake it at once).
         busy_timeout: seconds a write waits for another process's transaction to end.
+        read_connections: connections serving reads of a file, beside the writer's
+            (an in-memory store reads on its one connection).
+        retention_chunk_spans: the most spans one transaction of `delete_rollouts` or
+            `expire_rollouts` removes; other calls run between these transactions.
     """
 
     name = "SQLiteStore"
@@ -124,18 +138,26 @@ class SQLiteStore(LightningStore):
         watchdog_interval: float = 1.0,
         poll_interval: float = 0.5,
         busy_timeout: float = 30.0,
+        read_connections: int = 2,
+        retention_chunk_spans: int = 500,
     ) -> None:
         if watchdog_interval <= 0:
             raise InvalidInputError(f"watchdog_interval must be > 0, got {watchdog_interval}")
         if poll_interval <= 0:
             raise InvalidInputError(f"poll_interval must be > 0, got {poll_interval}")
+        if read_connections < 1:
+            raise InvalidInputError(f"read_connections must be >= 1, got {read_connections}")
+        if retention_chunk_spans < 1:
+            raise InvalidInputError(f"retention_chunk_spans must be >= 1, got {retention_chunk_spans}")
         self.path = str(path)
         self.in_memory = self.path == ":memory:"
         self.watchdog_interval = watchdog_interval
         self.poll_interval = poll_interval
         self.busy_timeout = busy_timeout
-        self._db: aiosqlite.Connection | None = None
-        self._conn: sqlite3.Connection | None = None
+        self.read_connections = read_connections
+        self.retention_chunk_spans = retention_chunk_spans
+        self._writer: ConnectionThread | None = None
+        self._readers: ReaderPool | None = None
         self._closed = False
         self._watchdog: asyncio.Task[None] | None = None
         self._pending_writes: List[Tuple[Callable[..., Any], Tuple[Any, ...], asyncio.Future[Any]]] = []
@@ -144,7 +166,7 @@ class SQLiteStore(LightningStore):
         self._opened_at = time.time()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open" if self._db is not None else "new"
+        state = "closed" if self._closed else "open" if self._writer is not None else "new"
         return f"SQLiteStore({self.path!r}, {state})"
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -153,26 +175,29 @@ class SQLiteStore(LightningStore):
         """Connect, apply pending migrations and start the watchdog. Idempotent."""
         if self._closed:
             raise StoreClosedError("this SQLiteStore was closed; create a new one")
-        if self._db is not None:
+        if self._writer is not None:
             return self
         if not self.in_memory:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode: every transaction is an explicit `atomic()`.
-        db = await aiosqlite.connect(self.path, isolation_level=None, cached_statements=256)
+        busy_timeout_ms = int(self.busy_timeout * 1000)
+
+        def set_up_writer(conn: sqlite3.Connection) -> None:
+            configure_connection(conn, busy_timeout_ms=busy_timeout_ms, in_memory=self.in_memory)
+            apply_migrations(conn)
+
+        writer = await ConnectionThread.open(self.path, "agl-store-writer", set_up_writer)
+        readers: List[ConnectionThread] = []
         try:
-            # aiosqlite has no public call for "run this function on your thread"; its
-            # `_execute` is exactly that (aiosqlite is pinned). It buys one thread hop per
-            # operation instead of one per statement, and whole transactions that no other
-            # coroutine can interleave with. `conn` is only ever touched on that thread.
-            conn = db._conn
-            await db._execute(
-                configure_connection, conn, busy_timeout_ms=int(self.busy_timeout * 1000), in_memory=self.in_memory
-            )
-            await db._execute(apply_migrations, conn)
+            if not self.in_memory:  # after the writer: the file is in WAL mode and migrated
+                set_up_reader = functools.partial(configure_reader, busy_timeout_ms=busy_timeout_ms)
+                for _ in range(self.read_connections):
+                    readers.append(await ConnectionThread.open(self.path, "agl-store-reader", set_up_reader))
         except BaseException:
-            await db.close()
+            for opened in (*readers, writer):
+                await opened.close()
             raise
-        self._db, self._conn = db, conn
+        self._writer = writer
+        self._readers = ReaderPool(readers) if readers else None
         self._finished_event = asyncio.Event()
         self._opened_at = time.time()
         self._watchdog = asyncio.create_task(self._run_watchdog(), name=f"agl-store-watchdog:{self.path}")
@@ -194,29 +219,34 @@ class SQLiteStore(LightningStore):
             # Writes accepted before close() still commit; later ones get StoreClosedError.
             await asyncio.gather(self._flusher, return_exceptions=True)
         self._wake_waiters()
-        if self._db is not None:
-            await self._db.close()
+        if self._readers is not None:
+            await self._readers.close()
+        if self._writer is not None:
+            await self._writer.close()
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` on the connection thread."""
+        """Run the read `fn(conn, *args)` in one snapshot, on a reader connection's thread."""
         self._check_open()
-        return await self._run(fn, *args)
+        try:
+            if self._readers is None:
+                assert self._writer is not None
+                return await self._writer.run(ops.in_snapshot, fn, *args)
+            return await self._readers.run(ops.in_snapshot, fn, *args)
+        except sqlite3.Error as exc:
+            raise _store_error(exc) from exc
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        if self._db is None:
+        if self._writer is None:
             raise StoreClosedError("the store is not open; call `await store.open()` first")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)` on the writer connection's thread."""
         # Without the open check: the write flusher finishes accepted writes during close().
-        assert self._db is not None
+        assert self._writer is not None
         try:
-            return await self._db._execute(fn, self._conn, *args)
-        except ValueError as exc:
-            if str(exc) == "Connection closed":
-                raise StoreClosedError("the store is closed") from exc
-            raise
+            return await self._writer.run(fn, *args)
         except sqlite3.Error as exc:
             raise _store_error(exc) from exc
 
@@ -283,14 +313,12 @@ class SQLiteStore(LightningStore):
 
     async def statistics(self) -> StoreStatistics:
         stats = await self._call(ops.statistics)
-        page_bytes = stats.pop("page_bytes")
-        database_bytes = None
+        files: Dict[str, Any] = {"database_bytes": None, "wal_bytes": None, "unused_bytes": None}
         if not self.in_memory:
-            wal = Path(self.path + "-wal")
-            database_bytes = page_bytes + (wal.stat().st_size if wal.exists() else 0)
-        return StoreStatistics(
-            name=self.name, uptime=time.time() - self._opened_at, database_bytes=database_bytes, **stats
-        )
+            database, wal = _file_bytes(Path(self.path)), _file_bytes(Path(self.path + "-wal"))
+            files = {"database_bytes": database + wal, "wal_bytes": wal, "unused_bytes": stats["unused_bytes"]}
+        stats.update(files)
+        return StoreStatistics(name=self.name, uptime=time.time() - self._opened_at, **stats)
 
     # --- rollouts and the queue -----------------------------------------------------------
 
@@ -336,9 +364,9 @@ class SQLiteStore(LightningStore):
     async def dequeue_many_rollouts(
         self, *, limit: int = 1, worker_id: Optional[str] = None
     ) -> Sequence[AttemptedRollout]:
-        if not isinstance(limit, int) or limit < 0:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidInputError(f"limit must be an int >= 0, got {limit!r}")
-        if limit == 0:
+        if check_integer(limit, "limit") == 0:
             return []
         return await self._write(ops.dequeue, limit, worker_id)
 
@@ -380,14 +408,18 @@ class SQLiteStore(LightningStore):
         status: AttemptStatus = UNSET,
         worker_id: str = UNSET,
         last_heartbeat_time: float = UNSET,
-        metadata: Optional[Dict[str, Any]] = UNSET,
+        metadata: Dict[str, Any] = UNSET,
     ) -> Attempt:
         if status is not UNSET:
             check_attempt_status(status)
-        if last_heartbeat_time is not UNSET and not isinstance(last_heartbeat_time, (int, float)):
-            raise InvalidInputError(f"last_heartbeat_time must be a number, got {last_heartbeat_time!r}")
+        if last_heartbeat_time is not UNSET:
+            _check_number(last_heartbeat_time, "last_heartbeat_time")
+        # An attempt's worker and metadata are replaced, never cleared (agent-lightning 0.3's server says so too).
+        for field, value in (("worker_id", worker_id), ("metadata", metadata)):
+            if value is None:
+                raise InvalidInputError(f"{field} is invalid; it cannot be a null value.")
         if metadata is not UNSET:
-            _check_metadata(metadata)
+            _dumps(_check_metadata(metadata), "metadata")  # the connection thread encodes it again
         changes = ops.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
         return await self._write(ops.update_attempt, rollout_id, attempt_id, changes)
 
@@ -412,10 +444,10 @@ class SQLiteStore(LightningStore):
         limit: int = -1,
         offset: int = 0,
     ) -> Sequence[Rollout]:
-        where = _Where()
+        statuses = None
         if status_in is not None:
             statuses = [check_rollout_status(s, "status_in") for s in _as_list(status_in, "status_in")]
-            where.add("r.status IN (SELECT value FROM json_each(?))", orjson.dumps(statuses))
+        where = _Where()
         if rollout_id_in is not None:
             where.add(
                 "r.rollout_id IN (SELECT value FROM json_each(?))",
@@ -429,16 +461,19 @@ class SQLiteStore(LightningStore):
             where.add("r.start_time > ?", _check_number(start_time_after, "start_time_after"))
         if start_time_before is not None:
             where.add("r.start_time < ?", _check_number(start_time_before, "start_time_before"))
-        query = _paged(
-            select=ROLLOUT_SELECT,
-            count="SELECT count(*) FROM rollouts r",
-            where=where.sql(_check_logic(filter_logic)),
+        _check_sort(sort_by, ROLLOUT_SORT_FIELDS, sort_order)
+        _check_paging(limit, offset)
+        query = rollout_page_query(
+            statuses=statuses,
+            clauses=where.clauses,
             params=where.params,
-            order=_order_by("r", sort_by, ROLLOUT_SORT_FIELDS, sort_order, default="r.rowid"),
+            logic=_check_logic(filter_logic),
+            sort_by=sort_by,
+            descending=sort_order == "desc",
             limit=limit,
             offset=offset,
         )
-        return await self._call(ops.run_paged, query, rollout_from_row)
+        return await self._call(read_rollout_page, query)
 
     async def query_attempts(
         self,
@@ -470,10 +505,11 @@ class SQLiteStore(LightningStore):
             # Take the event before reading, so a finish between the read and the wait
             # still wakes us.
             event = self._finished_event
+            # Unknown (or since deleted) ids are not waited for, as in agent-lightning 0.3.
             statuses = await self._call(ops.rollout_statuses, ids)
-            finished = [rid for rid in ids if statuses[rid] in TERMINAL_ROLLOUT_STATUSES]
+            finished = [rid for rid in ids if statuses.get(rid) in TERMINAL_ROLLOUT_STATUSES]
             remaining = None if deadline is None else deadline - loop.time()
-            if len(finished) == len(ids) or (remaining is not None and remaining <= 0):
+            if len(finished) == len(statuses) or (remaining is not None and remaining <= 0):
                 rollouts = await self._call(ops.get_rollouts, finished)
                 # A finished rollout stays finished, but it may have been deleted meanwhile.
                 return [rollouts[rid] for rid in finished if rid in rollouts]
@@ -671,26 +707,57 @@ class SQLiteStore(LightningStore):
 
     # --- retention -------------------------------------------------------------------------
 
+    # Retention deletes in transactions of at most `retention_chunk_spans` spans, queued with
+    # the other writes, so calls made meanwhile wait for one chunk, not for the whole deletion
+    # (and reads do not wait at all). Then the freed pages go back to the file system, in
+    # steps as bounded, and the WAL, which holds a copy of every page a step wrote, is
+    # truncated to zero bytes.
+
     async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
         ids = list(dict.fromkeys(_as_list(rollout_ids, "rollout_ids")))
         if not ids:
             return 0
-        deleted = await self._write(ops.delete_rollouts, ids)
-        await self._reclaim_space(deleted)
+        remaining = await self._call(ops.finished_rollouts, ids)
+        if not remaining:
+            return 0
+        deleted = 0
+        while remaining:
+            done, removed = await self._write(ops.delete_finished, remaining, self.retention_chunk_spans)
+            remaining = remaining[done:]
+            deleted += removed
+        await self._reclaim_space()
         return deleted
 
     async def expire_rollouts(self, older_than_seconds: float) -> int:
         _check_number(older_than_seconds, "older_than_seconds")
         if older_than_seconds < 0:
             raise InvalidInputError(f"older_than_seconds must be >= 0, got {older_than_seconds}")
-        expired = await self._write(ops.expire_rollouts, older_than_seconds)
-        await self._reclaim_space(expired)
+        ended_before = time.time() - older_than_seconds
+        if not await self._call(ops.any_expired, ended_before):
+            return 0  # the common call: one index lookup, no write lock
+        expired, more = 0, True
+        while more:
+            removed, more = await self._write(ops.expire_finished, ended_before, self.retention_chunk_spans)
+            expired += removed
+        await self._reclaim_space()
         return expired
 
-    async def _reclaim_space(self, deleted: int) -> None:
+    async def _reclaim_space(self) -> None:
         # Users ran out of disk with stores that only grew: give freed pages back.
-        if deleted and not self.in_memory:
-            await self._call(ops.reclaim_space)
+        if self.in_memory:
+            return
+        while await self._run(ops.reclaim_space, RECLAIM_PAGES_PER_STEP):
+            pass
+        wait_ms, busy_ms = int(WAL_TRUNCATE_WAIT_S * 1000), int(self.busy_timeout * 1000)
+        if not await self._run(ops.truncate_wal, wait_ms, busy_ms):
+            logger.info("store %s: readers kept the WAL from being truncated after retention", self.path)
+
+
+def _file_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _store_error(exc: BaseException) -> BaseException:
@@ -712,6 +779,7 @@ def _json_default(value: Any) -> Any:
 
 
 def _dumps(value: Any, field: str) -> bytes:
+    check_json_depth(value, field)
     try:
         return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
@@ -746,7 +814,10 @@ def _check_metadata(metadata: Any, field: str = "metadata") -> Any:
 def _check_number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInputError(f"{field} must be a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past the largest double
+        raise InvalidInputError(f"{field} is out of range, got {value!r}") from None
 
 
 def _check_logic(filter_logic: Any) -> str:
@@ -764,16 +835,20 @@ def _as_list(values: Any, field: str) -> list:
 def _order_by(
     table: Optional[str], sort_by: Optional[str], allowed: frozenset[str], sort_order: Any, *, default: str
 ) -> str:
-    if sort_order not in ("asc", "desc"):
-        raise InvalidInputError(f"sort_order must be 'asc' or 'desc', got {sort_order!r}")
+    _check_sort(sort_by, allowed, sort_order)
     direction = sort_order.upper()
     if sort_by is None:
         return f" ORDER BY {default} {direction}"
-    if sort_by not in allowed:
-        raise InvalidInputError(f"sort_by: cannot sort by {sort_by!r}; expected one of {sorted(allowed)}")
     prefix = f"{table}." if table else ""
     # The default order breaks ties, so pages are stable.
     return f" ORDER BY {prefix}{sort_by} {direction}, {default} {direction}"
+
+
+def _check_sort(sort_by: Optional[str], allowed: frozenset[str], sort_order: Any) -> None:
+    if sort_order not in ("asc", "desc"):
+        raise InvalidInputError(f"sort_order must be 'asc' or 'desc', got {sort_order!r}")
+    if sort_by is not None and sort_by not in allowed:
+        raise invalid_sort_by(sort_by, sorted(allowed))
 
 
 def _paged(**parts: Any) -> ops.PagedQuery:
@@ -786,6 +861,8 @@ def _check_paging(limit: Any, offset: Any) -> None:
         raise InvalidInputError(f"limit must be -1 (no limit) or an int >= 0, got {limit!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise InvalidInputError(f"offset must be an int >= 0, got {offset!r}")
+    check_integer(limit, "limit")
+    check_integer(offset, "offset")
 
 
 class _Where:
@@ -827,12 +904,19 @@ def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any
 def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> ops.EncodedSpan:
     if not isinstance(span, Span):
         span = _validate(Span, span, f"spans[{index}]")
-    if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 1):
-        raise InvalidInputError(f"spans[{index}].sequence_id must be >= 1, got {span.sequence_id!r}")
+    # 0 is agent-lightning 0.3's "no particular order" (its `Span.from_attributes` default).
+    if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 0):
+        raise InvalidInputError(f"spans[{index}].sequence_id must be >= 0, got {span.sequence_id!r}")
+    if span.sequence_id is not None:
+        check_integer(span.sequence_id, f"spans[{index}].sequence_id")
+    # Token-bearing attributes get their depth checked on the packing walk (span_to_row).
+    check_field_depths(span, f"spans[{index}]", skip="attributes" if packed is None else "")
     try:
         return ops.EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
     except TypeError as exc:
         raise InvalidInputError(f"spans[{index}] is not JSON: {exc}") from exc
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"spans[{index}].{exc.message}") from None
 
 
 def _encode_resources(resources: Any) -> Tuple[NamedResources, bytes]:
@@ -840,4 +924,8 @@ def _encode_resources(resources: Any) -> Tuple[NamedResources, bytes]:
         validated = _RESOURCES.validate_python(resources)
     except ValidationError as exc:
         raise InvalidInputError(f"resources: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from exc
-    return validated, _RESOURCES.dump_json(validated)
+    check_json_depth(validated, "resources")
+    try:
+        return validated, _RESOURCES.dump_json(validated)
+    except PydanticSerializationError as exc:
+        raise InvalidInputError(f"resources are not JSON: {exc}") from exc

@@ -16,8 +16,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import orjson
 
 from .base import UNSET
+from .bounds import MAX_INTEGER
 from .errors import ConflictError, NotFoundError
 from .models import (
+    LATEST_ATTEMPT,
     QUEUED_ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -30,11 +32,12 @@ from .models import (
     Worker,
     new_id,
 )
-from .pages import Page
+from .pages import Page, page_total
 from .sqlite_schema import (
     ATTEMPT_COLUMNS,
     RESOURCES_COLUMNS,
     ROLLOUT_COLUMNS,
+    ROLLOUT_COUNT_PREFIX,
     ROLLOUT_SELECT,
     SPAN_COLUMNS,
     WORKER_COLUMNS,
@@ -47,7 +50,6 @@ from .sqlite_schema import (
 from .transitions import (
     ATTEMPT_END_STATUSES,
     check_attempt_move,
-    check_rollout_move,
     rollout_status_from_attempt,
     worker_status_for_attempt,
 )
@@ -210,15 +212,12 @@ def get_rollouts(conn: sqlite3.Connection, rollout_ids: List[str]) -> Dict[str, 
 
 
 def rollout_statuses(conn: sqlite3.Connection, rollout_ids: List[str]) -> Dict[str, str]:
+    """The status of each listed rollout the store knows; unknown ids are left out."""
     rows = conn.execute(
         "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
         (orjson.dumps(rollout_ids),),
     ).fetchall()
-    statuses = dict(rows)
-    missing = [rid for rid in rollout_ids if rid not in statuses]
-    if missing:
-        raise NotFoundError(f"rollouts not found: {missing[:10]}")
-    return statuses
+    return dict(rows)
 
 
 def get_latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Optional[Attempt]:
@@ -226,6 +225,15 @@ def get_latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Optional[At
     if latest_id is None:
         return None
     return _get_attempt(conn, rollout_id, latest_id)
+
+
+def _resolve_attempt_id(rollout_id: str, attempt_id: str, latest_id: Optional[str]) -> str:
+    """`attempt_id`, or the rollout's latest attempt for `"latest"` (NotFoundError if it has none)."""
+    if attempt_id != LATEST_ATTEMPT:
+        return attempt_id
+    if latest_id is None:
+        raise NotFoundError(f"rollout {rollout_id!r} has no attempts")
+    return latest_id
 
 
 def _get_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Optional[Attempt]:
@@ -241,9 +249,8 @@ def run_paged(conn: sqlite3.Connection, query: PagedQuery, decode: Callable[[Any
     rows = conn.execute(
         query.select + query.where + query.order + " LIMIT ? OFFSET ?", (*query.params, query.limit, query.offset)
     ).fetchall()
-    if query.offset == 0 and (query.limit < 0 or len(rows) < query.limit):
-        total = len(rows)  # the page holds every match: no need to count
-    else:
+    total = page_total(len(rows), query.limit, query.offset)
+    if total is None:
         total = conn.execute(query.count + query.where, query.params).fetchone()[0]
     return Page([decode(row) for row in rows], total)
 
@@ -332,8 +339,11 @@ def start_rollout(txn: Txn, new: NewRollout, worker_id: Optional[str]) -> Attemp
 
 def enqueue_rollouts(txn: Txn, news: List[NewRollout]) -> List[Rollout]:
     last = _next_counter(txn.conn, "queue", len(news))
+    latest_resources_id = _latest_resources_id(txn.conn)
     out = []
     for position, new in enumerate(news, start=last - len(news) + 1):
+        if new.rollout.resources_id is None:
+            new.rollout.resources_id = latest_resources_id
         _insert_rollout(txn, new, "queuing", position, None)
         out.append(new.rollout)
     return out
@@ -366,8 +376,9 @@ def dequeue(txn: Txn, limit: int, worker_id: Optional[str]) -> List[AttemptedRol
 
 
 def start_attempt(txn: Txn, rollout_id: str, worker_id: Optional[str]) -> AttemptedRollout:
+    """A new attempt of any rollout, finished ones included (a manual retry): it is the
+    latest, so the rollout is `preparing` and follows it from now on."""
     status, count = _rollout_columns(txn.conn, rollout_id, "status, attempt_count")
-    check_rollout_move(rollout_id, status, "preparing")
     attempt = _new_attempt(txn, rollout_id, count + 1, worker_id)
     _insert_attempt(txn, attempt)
     txn.conn.execute(
@@ -383,9 +394,9 @@ def start_attempt(txn: Txn, rollout_id: str, worker_id: Optional[str]) -> Attemp
 
 
 def _move_rollout(txn: Txn, rollout_id: str, old: str, new: str) -> None:
-    """The one place a rollout's status changes: checks the move, keeps the queue and
-    `end_time` in step, and records finishes for the waiters."""
-    check_rollout_move(rollout_id, old, new)
+    """The one place a rollout's status changes: keeps the queue and `end_time` in step
+    (a rollout that runs again is unfinished: no end time), and records finishes for the
+    waiters."""
     if old == new:
         return
     conn = txn.conn
@@ -397,19 +408,19 @@ def _move_rollout(txn: Txn, rollout_id: str, old: str, new: str) -> None:
         txn.finished.append(rollout_id)
     elif new in QUEUED_ROLLOUT_STATUSES and old not in QUEUED_ROLLOUT_STATUSES:
         conn.execute(
-            "UPDATE rollouts SET status = ?, queue_seq = ? WHERE rollout_id = ?",
+            "UPDATE rollouts SET status = ?, queue_seq = ?, end_time = NULL WHERE rollout_id = ?",
             (new, _next_counter(conn, "queue"), rollout_id),
         )
     elif new in QUEUED_ROLLOUT_STATUSES:
         conn.execute("UPDATE rollouts SET status = ? WHERE rollout_id = ?", (new, rollout_id))
     else:
-        conn.execute("UPDATE rollouts SET status = ?, queue_seq = NULL WHERE rollout_id = ?", (new, rollout_id))
+        conn.execute(
+            "UPDATE rollouts SET status = ?, queue_seq = NULL, end_time = NULL WHERE rollout_id = ?", (new, rollout_id)
+        )
 
 
 def update_rollout(txn: Txn, rollout_id: str, columns: Dict[str, Any], status: Any) -> Rollout:
     (old,) = _rollout_columns(txn.conn, rollout_id, "status")
-    if old in TERMINAL_ROLLOUT_STATUSES and (set(columns) - {"metadata"} or (status is not UNSET and status != old)):
-        raise ConflictError(f"rollout {rollout_id} is {old}: only its metadata may change")
     if status is not UNSET:
         _move_rollout(txn, rollout_id, old, status)
     if columns:
@@ -420,10 +431,7 @@ def update_rollout(txn: Txn, rollout_id: str, columns: Dict[str, Any], status: A
 
 def update_attempt(txn: Txn, rollout_id: str, attempt_id: str, changes: AttemptChanges) -> Attempt:
     rollout_status, config, latest_id = _rollout_columns(txn.conn, rollout_id, "status, config, latest_attempt_id")
-    if attempt_id == "latest":
-        if latest_id is None:
-            raise NotFoundError(f"rollout {rollout_id!r} has no attempts")
-        attempt_id = latest_id
+    attempt_id = _resolve_attempt_id(rollout_id, attempt_id, latest_id)
     attempt = _get_attempt(txn.conn, rollout_id, attempt_id)
     if attempt is None:
         raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
@@ -562,16 +570,28 @@ def _attempt_states(txn: Txn, pairs: Sequence[Tuple[str, str]]) -> Dict[Tuple[st
 
 def _advance_sequence(conn: sqlite3.Connection, rollout_id: str, floor: int, count: int) -> int:
     """Push the rollout's counter to at least `floor`, then issue `count` numbers after it;
-    returns the counter's new value (the last number issued)."""
-    return conn.execute(
+    returns the counter's new value (the last number issued).
+
+    Like a PostgreSQL sequence at its maximum, a counter never issues past `MAX_INTEGER`:
+    the caller's transaction fails instead (a span may have brought the largest id)."""
+    value = conn.execute(
         "INSERT INTO span_counters (rollout_id, value) VALUES (?, ?) "
         "ON CONFLICT (rollout_id) DO UPDATE SET value = max(value, ?) + ? RETURNING value",
         (rollout_id, floor + count, floor, count),
     ).fetchall()[0][0]
+    if count and value > MAX_INTEGER:
+        raise ConflictError(
+            f"rollout {rollout_id!r} has no sequence ids left: its spans reached {MAX_INTEGER}, the largest one"
+        )
+    return value
 
 
 def issue_sequence_ids(txn: Txn, pairs: List[Tuple[str, str]]) -> List[int]:
-    _attempt_states(txn, pairs)
+    # The rollout must exist; its attempt is not checked, as in agent-lightning 0.3: the
+    # numbers are per rollout, and callers ask with "latest" or before the attempt is known.
+    for rollout_id in dict.fromkeys(rollout_id for rollout_id, _ in pairs):
+        if rollout_id != UNATTRIBUTED_ROLLOUT_ID:
+            _rollout_columns(txn.conn, rollout_id, "1")
     # Every entry asks for an id, so every entry gets one.
     return cast(List[int], _issue_sequence_ids(txn.conn, [(rollout_id, None) for rollout_id, _ in pairs]))
 
@@ -627,6 +647,7 @@ def _insert_rows(conn: sqlite3.Connection, rows: List[tuple]) -> int:
 
 def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
     conn = txn.conn
+    _resolve_latest_attempts(conn, encoded)
     pairs = [(e.span.rollout_id, e.span.attempt_id) for e in encoded]
     states = _attempt_states(txn, pairs)
 
@@ -649,6 +670,17 @@ def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
         if pair in states:
             _on_heartbeat(txn, pair, states[pair])
     return stored
+
+
+def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: List[EncodedSpan]) -> None:
+    """Spans sent with attempt id "latest" belong to their rollout's latest attempt: stored
+    (and returned) under its id."""
+    for e in encoded:
+        if e.span.attempt_id == LATEST_ATTEMPT and e.span.rollout_id != UNATTRIBUTED_ROLLOUT_ID:
+            (latest_id,) = _rollout_columns(conn, e.span.rollout_id, "latest_attempt_id")
+            attempt_id = _resolve_attempt_id(e.span.rollout_id, LATEST_ATTEMPT, latest_id)
+            e.span = e.span.model_copy(update={"attempt_id": attempt_id})
+            e.row = e.row[:1] + (attempt_id,) + e.row[2:]
 
 
 def _insert_many(conn: sqlite3.Connection, rows: List[tuple]) -> List[bool]:
@@ -761,55 +793,125 @@ def get_resources(conn: sqlite3.Connection, resources_id: Optional[str]) -> Opti
 
 
 def statistics(conn: sqlite3.Connection) -> Dict[str, Any]:
-    def count(table: str) -> int:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-
-    by_status = dict(conn.execute("SELECT status, count(*) FROM rollouts GROUP BY status").fetchall())
-    page_count = conn.execute("PRAGMA page_count").fetchone()[0]
+    """Counts from `row_counts` (kept by triggers, so no table is counted) and free space."""
+    counts = dict(conn.execute("SELECT name, value FROM row_counts").fetchall())
+    by_status = {
+        name[len(ROLLOUT_COUNT_PREFIX) :]: value
+        for name, value in counts.items()
+        if name.startswith(ROLLOUT_COUNT_PREFIX) and value
+    }
+    free_pages = conn.execute("PRAGMA freelist_count").fetchone()[0]
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     return {
         "total_rollouts": sum(by_status.values()),
-        "total_attempts": count("attempts"),
-        "total_spans": count("spans"),
-        "total_resources": count("resources"),
-        "total_workers": count("workers"),
+        "total_attempts": counts.get("attempts", 0),
+        "total_spans": counts.get("spans", 0),
+        "total_resources": counts.get("resources", 0),
+        "total_workers": counts.get("workers", 0),
         "rollouts_by_status": by_status,
-        "page_bytes": page_count * page_size,
+        "unused_bytes": free_pages * page_size,
     }
 
 
-def _delete_rows(conn: sqlite3.Connection, ids: List[str]) -> None:
-    blob = orjson.dumps(ids)
-    for table in ("spans", "span_counters", "attempts", "rollouts"):
-        conn.execute(f"DELETE FROM {table} WHERE rollout_id IN (SELECT value FROM json_each(?))", (blob,))
+MAX_ROLLOUTS_PER_CHUNK = 256
+"""Rollouts one retention transaction looks at, whatever their span count."""
+
+EXPIRED_ROLLOUTS_SQL = (
+    # Through the end-time index: a call with nothing to expire reads one index entry.
+    "SELECT rollout_id FROM rollouts INDEXED BY rollouts_end_time "
+    f"WHERE end_time < ? AND status IN {_TERMINAL_SQL} ORDER BY end_time LIMIT ?"
+)
 
 
-def delete_rollouts(txn: Txn, ids: List[str]) -> int:
-    rows = txn.conn.execute(
-        "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
-        (orjson.dumps(ids),),
-    ).fetchall()
-    unfinished = [rid for rid, status in rows if status not in TERMINAL_ROLLOUT_STATUSES]
+def finished_rollouts(conn: sqlite3.Connection, ids: List[str]) -> List[str]:
+    """The listed rollouts that exist, in order; ConflictError, before anything is deleted,
+    when one of them is not finished. A finished rollout never moves again, so this still
+    holds while they are deleted, chunk by chunk."""
+    statuses = dict(
+        conn.execute(
+            "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(ids),),
+        ).fetchall()
+    )
+    unfinished = [rid for rid in ids if rid in statuses and statuses[rid] not in TERMINAL_ROLLOUT_STATUSES]
     if unfinished:
         raise ConflictError(f"rollouts not finished, nothing deleted: {unfinished[:10]}")
-    found = [rid for rid, _ in rows]
-    _delete_rows(txn.conn, found)
-    return len(found)
+    return [rid for rid in ids if rid in statuses]
 
 
-def expire_rollouts(txn: Txn, older_than_seconds: float) -> int:
-    ids = [
-        row[0]
-        for row in txn.conn.execute(
-            f"SELECT rollout_id FROM rollouts WHERE status IN {_TERMINAL_SQL} AND end_time < ?",
-            (txn.now - older_than_seconds,),
-        )
-    ]
-    _delete_rows(txn.conn, ids)
-    return len(ids)
+def delete_finished(txn: Txn, ids: List[str], max_spans: int) -> Tuple[int, int]:
+    """Delete finished rollouts in order, with their attempts and spans, removing at most
+    `max_spans` spans: one bounded transaction of a longer deletion. Returns how many of
+    `ids` are done (a prefix) and how many rollouts this removed.
+
+    Spans go first and the rollout last, so an interrupted deletion leaves a finished
+    rollout with fewer spans, which the next delete or expire finishes.
+    """
+    conn = txn.conn
+    budget = max_spans
+    done = removed = 0
+    for rollout_id in ids[:MAX_ROLLOUTS_PER_CHUNK]:
+        if budget > 0:
+            budget -= conn.execute(
+                "DELETE FROM spans WHERE pk IN (SELECT pk FROM spans WHERE rollout_id = ? LIMIT ?)",
+                (rollout_id, budget),
+            ).rowcount
+        if budget <= 0 and _fetchone(conn, "SELECT 1 FROM spans WHERE rollout_id = ? LIMIT 1", (rollout_id,)):
+            break
+        for table in ("span_counters", "attempts"):
+            conn.execute(f"DELETE FROM {table} WHERE rollout_id = ?", (rollout_id,))
+        removed += conn.execute(
+            f"DELETE FROM rollouts WHERE rollout_id = ? AND status IN {_TERMINAL_SQL}", (rollout_id,)
+        ).rowcount
+        done += 1
+    return done, removed
 
 
-def reclaim_space(conn: sqlite3.Connection) -> None:
-    """Return free pages to the file system (files created with auto_vacuum=INCREMENTAL)."""
+def any_expired(conn: sqlite3.Connection, ended_before: float) -> bool:
+    return conn.execute(f"SELECT EXISTS ({EXPIRED_ROLLOUTS_SQL})", (ended_before, 1)).fetchone()[0] == 1
+
+
+def expire_finished(txn: Txn, ended_before: float, max_spans: int) -> Tuple[int, bool]:
+    """One bounded transaction of `expire_rollouts`: removes the oldest rollouts that finished
+    before `ended_before`, at most `max_spans` spans. Returns (rollouts removed, more to do)."""
+    ids = [row[0] for row in txn.conn.execute(EXPIRED_ROLLOUTS_SQL, (ended_before, MAX_ROLLOUTS_PER_CHUNK))]
+    done, removed = delete_finished(txn, ids, max_spans)
+    return removed, done < len(ids) or len(ids) == MAX_ROLLOUTS_PER_CHUNK
+
+
+def reclaim_space(conn: sqlite3.Connection, max_pages: int) -> bool:
+    """Return up to `max_pages` free pages to the file system (files created with
+    auto_vacuum=INCREMENTAL), moving pages from the end of the file into free ones. Its own
+    transaction, run between writes. Returns whether another call would free more."""
+    before = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    if not before:
+        return False
     # executescript steps the pragma to the end; execute() would free a single page.
-    conn.executescript("PRAGMA incremental_vacuum;")
+    conn.executescript(f"PRAGMA incremental_vacuum({int(max_pages)});")
+    after = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    return 0 < after < before  # unchanged: a file made without auto_vacuum, nothing to do
+
+
+def truncate_wal(conn: sqlite3.Connection, wait_ms: int, busy_timeout_ms: int) -> bool:
+    """Copy the WAL into the database and truncate the `-wal` file to zero bytes.
+
+    A TRUNCATE checkpoint waits for readers of older snapshots; it waits at most `wait_ms`
+    here (then the file keeps its size until the next checkpoint), not the writers' busy
+    timeout, since no write can start meanwhile. Returns whether it truncated.
+    """
+    conn.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")
+    try:
+        busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    return not busy
+
+
+def in_snapshot(conn: sqlite3.Connection, read: Callable[..., T], *args: Any) -> T:
+    """`read(conn, *args)` in one read transaction: its statements see the same data."""
+    conn.execute("BEGIN")
+    try:
+        return read(conn, *args)
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")

@@ -19,6 +19,9 @@ from .tokens import pack_attributes, unpack_attributes
 
 Migration = Tuple[str, Sequence[str]]
 
+ROLLOUT_COUNT_PREFIX = "rollouts:"
+"""`row_counts` holds the number of rollouts of each status under this prefix + the status."""
+
 MIGRATIONS: Tuple[Migration, ...] = (
     (
         "0001_initial",
@@ -129,6 +132,47 @@ MIGRATIONS: Tuple[Migration, ...] = (
             "WHERE timeout_seconds IS NOT NULL OR unresponsive_seconds IS NOT NULL",
         ),
     ),
+    (
+        "0003_rollout_pages_in_index_order",
+        (
+            # A page of rollouts filtered by status and sorted by start or end time is read in
+            # the order of these indexes, one status at a time, merged: no sort of all matches.
+            # (`rollouts_status` already gives the default order, by rowid, within a status.)
+            "CREATE INDEX rollouts_status_start_time ON rollouts (status, start_time)",
+            "CREATE INDEX rollouts_status_end_time ON rollouts (status, end_time)",
+        ),
+    ),
+    (
+        "0004_row_counts",
+        (
+            # Row counts kept by triggers in every write transaction, whichever process or
+            # version writes: `statistics()` and page totals read them instead of counting.
+            # Tables are counted under their name, rollouts per status as `rollouts:<status>`.
+            "CREATE TABLE row_counts (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+            *(
+                statement
+                for table in ("spans", "attempts", "resources", "workers")
+                for statement in (
+                    f"INSERT INTO row_counts (name, value) SELECT '{table}', count(*) FROM {table}",
+                    f"CREATE TRIGGER {table}_counted_insert AFTER INSERT ON {table} BEGIN "
+                    f"UPDATE row_counts SET value = value + 1 WHERE name = '{table}'; END",
+                    f"CREATE TRIGGER {table}_counted_delete AFTER DELETE ON {table} BEGIN "
+                    f"UPDATE row_counts SET value = value - 1 WHERE name = '{table}'; END",
+                )
+            ),
+            "INSERT INTO row_counts (name, value) SELECT 'rollouts:' || status, count(*) FROM rollouts GROUP BY status",
+            "CREATE TRIGGER rollouts_counted_insert AFTER INSERT ON rollouts BEGIN "
+            "INSERT INTO row_counts (name, value) VALUES ('rollouts:' || new.status, 1) "
+            "ON CONFLICT (name) DO UPDATE SET value = value + 1; END",
+            "CREATE TRIGGER rollouts_counted_delete AFTER DELETE ON rollouts BEGIN "
+            "UPDATE row_counts SET value = value - 1 WHERE name = 'rollouts:' || old.status; END",
+            "CREATE TRIGGER rollouts_counted_move AFTER UPDATE OF status ON rollouts "
+            "WHEN old.status IS NOT new.status BEGIN "
+            "UPDATE row_counts SET value = value - 1 WHERE name = 'rollouts:' || old.status; "
+            "INSERT INTO row_counts (name, value) VALUES ('rollouts:' || new.status, 1) "
+            "ON CONFLICT (name) DO UPDATE SET value = value + 1; END",
+        ),
+    ),
 )
 """Every schema change, oldest first. Append only; never edit a released one."""
 
@@ -147,6 +191,13 @@ def configure_connection(conn: sqlite3.Connection, *, busy_timeout_ms: int, in_m
         conn.execute(f"PRAGMA journal_size_limit = {64 * 1024 * 1024}")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA temp_store = MEMORY")
+
+
+def configure_reader(conn: sqlite3.Connection, *, busy_timeout_ms: int) -> None:
+    """Settings of a connection that only reads a WAL file (`configure_connection` set it up)."""
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    conn.execute("PRAGMA query_only = ON")
     conn.execute("PRAGMA temp_store = MEMORY")
 
 
@@ -187,10 +238,8 @@ ATTEMPT_COLUMNS = (
     "a.rollout_id, a.attempt_id, a.sequence_id, a.start_time, a.end_time, a.status, a.worker_id, "
     "a.last_heartbeat_time, a.metadata"
 )
-ROLLOUT_SELECT = (
-    f"SELECT {ROLLOUT_COLUMNS}, {ATTEMPT_COLUMNS} FROM rollouts r "
-    "LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = r.latest_attempt_id"
-)
+LATEST_ATTEMPT_JOIN = "LEFT JOIN attempts a ON a.rollout_id = r.rollout_id AND a.attempt_id = r.latest_attempt_id"
+ROLLOUT_SELECT = f"SELECT {ROLLOUT_COLUMNS}, {ATTEMPT_COLUMNS} FROM rollouts r {LATEST_ATTEMPT_JOIN}"
 """A rollout with its latest attempt (NULL columns when it has none)."""
 
 SPAN_COLUMNS = (

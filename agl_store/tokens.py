@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import orjson
 
+from .bounds import MAX_JSON_DEPTH, too_deep
 from .errors import InvalidInputError
 
 MIN_PACKED_LENGTH = 8
@@ -35,10 +36,12 @@ def pack_attributes(attributes: Dict[str, Any]) -> Tuple[bytes, Optional[bytes]]
     """Encode attributes as (JSON text, blob).
 
     The blob is None when nothing was packed: the text is then the plain JSON. Raises
-    TypeError (from orjson) for values that are not JSON, such as ints beyond 64 bits.
+    TypeError (from orjson) for values that are not JSON, such as ints beyond 64 bits, and
+    InvalidInputError for attributes nested deeper than `bounds.MAX_JSON_DEPTH` (checked on
+    this walk, which looks at every list anyway).
     """
     found: List[Tuple[Path, Any]] = []
-    _find_int_lists(attributes, (), found)
+    _find_int_lists(attributes, (), found, MAX_JSON_DEPTH - 1)
     if not found:
         return orjson.dumps(attributes), None
 
@@ -160,19 +163,23 @@ def _packable(values: Any, found: List[Tuple[Path, Any]]) -> Optional[array]:
         return None  # beyond int32: JSON keeps it exact
 
 
-def _find_int_lists(container: Any, path: Path, found: List[Tuple[Path, Any]]) -> None:
-    """Append (path, (list, int32 array)) for every packable list inside `container`."""
+def _find_int_lists(container: Any, path: Path, found: List[Tuple[Path, Any]], room: int) -> None:
+    """Append (path, (list, int32 array)) for every packable list inside `container`, whose
+    children may nest `room` more levels."""
     items = container.items() if type(container) is dict else enumerate(container)
     for key, item in items:
         kind = type(item)
-        if kind is dict:
-            _find_int_lists(item, (*path, key), found)
-        elif kind is list or kind is tuple:
+        if kind is dict or kind is list or kind is tuple:
+            if room == 0:
+                raise too_deep("attributes")
+            if kind is dict:
+                _find_int_lists(item, (*path, key), found, room - 1)
+                continue
             converted = _packable(item, found)
             if converted is not None:
                 found.append(((*path, key), (item, converted)))
             elif not _CONTAINERS.isdisjoint(set(map(type, item))):
-                _find_int_lists(item, (*path, key), found)
+                _find_int_lists(item, (*path, key), found, room - 1)
 
 
 def _without(attributes: Dict[str, Any], paths: List[Path]) -> Dict[str, Any]:

@@ -1,8 +1,9 @@
-"""The status rules of rollouts, attempts and workers, in one place (SPEC section 2).
+"""The status rules of rollouts, attempts and workers, in one place.
 
-Pure functions over status strings: every backend asks these tables whether a move is
-legal and what an attempt's status means for its rollout and its worker, so the rules
-cannot drift between code paths.
+Pure functions over status strings: every backend asks these tables whether an attempt's
+move is legal and what an attempt's status means for its rollout and its worker, so the
+rules cannot drift between code paths. A rollout's own status may be set to any status,
+as in agent-lightning 0.3: algorithms requeue failed rollouts and retry finished ones.
 """
 
 from __future__ import annotations
@@ -13,27 +14,12 @@ from .errors import ConflictError, InvalidInputError
 from .models import (
     ATTEMPT_STATUSES,
     ROLLOUT_STATUSES,
-    TERMINAL_ROLLOUT_STATUSES,
     WORKER_STATUSES,
     AttemptStatus,
     RolloutConfig,
     RolloutStatus,
     WorkerStatus,
 )
-
-_UNFINISHED_TARGETS = frozenset({"preparing", "running", "succeeded", "failed", "cancelled", "queuing", "requeuing"})
-
-ROLLOUT_TRANSITIONS: Mapping[str, frozenset[str]] = {
-    "queuing": _UNFINISHED_TARGETS - {"queuing"},
-    "requeuing": _UNFINISHED_TARGETS - {"requeuing"},
-    "preparing": _UNFINISHED_TARGETS - {"preparing"},
-    # `preparing` again: a manual retry (start_attempt) of a running rollout.
-    "running": _UNFINISHED_TARGETS - {"running"},
-    "succeeded": frozenset(),
-    "failed": frozenset(),
-    "cancelled": frozenset(),
-}
-"""Legal rollout status moves, besides staying put. Finished rollouts never move."""
 
 ATTEMPT_TRANSITIONS: Mapping[str, frozenset[str]] = {
     "preparing": frozenset({"running", "succeeded", "failed", "unresponsive", "timeout"}),
@@ -72,13 +58,6 @@ def check_worker_status(value: object, field: str = "status") -> WorkerStatus:
     if value not in WORKER_STATUSES:
         raise InvalidInputError(f"{field}: unknown worker status {value!r}; expected one of {list(WORKER_STATUSES)}")
     return value  # type: ignore[return-value]
-
-
-def check_rollout_move(rollout_id: str, old: str, new: str) -> None:
-    """Raise ConflictError unless a rollout may go from `old` to `new`."""
-    if old != new and new not in ROLLOUT_TRANSITIONS[old]:
-        why = "it is finished" if old in TERMINAL_ROLLOUT_STATUSES else "that move is not allowed"
-        raise ConflictError(f"rollout {rollout_id} cannot go from {old!r} to {new!r}: {why}")
 
 
 def check_attempt_move(rollout_id: str, attempt_id: str, old: str, new: str) -> None:

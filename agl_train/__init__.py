@@ -10,9 +10,9 @@ batch), `agl_train.verl_loss` (`per_rollout_mean` in verl's registry) and `agl_t
 
 from __future__ import annotations
 
-import importlib
 from types import MappingProxyType
-from typing import Any
+
+from ._lazy import lazy_exports
 
 _EXPORTS = MappingProxyType(
     {
@@ -47,12 +47,4 @@ _EXPORTS = MappingProxyType(
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agl_train' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -77,6 +77,33 @@ def run_ppo(config: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any
     ray.get(runner.run.remote(config, train, val))
 
 
+def build_trainer(config: Any, train: List[Any], val: List[Any], **worker_kwargs: Any) -> Any:
+    """`AglTrainer` on a resolved `config` after verl's `validate_config`, with in-memory datasets;
+    `worker_kwargs` are `RayPPOTrainer`'s worker arguments (`role_worker_mapping`, ...)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
+        from verl.utils.config import omega_conf_to_dataclass, validate_config
+        from verl.workers.config import HFModelConfig
+
+    from .dataset import InMemoryDataset, collate_inputs
+    from .trainer import AglTrainer
+
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+    train_dataset = InMemoryDataset(train, "train_dataset")
+    return AglTrainer(
+        config=config,
+        tokenizer=model_config.tokenizer,
+        processor=model_config.processor,
+        train_dataset=train_dataset,
+        val_dataset=InMemoryDataset(val, "val_dataset"),
+        collate_fn=collate_inputs,
+        train_sampler=create_rl_sampler(config.data, train_dataset),
+        **worker_kwargs,
+    )
+
+
 def make_task_runner() -> Any:
     """The Ray actor class that builds verl's workers and runs `AglTrainer.fit()`."""
     import ray
@@ -88,32 +115,20 @@ def make_task_runner() -> Any:
     class AglTaskRunner(BaseTaskRunner):
         def run(self, config: Any, train: List[Any], val: List[Any]) -> None:
             from omegaconf import OmegaConf
-            from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
-            from verl.utils.config import omega_conf_to_dataclass, validate_config
-            from verl.workers.config import HFModelConfig
-
-            from .dataset import InMemoryDataset, collate_inputs
-            from .trainer import AglTrainer
+            from verl.trainer.ppo.utils import need_critic
 
             OmegaConf.resolve(config)
             _, worker_group_cls = self.add_actor_rollout_worker(config)
             if need_critic(config):
                 self.add_critic_worker(config)
             self.add_reward_model_resource_pool(config)
-            validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-            model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-            train_dataset = InMemoryDataset(train, "train_dataset")
-            trainer = AglTrainer(
-                config=config,
-                tokenizer=model_config.tokenizer,
-                processor=model_config.processor,
+            trainer = build_trainer(
+                config,
+                train,
+                val,
                 role_worker_mapping=self.role_worker_mapping,
                 resource_pool_manager=self.init_resource_pool_mgr(config),
                 ray_worker_group_cls=worker_group_cls,
-                train_dataset=train_dataset,
-                val_dataset=InMemoryDataset(val, "val_dataset"),
-                collate_fn=collate_inputs,
-                train_sampler=create_rl_sampler(config.data, train_dataset),
             )
             trainer.init_workers()
             trainer.fit()

@@ -21,7 +21,7 @@ class GatewayError(RuntimeError):
 
 
 class GatewayClient:
-    """Pause / state / resume / model list of one proxy, over HTTP.
+    """Pause / state / resume / model list of one proxy, over HTTP, with its admin key (`--admin-key`).
 
     ```python
     gateway = GatewayClient("http://localhost:8080", key="")

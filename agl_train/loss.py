@@ -101,6 +101,7 @@ def per_rollout_mean_loss(
     loss = (losses * mask).sum() * dp_size
 
     n_tokens = mask.sum().clamp(min=1.0)
+    log_prob = log_prob.detach()  # the metrics are plain numbers; float() of a tensor in the graph warns
     metrics = {
         "actor/pg_clipfrac": float((clipped.to(mask.dtype) * mask).sum() / n_tokens),
         "actor/ppo_kl": float(((old_log_prob - log_prob).clamp(-20.0, 20.0) * mask).sum() / n_tokens),

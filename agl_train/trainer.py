@@ -45,6 +45,7 @@ with warnings.catch_warnings():
     from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.utils.debug import marked_timer
+    from verl.utils.debug.metrics import calculate_debug_metrics
     from verl.utils.metric import reduce_metrics
 
 logger = logging.getLogger(__name__)
@@ -253,7 +254,7 @@ class AglTrainer(RayPPOTrainer):
             self.gateway,
             [replica.server_address for replica in self.llm_server_manager.get_replicas()],
             version=str(self.global_steps),
-            api_key=self.runner_settings.agl_key or None,
+            api_key=self.runner_settings.agent_key or None,
             sampling_parameters={"temperature": float(self.config.actor_rollout_ref.rollout.temperature)},
         )
 
@@ -387,6 +388,9 @@ class AglTrainer(RayPPOTrainer):
                     old_log_prob, _ = self._compute_old_log_prob(batch)
                     old_log_prob.batch.pop("entropys", None)
                     batch = batch.union(old_log_prob)
+                    if "rollout_log_probs" in batch.batch:
+                        # vLLM's logprobs against the actor's: near 0 only when the rollouts ran on its weights.
+                        metrics.update(calculate_debug_metrics(batch))
                 if self.use_reference_policy:
                     with marked_timer("ref", timing_raw):
                         batch = batch.union(self._compute_ref_log_prob(batch))

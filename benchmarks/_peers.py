@@ -52,6 +52,11 @@ def _venv_python(venv_dir: Path) -> Path:
     return venv_dir / "bin" / "python"
 
 
+def peer_python(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
+    """The peer venv's interpreter; it exists once `ensure_peer` has made the venv."""
+    return _venv_python(peer_venv_dir(cache_dir))
+
+
 def _installed_version(python: Path) -> Optional[str]:
     """The peer package's version inside the venv, or None when it does not import."""
     if not python.exists():

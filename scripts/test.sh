@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run agl's tests from nothing: create .venv if missing, install the pinned test requirements (skipped when a
-# stamp says they are already installed), build the tiny model, run pytest. Extra arguments go to pytest;
-# the exit code is pytest's. Example: ./scripts/test.sh tests/store -x
+# stamp says they are already installed), build the tiny model, make the agent-lightning 0.3 peer venv, run
+# pytest. Extra arguments go to pytest; the exit code is pytest's. Example: ./scripts/test.sh tests/store -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,6 +68,12 @@ fi
 
 log setup "building the tiny model (cached in .cache/tiny-qwen2)"
 "$VENV/bin/python" -m tests.support.tiny_model .cache/tiny-qwen2
+
+# agent-lightning 0.3 (pinned) in its own venv under .cache/peers/, as the benchmarks use it: its pins differ from
+# ours. The compatibility test drives `agl store serve` with its client. Made once (a minute or two), then reused.
+log setup "agent-lightning 0.3 peer venv (.cache/peers; made once, a minute or two)"
+"$VENV/bin/python" benchmarks/_peers.py ||
+    log setup "no peer venv: the agent-lightning 0.3 client test will skip (and fail under CI)"
 
 pytest_args=(-q -p no:cacheprovider)
 if [ -n "${CI:-}" ]; then

@@ -13,8 +13,10 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from ..base import LightningStore
+from ..span_wire import PACKED_MEDIA_TYPE
 from . import otlp
 from .auth import BearerKeyMiddleware
+from .cross_site import CrossSiteGuard, is_loopback
 from .limits import BodySizeLimitMiddleware
 from .metrics import MetricsMiddleware, ServerMetrics
 from .routes import all_routes
@@ -30,6 +32,14 @@ PAGES_ENTRY_POINT_GROUP = "agl.store_pages"
 """Entry points that add pages (agl_train's web view) to the store server, so agl_store never
 imports them by name. Each names a callable returning an object with `routes` (Starlette
 routes) and `open_paths` (paths served without the bearer key: page shells, never data)."""
+
+
+OWN_MEDIA_TYPES = {
+    "/v1/traces": None,  # the OTLP route takes protobuf or JSON and refuses the rest itself
+    "/v1/logs": None,  # answers 501 to any body
+    "/v1/agl/spans/batch/packed": (PACKED_MEDIA_TYPE,),
+}
+"""Write routes whose bodies are not JSON (or not only): the types they take instead."""
 
 
 def discover_pages() -> Tuple[List[BaseRoute], FrozenSet[str]]:
@@ -54,6 +64,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     manage_store: bool = True,
     pages: bool = True,
+    host: str = "127.0.0.1",
 ) -> Starlette:
     """An ASGI app serving `store` at the agent-lightning 0.3 routes plus agl's additions.
 
@@ -62,6 +73,8 @@ def create_app(
     checks. Bodies over `max_body_bytes` are refused with 413. With `pages`, the routes of
     the `agl.store_pages` entry points (the web view at `/`) are served too; their shells
     are open without the key, listed in `app.state.open_paths` for apps that mount this one.
+    `host` is the address the app is served on: without a key on a loopback address, only
+    loopback `Host` names are answered (`cross_site.py` has every check against web pages).
     """
     metrics = ServerMetrics()
 
@@ -82,7 +95,10 @@ def create_app(
 
     page_routes, page_paths = discover_pages() if pages else ([], frozenset())
     open_paths = frozenset(HEALTH_PATHS) | page_paths
-    middleware = [Middleware(MetricsMiddleware, metrics=metrics)]  # outermost: also counts 401 and 413
+    middleware = [
+        Middleware(MetricsMiddleware, metrics=metrics),  # outermost: also counts 401, 403, 413 and 415
+        Middleware(CrossSiteGuard, keyless=not key, loopback=is_loopback(host), media_types=OWN_MEDIA_TYPES),
+    ]
     if key:
         middleware.append(Middleware(BearerKeyMiddleware, key=key, open_paths=open_paths))
     middleware.append(Middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes))

@@ -89,9 +89,15 @@ class ServerMetrics:
             "# HELP agl_store_spans Spans in the store.",
             "# TYPE agl_store_spans gauge",
             f"agl_store_spans {stats.total_spans}",
-            "# HELP agl_store_database_bytes Size of the store's database file(s); 0 when in memory.",
+            "# HELP agl_store_database_bytes Size of the store's database file and its WAL; 0 when in memory.",
             "# TYPE agl_store_database_bytes gauge",
             f"agl_store_database_bytes {stats.database_bytes or 0}",
+            "# HELP agl_store_database_wal_bytes Of agl_store_database_bytes, the WAL file's.",
+            "# TYPE agl_store_database_wal_bytes gauge",
+            f"agl_store_database_wal_bytes {stats.wal_bytes or 0}",
+            "# HELP agl_store_database_unused_bytes Free pages in the database file, reused by later writes.",
+            "# TYPE agl_store_database_unused_bytes gauge",
+            f"agl_store_database_unused_bytes {stats.unused_bytes or 0}",
         ]
         return "\n".join(lines) + "\n"
 

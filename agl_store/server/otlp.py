@@ -9,6 +9,7 @@ rest are stored in one transaction.
 from __future__ import annotations
 
 import base64
+import time
 import zlib
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -21,10 +22,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..bounds import check_integer, check_json_depth
 from ..errors import InvalidInputError, PayloadTooLargeError
 from ..models import Event, Link, OtelResource, Span, SpanContext, TraceStatus
 from .metrics import metrics_of
@@ -71,14 +74,21 @@ def _seconds(unix_nano: int) -> Optional[float]:
 
 
 def _sequence_id(value: Any) -> Optional[int]:
-    """A usable sequence id, or None to let the store issue one."""
+    """A usable sequence id (0 included, as agent-lightning 0.3 keeps it), or None to let the
+    store issue one (for a negative one too, as 0.3 does).
+
+    OTLP attributes may carry it as a double (JavaScript exporters do): a whole one is
+    taken, one with a fraction, infinite or NaN is not.
+    """
     if value is None or isinstance(value, bool):
         return None
     try:
         number = int(value)
-    except (TypeError, ValueError):
+        if isinstance(value, float) and number != value:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
         raise InvalidInputError(f"sequence id attribute must be an integer, got {value!r}") from None
-    return number if number > 0 else None
+    return check_integer(number, "sequence id attribute") if number >= 0 else None
 
 
 def _trace_state(raw: str) -> Dict[str, str]:
@@ -173,6 +183,7 @@ def parse_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
         return message
     try:
         document = orjson.loads(body) if body.strip() else {}
+        check_json_depth(document, "OTLP/JSON body")  # before walking it recursively
         json_format.ParseDict(_hex_ids_to_base64(document), message, ignore_unknown_fields=True)
     except (orjson.JSONDecodeError, json_format.ParseError, TypeError, AttributeError) as exc:
         raise InvalidInputError(f"unparseable OTLP/JSON trace request: {exc}") from None
@@ -180,13 +191,29 @@ def parse_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
 
 
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+MAX_GZIP_MEMBERS = 100
+"""Gzip bodies may be several members back to back; exporters send one. Each member costs
+a decoder, so a body of 200,000 empty members was seconds of work for nothing."""
+DECOMPRESS_SECONDS = 5.0
+"""Longest a body may take to decompress (64 MiB of output takes well under a second)."""
+_CHUNK_BYTES = 64 * 1024
+"""Compressed bytes fed to the decoder at a time: what a finished member leaves over is
+copied, so whole-body feeds made many small members cost quadratic time."""
 
 
-def _decompress(body: bytes, encoding: str, max_bytes: int) -> bytes:
-    """The body decoded; over `max_bytes` once decoded is a 413, as a plain body would be.
+def decompress(
+    body: bytes,
+    encoding: str,
+    max_bytes: int,
+    *,
+    max_members: int = MAX_GZIP_MEMBERS,
+    seconds: float = DECOMPRESS_SECONDS,
+) -> bytes:
+    """The body decoded; over `max_bytes` once decoded, or taking over `seconds`, is a 413,
+    more than `max_members` gzip members a 400.
 
     The size limit middleware sees only the compressed bytes: a small gzip bomb would
-    otherwise expand without bound.
+    otherwise expand without bound. CPU-bound: the route runs it on a worker thread.
     """
     if encoding in ("", "identity"):
         return body
@@ -194,24 +221,40 @@ def _decompress(body: bytes, encoding: str, max_bytes: int) -> bytes:
         raise InvalidInputError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
     if encoding == "gzip" and not body:
         return body  # as gzip.decompress had it: zero members
+    deadline = time.monotonic() + seconds
+    view = memoryview(body)
     parts: List[bytes] = []
-    size = 0
-    rest = body
+    size = position = members = 0
     try:
         while True:  # one round per gzip member (gzip.decompress reads them all too)
+            members += 1
+            if members > max_members:
+                raise InvalidInputError(f"gzip body of more than {max_members} members; send one")
             decoder = zlib.decompressobj(_WBITS[encoding])
-            part = decoder.decompress(rest, max_bytes + 1 - size)
-            size += len(part)
-            if size > max_bytes:
-                raise PayloadTooLargeError(f"request body is over the limit of {max_bytes} bytes once decompressed")
-            if not decoder.eof:
-                raise InvalidInputError(f"body is not valid {encoding}: compressed data ended early")
-            parts.append(part)
-            rest = decoder.unused_data
-            if encoding == "deflate" or not rest:
-                return b"".join(parts)
+            while not decoder.eof:
+                if position >= len(body):
+                    raise InvalidInputError(f"body is not valid {encoding}: compressed data ended early")
+                if time.monotonic() > deadline:
+                    raise PayloadTooLargeError(f"request body took over {seconds:g} s to decompress")
+                chunk = view[position : position + _CHUNK_BYTES]
+                position += len(chunk)
+                # Output capped one byte past the limit: reaching the cap is going over it.
+                part = decoder.decompress(chunk, max_bytes + 1 - size)
+                size += len(part)
+                if size > max_bytes:
+                    raise PayloadTooLargeError(f"request body is over the limit of {max_bytes} bytes once decompressed")
+                parts.append(part)
+            position -= len(decoder.unused_data)  # where the next member starts
+            if encoding == "deflate" or position >= len(body):
+                break
     except zlib.error as exc:
         raise InvalidInputError(f"body is not valid {encoding}: {exc}") from None
+    return b"".join(parts)
+
+
+def decode_request(body: bytes, content_type: str, encoding: str, max_body_bytes: int) -> Tuple[List[Span], int]:
+    """A raw `/v1/traces` body as store spans and the count rejected for lacking ids."""
+    return spans_from_request(parse_request(decompress(body, encoding, max_body_bytes), content_type))
 
 
 async def export_traces(request: Request, max_body_bytes: int) -> Response:
@@ -219,8 +262,10 @@ async def export_traces(request: Request, max_body_bytes: int) -> Response:
     if content_type not in (PROTOBUF, JSON):
         raise InvalidInputError(f"unsupported Content-Type {content_type!r}; expected {PROTOBUF!r} or {JSON!r}")
     encoding = request.headers.get("content-encoding", "").strip().lower()
-    body = _decompress(await request.body(), encoding, max_body_bytes)
-    spans, rejected = spans_from_request(parse_request(body, content_type))
+    body = await request.body()
+    # Decompressing and parsing up to the body limit is CPU work: off the event loop, so
+    # other requests (and /health) are answered meanwhile.
+    spans, rejected = await run_in_threadpool(decode_request, body, content_type, encoding, max_body_bytes)
     stored = await store_of(request).add_many_spans(spans) if spans else []
     metrics_of(request).spans_ingested(len(stored))
     response = ExportTraceServiceResponse()

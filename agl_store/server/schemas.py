@@ -11,7 +11,8 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Type
 from pydantic import BaseModel, Field
 
 from ..base import UNSET
-from ..errors import InvalidInputError
+from ..bounds import check_integer
+from ..errors import InvalidInputError, invalid_sort_by
 from ..models import (
     AttemptStatus,
     EnqueueRolloutRequest,
@@ -147,12 +148,13 @@ class ExpireRolloutsBody(BaseModel):
 def check_page(query: Page, item_model: Type[BaseModel]) -> None:
     """Reject paging that agent-lightning 0.3 rejects, naming the field."""
     if query.sort_by is not None and query.sort_by not in item_model.model_fields:
-        allowed = ", ".join(item_model.model_fields)
-        raise InvalidInputError(f"sort_by: invalid field {query.sort_by!r}; allowed fields are: {allowed}")
+        raise invalid_sort_by(query.sort_by, item_model.model_fields)
     if query.limit == 0 or query.limit < -1:
         raise InvalidInputError(f"limit must be greater than 0, or -1 for no limit; got {query.limit}")
     if query.offset < 0:
         raise InvalidInputError(f"offset must be greater than or equal to 0; got {query.offset}")
+    check_integer(query.limit, "limit")
+    check_integer(query.offset, "offset")
 
 
 def page_of(items: Any, query: Page) -> Dict[str, Any]:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..base import LightningStore
-from ..errors import InvalidInputError, StoreError
+from ..errors import InvalidInputError, RequestValidationError, StoreError
 
 logger = logging.getLogger("agl_store.server")
 
@@ -91,15 +91,15 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def _validated(validate: Callable[[Any], T], data: Any) -> T:
-    """`validate(data)`, its problems as an InvalidInputError."""
+    """`validate(data)`, its problems as a RequestValidationError (422, as agent-lightning 0.3's server)."""
     try:
         return validate(data)
     except ValidationError as exc:
-        raise InvalidInputError(describe_validation_error(exc)) from None
+        raise RequestValidationError(describe_validation_error(exc)) from None
 
 
 def validate_json(adapter: TypeAdapter[T], body: bytes) -> T:
-    """Parse and validate a JSON body; problems become InvalidInputError."""
+    """Parse and validate a JSON body: malformed JSON is a 400, a body that does not fit a 422."""
     return _validated(adapter.validate_python, parse_json(body))
 
 
@@ -109,7 +109,7 @@ def validate_model(model: Type[M], body: bytes, *, allow_empty: bool = False) ->
     if not stripped or stripped == b"null":
         if allow_empty:
             return model()
-        raise InvalidInputError("request body is empty; expected a JSON object")
+        raise RequestValidationError("request body is empty; expected a JSON object")
     return _validated(model.model_validate, parse_json(body))
 
 
@@ -135,7 +135,7 @@ def endpoint(path: str, handler: Handler, *, methods: Sequence[str], status_code
         except StoreError as exc:
             return error_response(exc)
         except ValidationError as exc:
-            return error_response(InvalidInputError(describe_validation_error(exc)))
+            return error_response(RequestValidationError(describe_validation_error(exc)))
         except Exception as exc:
             logger.exception("%s %s failed", request.method, path)
             return error_response(StoreError(f"internal server error: {type(exc).__name__}: {exc}"))

@@ -121,13 +121,7 @@ class GroupTracker:
         pending = [rid for g in self.in_flight if not g.complete for rid in g.rollout_ids if rid not in g.outcomes]
         if not pending:
             return
-        by_id: Dict[str, Any] = {}
-        # Chunked: a large async batch has thousands of rollouts in flight, one query each
-        # chunk keeps request bodies small on a served store.
-        for start in range(0, len(pending), QUERY_CHUNK):
-            chunk = pending[start : start + QUERY_CHUNK]
-            finished = await self.store.query_rollouts(rollout_id_in=chunk, status_in=sorted(TERMINAL_ROLLOUT_STATUSES))
-            by_id.update({r.rollout_id: r for r in finished})
+        by_id = await self._finished(pending)
         for group in self.in_flight:
             if group.complete:
                 continue
@@ -136,6 +130,17 @@ class GroupTracker:
                     group.outcomes[rid] = await self._outcome(by_id[rid].status, rid)
             if group.complete:
                 self._completed_order.append(group)
+
+    async def _finished(self, rollout_ids: List[str]) -> Dict[str, Any]:
+        """The finished rollouts among `rollout_ids`, by id."""
+        by_id: Dict[str, Any] = {}
+        # Chunked: a large async batch has thousands of rollouts in flight, one query each
+        # chunk keeps request bodies small on a served store.
+        for start in range(0, len(rollout_ids), QUERY_CHUNK):
+            chunk = rollout_ids[start : start + QUERY_CHUNK]
+            finished = await self.store.query_rollouts(rollout_id_in=chunk, status_in=sorted(TERMINAL_ROLLOUT_STATUSES))
+            by_id.update({r.rollout_id: r for r in finished})
+        return by_id
 
     async def _outcome(self, rollout_status: str, rollout_id: str) -> str:
         if rollout_status == STATUS_SUCCEEDED:
@@ -171,16 +176,24 @@ class GroupTracker:
         """Cancel every rollout still in flight and forget its group; returns the counts
         (unfinished rollouts count as timed out)."""
         counts = {key: 0 for key in COUNT_KEYS}
+        unfinished = []
         for group in self.in_flight:
             for rid in group.rollout_ids:
                 if rid in group.outcomes:
                     counts[group.outcomes[rid]] += 1
                     continue
                 counts["timeout"] += 1
-                try:
-                    await self.store.update_rollout(rid, status="cancelled")
-                except StoreError:
-                    pass  # finished meanwhile: nothing to cancel
+                unfinished.append(rid)
+        # The store lets any status be set, so a rollout that finished since the last look
+        # would take the cancel: those keep their own ending.
+        finished = await self._finished(unfinished)
+        for rid in unfinished:
+            if rid in finished:
+                continue
+            try:
+                await self.store.update_rollout(rid, status="cancelled")
+            except StoreError:
+                pass  # deleted meanwhile: nothing to cancel
         self.in_flight = []
         self._completed_order = []
         return counts

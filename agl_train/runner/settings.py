@@ -38,13 +38,18 @@ class RunnerSettings:
     `job_template_path` (Kubernetes Jobs) may be set; with neither, rollouts are left in the
     store's queue for runners started elsewhere.
 
-    Two keys beyond SPEC section 5's defaults, set with Hydra's `+` prefix:
+    Keys beyond SPEC section 5's defaults, set with Hydra's `+` prefix:
     `+agentlightning.local.use_ray=true` runs local agents as Ray tasks on the trainer's Ray
-    cluster; `+agentlightning.k8s.namespace=NAME` chooses the Jobs' namespace.
+    cluster; `+agentlightning.k8s.namespace=NAME` chooses the Jobs' namespace;
+    `+agentlightning.agl_agent_key=KEY` is the key agents call the proxy with (its `--key`)
+    when `agl_key` is the proxy's `--admin-key`.
     """
 
     agl_base_url: str = "http://localhost:8080"
     agl_key: str = ""
+    """The gateway's admin key: the trainer pauses, resumes and repoints the proxy and uses its store."""
+    agl_agent_key: str = ""
+    """The key handed to agents in the LLM resource; empty: `agl_key` (a proxy with one key)."""
     hooks: Optional[str] = None
     rollout_timeout_seconds: float = 1800.0
     agent_class: Optional[str] = None
@@ -73,6 +78,11 @@ class RunnerSettings:
             check_async_batch(self.train_batch_size, self.async_train_batch_size)
 
     @property
+    def agent_key(self) -> str:
+        """What agents get as their key: `agl_agent_key`, else `agl_key`."""
+        return self.agl_agent_key or self.agl_key
+
+    @property
     def groups_in_flight(self) -> int:
         """Prompt groups kept running: `async_train_batch_size` in async mode, else one batch."""
         return int(self.async_train_batch_size) if self.async_enabled else self.train_batch_size
@@ -87,6 +97,7 @@ class RunnerSettings:
         return cls(
             agl_base_url=str(agl["agl_base_url"]),
             agl_key=str(agl.get("agl_key") or ""),
+            agl_agent_key=str(agl.get("agl_agent_key") or ""),
             hooks=agl.get("hooks"),
             rollout_timeout_seconds=float(agl["rollout_timeout_seconds"]),
             agent_class=local.get("agent_class"),

@@ -35,7 +35,8 @@ class FakeBackend:
     """State shared by the fake app and the test that drives it."""
 
     mode: str = "ok"
-    """`ok`, `hang`, `error500`, `garbage`, `drop` (stream cut after two chunks), `reject400`."""
+    """`ok`, `hang`, `error500`, `garbage`, `drop` (stream cut after two chunks), `reject400`,
+    `internal404` (an HTML page, as an internal service that is no LLM backend answers)."""
     name: str = "fake"
     requests: List[Dict[str, Any]] = field(default_factory=list)
     headers: List[Dict[str, str]] = field(default_factory=list)
@@ -83,6 +84,8 @@ class FakeBackend:
                 status_code=400,
                 media_type="application/json",
             )
+        if self.mode == "internal404":
+            return Response(b"<html>internal-only page</html>", status_code=404, media_type="text/html")
         if self.mode == "garbage":
             return Response(b"<html>oops</html>", status_code=200, media_type="text/html")
         n = int(body.get("n") or 1)

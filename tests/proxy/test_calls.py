@@ -113,7 +113,11 @@ async def test_logprobs_are_requested_when_configured(new_rollout, proxy_factory
 
 
 async def test_calls_without_rollout_are_served(proxy: LLMProxy, http) -> None:
-    response = await http.post(proxy.base_url + "/chat/completions", content=orjson.dumps(chat_body()))
+    response = await http.post(
+        proxy.base_url + "/chat/completions",
+        content=orjson.dumps(chat_body()),
+        headers={"content-type": "application/json; charset=utf-8"},
+    )
     assert response.status_code == 200
     models = (await http.get(proxy.base_url + "/models")).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
@@ -155,7 +159,7 @@ def test_as_resource_gives_per_rollout_urls(proxy: LLMProxy) -> None:
 def test_update_model_list_in_python(proxy: LLMProxy, backend) -> None:
     proxy.update_model_list([model_entry("tiny", backend[1]), model_entry("big", backend[1], backend_model="big-7b")])
     assert proxy.gateway.registry.model_names == ["tiny", "big"]
-    with pytest.raises(ValueError, match="needs litellm_params.model"):
+    with pytest.raises(ValueError, match=r"model_list\[0\].litellm_params.model must be a string"):
         proxy.update_model_list([{"model_name": "x", "litellm_params": {}}])
     assert proxy.gateway.registry.model_names == ["tiny", "big"]  # a bad list changes nothing
     assert parse_deployment(model_entry("big", backend[1], backend_model="big-7b")).model == "big-7b"

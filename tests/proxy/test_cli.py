@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import sys
 from pathlib import Path
-from typing import Awaitable, Callable, Set, Tuple
+from typing import Awaitable, Callable, Dict, Optional, Set, Tuple
 
 import httpx
 import openai
@@ -23,9 +24,25 @@ from .helpers import model_entry, wait_for_spans
 AGL = str(Path(sys.executable).parent / "agl")
 
 
-async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+async def _start(*args: str, env: Optional[Dict[str, str]] = None) -> tuple[asyncio.subprocess.Process, str]:
+    process, url, _ = await _start_with_line(*args, env=env)
+    return process, url
+
+
+async def _start_with_line(
+    *args: str, env: Optional[Dict[str, str]] = None
+) -> tuple[asyncio.subprocess.Process, str, str]:
+    """The process, its URL and the line it printed when it started listening."""
     process = await asyncio.create_subprocess_exec(
-        AGL, "proxy", "serve", "--port", "0", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        AGL,
+        "proxy",
+        "serve",
+        "--port",
+        "0",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
     )
     assert process.stdout is not None
     line = await asyncio.wait_for(process.stdout.readline(), 60)
@@ -34,7 +51,7 @@ async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
         process.kill()
         rest = await process.stdout.read()
         pytest.fail(f"agl proxy serve did not start: {(line + rest).decode()}")
-    return process, match.group(1).decode()
+    return process, match.group(1).decode(), line.decode()
 
 
 async def _stop(process: asyncio.subprocess.Process) -> bytes:
@@ -87,6 +104,58 @@ async def test_bad_config_is_a_clear_error(tmp_path: Path) -> None:
     )
     _, err = await process.communicate()
     assert process.returncode == 2 and b"no `model_list:`" in err
+
+
+async def test_agents_key_and_admin_key_from_the_environment_and_a_file(backend, tmp_path: Path) -> None:
+    admin_file = tmp_path / "admin.key"
+    admin_file.write_text("adm-s3cret\n")
+    process, url, line = await _start_with_line(
+        *("--backend", backend[1], "--model", "tiny", "--db", str(tmp_path / "agl.db")),
+        *("--admin-key-file", str(admin_file)),
+        env={"AGL_KEY": "agt-s3cret"},
+    )
+    try:
+        assert "agt-s3cret" not in line and "adm-s3cret" not in line
+        assert "agents' key from $AGL_KEY; admin key from --admin-key-file" in line
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="agt-s3cret", max_retries=0)
+        reply = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+        assert reply.choices[0].message.content
+        async with httpx.AsyncClient(base_url=url) as http:
+            for path in ("/proxy/state", "/v1/agl/statistics"):
+                assert (await http.get(path, headers={"authorization": "Bearer agt-s3cret"})).status_code == 401
+                assert (await http.get(path, headers={"authorization": "Bearer adm-s3cret"})).status_code == 200
+    finally:
+        await _stop(process)
+
+
+async def test_a_backend_that_is_not_http_is_refused_at_start() -> None:
+    process = await asyncio.create_subprocess_exec(
+        AGL, "proxy", "serve", "--backend", "file:///etc", "--model", "m", stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await process.communicate()
+    assert process.returncode == 2 and b"api_base must use http or https" in err
+
+
+def test_the_admin_key_defaults_to_the_agents_key_and_the_store_key_to_the_admin_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agl_proxy.cli import Keys
+    from agl_store.cli import build_parser
+
+    for name in ("AGL_KEY", "AGL_ADMIN_KEY", "AGL_STORE_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    serve = ["proxy", "serve", "--backend", "http://127.0.0.1:9", "--model", "m"]
+    one_key = Keys.from_args(build_parser().parse_args([*serve, "--key", "k"]))
+    assert (one_key.client, one_key.admin, one_key.store) == ("k", "k", "k")
+    assert "one key for agents and admin routes" in one_key.sources and "k" not in one_key.sources.split()
+
+    monkeypatch.setenv("AGL_STORE_KEY", "store-k")
+    remote = Keys.from_args(build_parser().parse_args([*serve, "--admin-key", "a", "--store-url", "http://s:1"]))
+    assert (remote.client, remote.admin, remote.store) == (None, "a", "store-k")
+    assert remote.sources == "LLM routes open; admin key from --admin-key; store key from $AGL_STORE_KEY"
+    with pytest.raises(SystemExit):  # a flag and its file together
+        build_parser().parse_args([*serve, "--key", "k", "--key-file", "f"])
 
 
 async def _under_load(proxy_url: str, db: Path, stop: Callable[[], Awaitable[object]]) -> Tuple[Set[str], Set[str]]:

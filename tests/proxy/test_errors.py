@@ -98,7 +98,9 @@ async def test_stream_dropped_midway_ends_with_an_error_event(new_rollout, proxy
 
 
 async def test_bad_json_is_400(proxy: LLMProxy, http) -> None:
-    response = await http.post(proxy.base_url + "/chat/completions", content=b"{not json")
+    response = await http.post(
+        proxy.base_url + "/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import openai
+import orjson
 
 from .helpers import model_entry, wait_for_spans
 
 
 async def test_litellm_deployment_serves_and_records(new_rollout, proxy_factory, backend, store) -> None:
     entry = model_entry("via-litellm", backend[1], provider="openai", agl_passthrough=False)
-    entry["litellm_params"]["api_key"] = "sk-fake"
+    entry["litellm_params"].update(api_key="sk-fake", aws_secret_access_key="AWS-SECRET", temperature=0.5)
     proxy = await proxy_factory([entry])
     ids = await new_rollout()
     client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="unused", max_retries=0)
@@ -24,5 +25,8 @@ async def test_litellm_deployment_serves_and_records(new_rollout, proxy_factory,
 
     plain, streamed = await wait_for_spans(store, ids[0], 2)
     assert plain.attributes["gen_ai.system"] == "openai" and plain.attributes["agl.error"] is None
-    assert "api_key" not in plain.attributes["agl.request"]
+    # The span holds the request (a deployment default included), never connection settings or credentials.
+    request = plain.attributes["agl.request"]
+    assert request["temperature"] == 0.5 and "api_key" not in request and "api_base" not in request
+    assert "AWS-SECRET" not in orjson.dumps(plain.attributes).decode()
     assert streamed.attributes["agl.response"]["choices"][0]["message"]["content"] == text

@@ -14,7 +14,7 @@ import signal
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, List, Optional
+from typing import AsyncIterator, Dict, List, Optional
 
 from agl_store.client import LightningStoreClient
 
@@ -26,10 +26,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class StoreServerProcess:
     """One `python -m agl_store.cli store serve` subprocess on a free port."""
 
-    def __init__(self, db: str | Path, key: Optional[str] = None, extra_args: List[str] | None = None) -> None:
+    def __init__(
+        self,
+        db: str | Path,
+        key: Optional[str] = None,
+        extra_args: List[str] | None = None,
+        env: Optional[Dict[str, str]] = None,
+    ) -> None:
         self.db = str(db)
         self.key = key
         self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})
         self.url = ""
         self.output: List[str] = []
         self._process: Optional[asyncio.subprocess.Process] = None
@@ -40,7 +47,11 @@ class StoreServerProcess:
         args = [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", self.db, "--port", "0"]
         if self.key:
             args += ["--key", self.key]
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {
+            **os.environ,
+            **self.env,
+            "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }
         self._process = await asyncio.create_subprocess_exec(
             *args, *self.extra_args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
         )

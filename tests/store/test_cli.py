@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agl_store import cli
 from agl_store.client import LightningStoreClient
 
-from .http_server import StoreServerProcess
+from .http_server import REPO_ROOT, StoreServerProcess
 
 
 def test_db_paths_become_sqlite_urls_and_urls_pass_through() -> None:
@@ -110,3 +112,30 @@ async def test_serve_in_memory(tmp_path: Path) -> None:
         assert (await store.statistics()).database_bytes is None
     await server.stop()
     assert "bearer key required" in server.output[0]
+
+
+async def test_the_key_can_come_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    key_file = tmp_path / "store.key"
+    key_file.write_text("from-file\n")
+    by_file = StoreServerProcess("memory://", extra_args=["--key-file", str(key_file)])
+    by_env = StoreServerProcess("memory://", env={"AGL_STORE_KEY": "from-env"})
+    for server, key in ((by_file, "from-file"), (by_env, "from-env")):
+        url = await server.start()
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/v1/agl/statistics")).status_code == 401
+            assert (await http.get("/v1/agl/statistics", headers={"authorization": f"Bearer {key}"})).status_code == 200
+        await server.stop()
+        assert key not in server.output[0] and "bearer key required (from " in server.output[0]
+
+
+def test_an_empty_key_file_is_a_clear_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", "memory://", "--key-file", str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert done.returncode == 2 and f"--key-file {empty} is empty" in done.stderr

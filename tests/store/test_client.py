@@ -20,6 +20,7 @@ import uvicorn
 
 from agl_store import ConflictError, NotFoundError, StoreClosedError, StoreError, StoreUnavailableError
 from agl_store.client import LightningStoreClient
+from agl_store.errors import InvalidInputError
 from agl_store.models import EnqueueRolloutRequest, Span
 
 from .http_server import start_store_server
@@ -177,6 +178,17 @@ async def test_a_closed_client_refuses_work() -> None:
     await client.close()
     with pytest.raises(StoreClosedError):
         await client.statistics()
+
+
+async def test_a_body_no_json_writer_can_hold_is_invalid_input_before_any_request() -> None:
+    app = FaultServer([])
+    deep: object = 1
+    for _ in range(300):  # past pydantic-core's and orjson's ~254 levels
+        deep = {"a": deep}
+    async with serving(app) as url, fast_client(url) as client:
+        with pytest.raises(InvalidInputError, match="request body is not JSON"):
+            await client.enqueue_rollout(input=deep)
+    assert app.requests == []
 
 
 async def test_the_bearer_key_is_sent(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The LightningStore contract (agl_store/base.py, SPEC section 2), run against every backend.
+"""The LightningStore contract (agl_store/base.py), run against every backend.
 
 Each test reads as an example of using the store. Tests never assume the store is empty
 beyond what they created, and outcomes of the store's own clock (timeouts, unresponsive
@@ -28,6 +28,8 @@ from agl_store import (
     reward_span,
 )
 from agl_store.base import LightningStore
+from agl_store.bounds import MAX_INTEGER, MAX_JSON_DEPTH
+from agl_store.models import Event
 
 T = TypeVar("T")
 PATIENCE_S = 30.0  # only bounds a broken test; a passing one returns as soon as the store acts
@@ -105,6 +107,21 @@ async def test_dequeue_many_claims_oldest_first(store: LightningStore) -> None:
     assert [r.rollout_id for r in tail] == ids[3:]
 
 
+async def test_enqueued_rollouts_take_the_latest_resources_unless_given(store: LightningStore) -> None:
+    assert (await store.enqueue_rollout(input="before any resources")).resources_id is None
+    older = await store.add_resources({"main_llm": LLM(endpoint="http://old/v1", model="m")})
+    latest = await store.add_resources({"main_llm": LLM(endpoint="http://new/v1", model="m")})
+
+    one = await store.enqueue_rollout(input=1)
+    many = await store.enqueue_many_rollouts(
+        [EnqueueRolloutRequest(input=2), EnqueueRolloutRequest(input=3, resources_id=older.resources_id)]
+    )
+
+    assert [r.resources_id for r in (one, *many)] == [latest.resources_id, latest.resources_id, older.resources_id]
+    assert (await store.get_rollout_by_id(one.rollout_id)).resources_id == latest.resources_id
+    assert (await store.dequeue_rollout()).resources_id is None  # resolved when enqueued, not when claimed
+
+
 async def test_start_rollout_bypasses_queue_with_latest_resources(store: LightningStore) -> None:
     resources = await store.add_resources({"main_llm": LLM(endpoint="http://llm/v1", model="m")})
 
@@ -178,26 +195,56 @@ async def test_only_the_latest_attempt_decides_the_rollout(store: LightningStore
     assert (await store.get_rollout_by_id(rollout.rollout_id)).status == "succeeded"
 
 
-async def test_start_attempt_needs_an_unfinished_rollout(store: LightningStore) -> None:
+async def test_start_attempt_runs_a_succeeded_rollout_again(store: LightningStore) -> None:
     rollout = await running_rollout(store)
     await store.update_attempt(rollout.rollout_id, "latest", status="succeeded")
 
-    with pytest.raises(ConflictError):
-        await store.start_attempt(rollout.rollout_id)
+    again = await store.start_attempt(rollout.rollout_id, worker_id="w2")
+
+    assert again.status == "preparing" and again.end_time is None
+    assert again.attempt.sequence_id == 2 and again.attempt.status == "preparing"
+    await store.add_span(llm_span(rollout.rollout_id, again.attempt.attempt_id))
+    assert (await store.get_rollout_by_id(rollout.rollout_id)).status == "running"
+    await store.update_attempt(rollout.rollout_id, "latest", status="failed")
+    assert (await store.get_rollout_by_id(rollout.rollout_id)).status == "failed"  # it follows its latest attempt
     with pytest.raises(NotFoundError):
         await store.start_attempt("ro-missing")
 
 
-async def test_finished_rollout_only_changes_metadata(store: LightningStore) -> None:
+async def test_an_algorithm_requeues_a_failed_rollout(store: LightningStore) -> None:
+    rollout = await running_rollout(store)  # one attempt allowed, no retry condition
+    await store.update_attempt(rollout.rollout_id, "latest", status="failed")
+    assert (await store.wait_for_rollouts(rollout_ids=[rollout.rollout_id], timeout=0))[0].status == "failed"
+
+    requeued = await store.update_rollout(
+        rollout.rollout_id, status="requeuing", config=RolloutConfig(max_attempts=2, retry_condition=["failed"])
+    )
+
+    assert requeued.status == "requeuing" and requeued.end_time is None
+    assert await store.wait_for_rollouts(rollout_ids=[rollout.rollout_id], timeout=0) == []
+    retry = await store.dequeue_rollout(worker_id="w2")
+    assert retry is not None and retry.rollout_id == rollout.rollout_id and retry.attempt.sequence_id == 2
+    await store.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+    assert (await store.get_rollout_by_id(rollout.rollout_id)).status == "succeeded"
+
+
+async def test_a_finished_rollout_takes_any_change(store: LightningStore) -> None:
     rollout = await running_rollout(store)
     await store.update_rollout(rollout.rollout_id, status="cancelled")
 
-    updated = await store.update_rollout(rollout.rollout_id, metadata={"note": "kept"})
-    assert updated.status == "cancelled" and updated.metadata == {"note": "kept"}
-    with pytest.raises(ConflictError):
-        await store.update_rollout(rollout.rollout_id, status="running")
-    with pytest.raises(ConflictError):
-        await store.update_rollout(rollout.rollout_id, input={"changed": True})
+    updated = await store.update_rollout(rollout.rollout_id, metadata={"note": "kept"}, input={"changed": True})
+    assert updated.status == "cancelled" and updated.metadata == {"note": "kept"} and updated.input == {"changed": True}
+    assert (await store.update_rollout(rollout.rollout_id, status="running")).status == "running"
+
+
+async def test_a_late_attempt_report_leaves_a_cancelled_rollout_cancelled(store: LightningStore) -> None:
+    rollout = await running_rollout(store)
+    await store.update_rollout(rollout.rollout_id, status="cancelled")
+
+    attempt = await store.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+
+    assert attempt.status == "succeeded"
+    assert (await store.get_rollout_by_id(rollout.rollout_id)).status == "cancelled"
 
 
 async def test_update_rollout_changes_fields_and_requeues_once(store: LightningStore) -> None:
@@ -236,6 +283,18 @@ async def test_illegal_attempt_moves_are_conflicts(store: LightningStore) -> Non
         await store.update_attempt("ro-missing", "latest", status="failed")
     with pytest.raises(InvalidInputError, match="status"):
         await store.update_attempt(rollout.rollout_id, "latest", status="exploded")
+
+
+async def test_update_attempt_takes_no_nulls(store: LightningStore) -> None:
+    rollout = await running_rollout(store)
+    await store.update_attempt(rollout.rollout_id, "latest", metadata={"kept": True})
+
+    for field in ("metadata", "worker_id", "status", "last_heartbeat_time"):
+        with pytest.raises(InvalidInputError, match=field):
+            await store.update_attempt(rollout.rollout_id, "latest", **{field: None})
+
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    assert attempt.metadata == {"kept": True} and attempt.worker_id == "worker-1"
 
 
 async def test_update_attempt_records_worker_heartbeat_and_metadata(store: LightningStore) -> None:
@@ -355,8 +414,12 @@ async def test_sequence_ids_increase_per_rollout(store: LightningStore) -> None:
 
     assert ids_a == [2, 3, 4]
     assert many == [5, 2, 6]
+    # Numbers are per rollout: the attempt may be "latest" or one the store has not seen.
+    assert await store.get_next_span_sequence_id(a.rollout_id, "latest") == 7
+    assert await store.get_next_span_sequence_id(a.rollout_id, "at-missing") == 8
+    assert await store.get_many_span_sequence_ids([(b.rollout_id, "at-missing"), (b.rollout_id, "latest")]) == [3, 4]
     with pytest.raises(NotFoundError):
-        await store.get_next_span_sequence_id(a.rollout_id, "at-missing")
+        await store.get_next_span_sequence_id("ro-missing", "latest")
 
 
 async def test_spans_get_sequence_ids_and_come_back_in_order(store: LightningStore) -> None:
@@ -381,6 +444,35 @@ async def test_a_span_with_its_own_sequence_id_pushes_the_counter(store: Lightni
     assert kept is not None and kept.sequence_id == 50
     assert await store.get_next_span_sequence_id(rid, aid) == 51
     assert (await store.add_span(llm_span(rid, aid))).sequence_id == 52
+
+
+async def test_a_span_with_sequence_id_zero_is_kept_as_sent(store: LightningStore) -> None:
+    rollout = await running_rollout(store)  # its first span took sequence id 1
+    rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+
+    zero = await store.add_span(llm_span(rid, aid, sequence_id=0, name="unordered"))
+
+    assert zero is not None and zero.sequence_id == 0
+    assert [(s.name, s.sequence_id) for s in await store.query_spans(rid)] == [("unordered", 0), ("step", 1)]
+    assert await store.get_next_span_sequence_id(rid, aid) == 2
+    with pytest.raises(InvalidInputError, match="sequence_id must be >= 0"):
+        await store.add_span(llm_span(rid, aid, sequence_id=-1))
+
+
+async def test_spans_sent_to_the_latest_attempt_are_stored_under_it(store: LightningStore) -> None:
+    rollout = await running_rollout(store)
+    rid = rollout.rollout_id
+    retry = (await store.start_attempt(rid)).attempt.attempt_id
+
+    one = await store.add_span(llm_span(rid, "latest", name="one"))
+    many = await store.add_many_spans([llm_span(rid, "latest", name="two"), llm_span(rid, retry, name="three")])
+
+    assert [(s.name, s.attempt_id) for s in (one, *many)] == [("one", retry), ("two", retry), ("three", retry)]
+    assert [s.name for s in await store.query_spans(rid, retry)] == ["one", "two", "three"]
+    assert (await store.get_latest_attempt(rid)).status == "running"  # the spans were its heartbeats
+    queued = await store.enqueue_rollout(input="no attempt yet")
+    with pytest.raises(NotFoundError, match="has no attempts"):
+        await store.add_span(llm_span(queued.rollout_id, "latest"))
 
 
 async def test_duplicate_spans_are_ignored(store: LightningStore) -> None:
@@ -500,6 +592,8 @@ async def test_add_otel_span(store: LightningStore) -> None:
     (read,) = await store.query_spans(rollout.rollout_id, name="agent.step")
     assert read.attributes["agl.prompt_token_ids"] == list(range(12))
     assert read.start_time is not None and read.end_time >= read.start_time
+    again = await store.add_otel_span(rollout.rollout_id, "latest", readable, sequence_id=9)
+    assert again is None  # the same span of the same (latest) attempt: a duplicate
 
 
 # --- resources --------------------------------------------------------------------------------
@@ -576,8 +670,10 @@ async def test_wait_for_rollouts_returns_finished_ones(store: LightningStore) ->
     await finisher
     assert [(r.rollout_id, r.status) for r in both] == [(done.rollout_id, "succeeded"), (pending.rollout_id, "failed")]
 
-    with pytest.raises(NotFoundError):
-        await store.wait_for_rollouts(rollout_ids=["ro-missing"], timeout=0)
+    # Ids the store does not know are not waited for.
+    assert await store.wait_for_rollouts(rollout_ids=["ro-missing"], timeout=PATIENCE_S) == []
+    known = await store.wait_for_rollouts(rollout_ids=["ro-missing", done.rollout_id], timeout=PATIENCE_S)
+    assert [r.rollout_id for r in known] == [done.rollout_id]
 
 
 # --- retention and statistics -------------------------------------------------------------------
@@ -647,6 +743,118 @@ async def test_statistics_count_everything(store: LightningStore) -> None:
 async def test_invalid_values_name_the_field(store: LightningStore, call: Callable, field: str) -> None:
     with pytest.raises(InvalidInputError, match=field):
         await call(store)
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda s: s.query_rollouts(limit=2**63), "limit"),
+        (lambda s: s.query_rollouts(offset=2**63), "offset"),
+        (lambda s: s.query_spans("r", limit=MAX_INTEGER + 1), "limit"),
+        (lambda s: s.query_attempts("r", offset=2**64 - 1), "offset"),
+        (lambda s: s.query_workers(limit=2**63 - 1), "limit"),
+        (lambda s: s.query_resources(offset=2**63), "offset"),
+        (lambda s: s.dequeue_many_rollouts(limit=2**63), "limit"),
+    ],
+)
+async def test_integers_past_2_to_the_53_are_refused_naming_the_field(
+    store: LightningStore, call: Callable, field: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=field):
+        await call(store)
+
+
+async def test_the_largest_sequence_id_is_the_last_a_rollout_gets(store: LightningStore) -> None:
+    rollout = await running_rollout(store)
+    rollout_id, attempt_id = rollout.rollout_id, rollout.attempt.attempt_id
+    before = await store.statistics()
+    for too_big in (MAX_INTEGER + 1, 2**63 - 1, 2**63, 2**64 - 1):
+        with pytest.raises(InvalidInputError, match="sequence_id"):
+            await store.add_span(llm_span(rollout_id, attempt_id, sequence_id=too_big))
+    assert (await store.statistics()).total_spans == before.total_spans
+
+    last = await store.add_span(llm_span(rollout_id, attempt_id, sequence_id=MAX_INTEGER))
+    assert last is not None and last.sequence_id == MAX_INTEGER
+    # Like a PostgreSQL sequence at its maximum: no id past it is ever issued.
+    with pytest.raises(ConflictError, match="no sequence ids left"):
+        await store.add_span(llm_span(rollout_id, attempt_id))
+    with pytest.raises(ConflictError, match="no sequence ids left"):
+        await store.get_next_span_sequence_id(rollout_id, attempt_id)
+
+    spans = await store.query_spans(rollout_id)
+    assert [type(span.sequence_id) for span in spans] == [int, int]
+    assert spans[-1].sequence_id == MAX_INTEGER
+
+
+def nested(depth: int, leaf: Any = "leaf") -> Any:
+    """A value `depth` objects and arrays deep (more when `leaf` is itself a container)."""
+    value = leaf
+    for level in range(depth):
+        value = {"level": value} if level % 2 else [value]
+    return value
+
+
+async def test_json_nested_to_the_limit_reads_back_everywhere(store: LightningStore) -> None:
+    deepest = nested(MAX_JSON_DEPTH)
+    queued = await store.enqueue_rollout(input=deepest, metadata={"m": nested(MAX_JSON_DEPTH - 1)})
+    assert (await store.get_rollout_by_id(queued.rollout_id)) == queued
+    assert queued in await store.query_rollouts(rollout_id_in=[queued.rollout_id])
+    claimed = await store.dequeue_many_rollouts(limit=10_000)
+    assert [r.input for r in claimed if r.rollout_id == queued.rollout_id] == [deepest]
+
+    rollout = next(r for r in claimed if r.rollout_id == queued.rollout_id)
+    attributes = {
+        "tokens": nested(MAX_JSON_DEPTH - 2, leaf=list(range(8))),  # token ids at the deepest level
+        "text": nested(MAX_JSON_DEPTH - 1),
+    }
+    event = Event(name="e", attributes={"x": nested(MAX_JSON_DEPTH - 3)})
+    span = llm_span(rollout.rollout_id, rollout.attempt.attempt_id, attributes=attributes, events=[event])
+    assert await store.add_span(span) is not None
+    (read,) = await store.query_spans(rollout.rollout_id)
+    assert read.attributes == attributes and read.events[0].attributes == {"x": nested(MAX_JSON_DEPTH - 3)}
+    await store.update_attempt(rollout.rollout_id, "latest", metadata={"m": nested(MAX_JSON_DEPTH - 1)})
+    await store.update_worker("deep-worker", heartbeat_stats={"s": nested(MAX_JSON_DEPTH - 1)})
+    assert (await store.get_worker_by_id("deep-worker")).heartbeat_stats == {"s": nested(MAX_JSON_DEPTH - 1)}
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda s, r, a: s.enqueue_rollout(input=nested(MAX_JSON_DEPTH + 1)), "input"),
+        (lambda s, r, a: s.start_rollout(input=1, metadata={"m": nested(MAX_JSON_DEPTH)}), "metadata"),
+        (lambda s, r, a: s.update_rollout(r, input=nested(MAX_JSON_DEPTH + 1)), "input"),
+        (lambda s, r, a: s.update_attempt(r, a, metadata={"m": nested(MAX_JSON_DEPTH)}), "metadata"),
+        (lambda s, r, a: s.update_worker("w", heartbeat_stats={"s": nested(MAX_JSON_DEPTH)}), "heartbeat_stats"),
+        (lambda s, r, a: s.add_span(llm_span(r, a, attributes={"x": nested(MAX_JSON_DEPTH)})), "attributes"),
+        (
+            lambda s, r, a: s.add_many_spans(
+                [llm_span(r, a), llm_span(r, a, attributes={"x": nested(MAX_JSON_DEPTH - 1, leaf=list(range(8)))})]
+            ),
+            r"spans\[1\].attributes",
+        ),
+        (
+            lambda s, r, a: s.add_span(llm_span(r, a, resource={"attributes": {"x": nested(MAX_JSON_DEPTH)}})),
+            "resource",
+        ),
+    ],
+)
+async def test_json_nested_past_the_limit_is_refused_before_storing(
+    store: LightningStore, call: Callable, field: str
+) -> None:
+    rollout = await running_rollout(store)
+    before = (await store.statistics()).model_dump(exclude={"uptime", "database_bytes"})
+    with pytest.raises(InvalidInputError, match=f"{field} nests deeper than {MAX_JSON_DEPTH} levels"):
+        await call(store, rollout.rollout_id, rollout.attempt.attempt_id)
+    assert (await store.statistics()).model_dump(exclude={"uptime", "database_bytes"}) == before
+    assert (await store.get_rollout_by_id(rollout.rollout_id)) is not None
+    assert await store.query_rollouts(limit=10_000)
+
+
+async def test_an_unsupported_sort_field_is_worded_as_agent_lightning_words_it(store: LightningStore) -> None:
+    with pytest.raises(InvalidInputError, match="^Invalid sort_by: nonsense, allowed fields are: .*rollout_id"):
+        await store.query_rollouts(sort_by="nonsense")
+    with pytest.raises(InvalidInputError, match="^Invalid sort_by: nonsense, allowed fields are: .*worker_id"):
+        await store.query_workers(sort_by="nonsense")
 
 
 async def test_unknown_rollout_status_is_invalid(store: LightningStore) -> None:

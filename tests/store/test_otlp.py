@@ -22,7 +22,9 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
-from agl_store.server.otlp import parse_request, spans_from_request
+from agl_store.bounds import MAX_INTEGER
+from agl_store.errors import InvalidInputError, PayloadTooLargeError
+from agl_store.server.otlp import MAX_GZIP_MEMBERS, decompress, parse_request, spans_from_request
 
 from .http_server import StoreServerProcess, start_store_server
 
@@ -104,10 +106,17 @@ def test_ids_come_from_resource_attributes_and_span_attributes_override_them() -
 def test_agent_lightning_attribute_names_are_read() -> None:
     request = export_request(
         {"agentlightning.rollout_id": "ro-al"},
-        [proto_span(1, **{"agentlightning.attempt_id": "at-al", "agentlightning.span_sequence_id": "5"})],
+        [
+            proto_span(n, **{"agentlightning.attempt_id": "at-al", "agentlightning.span_sequence_id": sequence})
+            for n, sequence in ((1, "5"), (2, "0"), (3, "-1"))
+        ],
     )
-    (span,), _ = spans_from_request(request)
-    assert (span.rollout_id, span.attempt_id, span.sequence_id) == ("ro-al", "at-al", 5)
+    spans, _ = spans_from_request(request)
+    assert [(s.rollout_id, s.attempt_id, s.sequence_id) for s in spans] == [
+        ("ro-al", "at-al", 5),
+        ("ro-al", "at-al", 0),  # kept, as agent-lightning 0.3 keeps it
+        ("ro-al", "at-al", None),  # negative: the store issues one
+    ]
 
 
 def test_attribute_values_become_native_json() -> None:
@@ -158,7 +167,7 @@ async def test_traces_endpoint_stores_protobuf_and_json_spans(tmp_path: Path) ->
         attempted = await store.start_rollout(input={"q": 1})
         ids = {"agl.rollout_id": attempted.rollout_id, "agl.attempt_id": attempted.attempt.attempt_id}
         proto_body = export_request(ids, [proto_span(1), proto_span(2, **{"agl.prompt_token_ids": [7, 8, 9]})])
-        json_body = export_request(ids, [proto_span(3, name="tool")])
+        json_body = export_request({**ids, "agl.attempt_id": "latest"}, [proto_span(3, name="tool")])
         async with httpx.AsyncClient(base_url=store.url) as http:
             answer = await http.post(
                 "/v1/traces",
@@ -176,6 +185,7 @@ async def test_traces_endpoint_stores_protobuf_and_json_spans(tmp_path: Path) ->
             assert answer.status_code == 200, answer.text
         spans = await store.query_spans(attempted.rollout_id)
         assert [s.name for s in spans] == ["agl.llm_call", "agl.llm_call", "tool"]
+        assert {s.attempt_id for s in spans} == {attempted.attempt.attempt_id}  # "latest" is stored as the attempt
         assert [s.sequence_id for s in spans] == sorted({s.sequence_id for s in spans})
         assert spans[1].attributes["agl.prompt_token_ids"] == [7, 8, 9]
 
@@ -202,6 +212,8 @@ async def test_partial_success_reports_spans_without_ids(tmp_path: Path) -> None
         ("application/x-protobuf", b"\xff\xff\xff\xffnot protobuf", "unparseable OTLP protobuf"),
         ("application/json", b"{not json", "unparseable OTLP/JSON"),
         ("text/plain", b"hello", "unsupported Content-Type"),
+        # Walked recursively: 1000 levels was a RecursionError.
+        ("application/json", b'{"resourceSpans":' + b"[" * 1000 + b"]" * 1000 + b"}", "OTLP/JSON body nests deeper"),
     ],
 )
 async def test_bad_trace_requests_get_400_and_store_nothing(
@@ -226,6 +238,8 @@ async def test_a_compressed_body_is_held_to_the_size_limit_once_decompressed(tmp
             ("deflate", zlib.compress(b" " * 100_001), 413, "once decompressed"),
             ("gzip", whole[: len(whole) // 2], 400, "not valid gzip"),
             ("gzip", gzip.compress(b"{") + gzip.compress(b"}"), 200, None),  # two members, as gzip allows
+            # Thousands of empty members held the event loop for seconds: a handful are allowed.
+            ("gzip", gzip.compress(b"") * 4_000, 400, f"more than {MAX_GZIP_MEMBERS} members"),
             ("deflate", zlib.compress(b" " * 100_000), 200, None),
         ]
         async with httpx.AsyncClient(base_url=server.url) as http:
@@ -240,6 +254,47 @@ async def test_a_compressed_body_is_held_to_the_size_limit_once_decompressed(tmp
                     assert message in answer.json()["error"]["message"]
     finally:
         await server.stop()
+
+
+def test_decompressing_reads_every_member_across_feeds() -> None:
+    # Members of 0 B to 300 KB: boundaries fall inside and at the edges of the decoder's feeds.
+    texts = [bytes(range(256)) * (n // 256) + b"x" * (n % 256) for n in (0, 1, 70_000, 300_000, 65_536, 5)]
+    body = b"".join(gzip.compress(text) for text in texts)
+    assert decompress(body, "gzip", 10**7) == b"".join(texts) == gzip.decompress(body)
+    assert decompress(zlib.compress(texts[3]), "deflate", 10**7) == texts[3]
+    assert decompress(b"", "gzip", 10) == b""
+
+
+def test_decompressing_is_bounded_by_size_time_and_members() -> None:
+    body = gzip.compress(b"a" * 1000) * 3
+    assert decompress(body, "gzip", 3000, max_members=3) == b"a" * 3000
+    with pytest.raises(PayloadTooLargeError, match="over the limit of 2999 bytes"):
+        decompress(body, "gzip", 2999)
+    with pytest.raises(InvalidInputError, match="more than 2 members"):
+        decompress(body, "gzip", 3000, max_members=2)
+    with pytest.raises(PayloadTooLargeError, match="took over 0 s to decompress"):
+        decompress(body, "gzip", 3000, seconds=0)
+
+
+async def test_sequence_ids_in_attributes_are_whole_numbers_up_to_2_to_the_53(tmp_path: Path) -> None:
+    async with start_store_server(tmp_path / "store.db") as store:
+        attempted = await store.start_rollout(input={"q": 1})
+        ids = {"agl.rollout_id": attempted.rollout_id, "agl.attempt_id": attempted.attempt.attempt_id}
+        async with httpx.AsyncClient(base_url=store.url) as http:
+
+            async def export(sequence_id: Any, span_number: int = 1) -> httpx.Response:
+                body = export_request(ids, [proto_span(span_number, **{"agl.sequence_id": sequence_id})])
+                headers = {"content-type": "application/x-protobuf"}
+                return await http.post("/v1/traces", content=body.SerializeToString(), headers=headers)
+
+            for bad in (float(2**63), 2.0**64, float("inf"), float("nan"), 3.5, 2**63 - 1, MAX_INTEGER + 1):
+                answer = await export(bad)
+                assert answer.status_code == 400, (bad, answer.text)
+                assert "sequence id attribute" in answer.json()["error"]["message"]
+            assert (await export(7.0)).status_code == 200  # a whole double, as JavaScript exporters send
+            assert (await export(str(MAX_INTEGER), span_number=2)).status_code == 200
+        spans = await store.query_spans(attempted.rollout_id)
+        assert [span.sequence_id for span in spans] == [7, MAX_INTEGER]
 
 
 async def test_the_opentelemetry_sdk_exporter_writes_into_the_store(tmp_path: Path) -> None:

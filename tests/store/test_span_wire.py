@@ -14,7 +14,16 @@ import orjson
 
 from agl_store.client import LightningStoreClient
 from agl_store.models import Span
-from agl_store.span_wire import ENCODING_HEADER, PACKED, frame, packed_batch, page_json, read_frame, spans_from_page
+from agl_store.span_wire import (
+    ENCODING_HEADER,
+    PACKED,
+    PACKED_MEDIA_TYPE,
+    frame,
+    packed_batch,
+    page_json,
+    read_frame,
+    spans_from_page,
+)
 from agl_store.sqlite import SQLiteStore
 
 from .http_server import start_store_server
@@ -117,7 +126,7 @@ async def test_a_packed_blob_that_does_not_fit_its_span_is_refused(tmp_path: Pat
             "not an index": b"{}\n" + data,
         }
         url = "/v1/agl/spans/batch/packed"
-        async with httpx.AsyncClient(base_url=client.url) as http:
+        async with httpx.AsyncClient(base_url=client.url, headers={"content-type": PACKED_MEDIA_TYPE}) as http:
             for problem, blob in wrong.items():
                 answer = await http.post(url, content=frame({"spans": head["spans"]}, [blob]))
                 assert answer.status_code == 400, problem
@@ -144,7 +153,10 @@ async def test_the_client_falls_back_to_plain_writes_on_a_server_without_packed_
                     return
             async with httpx.AsyncClient(base_url=real.url) as http:
                 request = await receive()
-                answer = await http.request(scope["method"], scope["path"], content=request.get("body", b""))
+                headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k == b"content-type"]
+                answer = await http.request(
+                    scope["method"], scope["path"], content=request.get("body", b""), headers=headers
+                )
             await send({"type": "http.response.start", "status": answer.status_code, "headers": []})
             await send({"type": "http.response.body", "body": answer.content})
 

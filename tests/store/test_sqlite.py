@@ -14,7 +14,8 @@ from typing import List
 
 import pytest
 
-from agl_store import LLM, InvalidInputError, RolloutConfig, Span, StoreClosedError
+from agl_store import LLM, ConflictError, InvalidInputError, RolloutConfig, Span, StoreClosedError
+from agl_store import sqlite_ops as ops
 from agl_store.sqlite import SQLiteStore
 from agl_store.sqlite_schema import MIGRATIONS, apply_migrations
 from agl_store.urls import open_store
@@ -115,6 +116,7 @@ async def test_lifecycle_errors_and_urls(tmp_path: Path) -> None:
 WORKER_SCRIPT = """
 import asyncio, json, sys
 from agl_store import Span
+from agl_store import sqlite_ops as ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path, rollout_id, attempt_id, rounds):
@@ -173,6 +175,7 @@ async def test_two_processes_share_sequence_ids_and_the_queue(tmp_path: Path) ->
 
 OPENER_SCRIPT = """
 import asyncio, sys
+from agl_store import sqlite_ops as ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path):
@@ -203,6 +206,7 @@ async def test_processes_opening_a_new_file_at_once_migrate_it_once(tmp_path: Pa
 
 KILLED_WRITER_SCRIPT = """
 import asyncio, sys
+from agl_store import sqlite_ops as ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path):
@@ -329,3 +333,203 @@ async def test_writes_accepted_before_close_are_committed(tmp_path: Path) -> Non
     assert all(isinstance(span, Span) for span in await asyncio.gather(*pending))
     async with SQLiteStore(path) as reopened:
         assert len(await reopened.query_spans(rollout.rollout_id)) == 20
+
+
+# --- retention: bounded chunks, disk and WAL given back, reads and writes not held up ------------
+
+
+async def finished_rollout_with_spans(store: SQLiteStore, count: int, text_bytes: int = 100) -> str:
+    rollout = await store.start_rollout(input="old")
+    await store.add_many_spans(
+        [
+            Span(
+                rollout_id=rollout.rollout_id,
+                attempt_id=rollout.attempt.attempt_id,
+                name="c",
+                attributes={"t": "x" * text_bytes},
+            )
+            for _ in range(count)
+        ]
+    )
+    await store.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+    return rollout.rollout_id
+
+
+async def test_expiring_everything_truncates_the_wal_and_statistics_report_real_sizes(tmp_path: Path) -> None:
+    path = tmp_path / "retention.db"
+    wal = Path(str(path) + "-wal")
+    async with SQLiteStore(path, retention_chunk_spans=50) as store:
+        for _ in range(3):
+            await finished_rollout_with_spans(store, 100, text_bytes=8000)
+        assert wal.stat().st_size > 1_000_000
+
+        assert await store.expire_rollouts(older_than_seconds=0) == 3
+
+        stats = await store.statistics()
+        assert stats.total_spans == stats.total_rollouts == 0
+        assert wal.stat().st_size == 0
+        assert stats.wal_bytes == 0 and stats.unused_bytes == 0
+        assert stats.database_bytes == path.stat().st_size < 1_000_000
+
+
+async def test_expire_with_nothing_to_expire_reads_the_end_time_index(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "plan.db"):
+        pass
+    conn = sqlite3.connect(tmp_path / "plan.db")
+    try:
+        plan = " / ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + ops.EXPIRED_ROLLOUTS_SQL, (1.0, 10)))
+    finally:
+        conn.close()
+    assert plan == "SEARCH rollouts USING INDEX rollouts_end_time (end_time<?)"
+
+
+async def test_reads_do_not_wait_for_a_write_in_progress(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    async with SQLiteStore(path, busy_timeout=10) as store:
+        rollout_id = await finished_rollout_with_spans(store, 5)
+        other_process = sqlite3.connect(path, isolation_level=None)
+        try:
+            other_process.execute("BEGIN IMMEDIATE")  # another process writing: the store's writer waits
+            expiring = asyncio.create_task(store.expire_rollouts(older_than_seconds=0))
+            for _ in range(10):  # let the expire reach the writer's thread
+                await asyncio.sleep(0)
+
+            spans = await store.query_spans(rollout_id)
+            stats = await store.statistics()
+
+            assert not expiring.done()  # the reads were served while the expire waited
+            assert len(spans) == 5 and stats.total_rollouts == 1
+        finally:
+            other_process.execute("ROLLBACK")
+            other_process.close()
+        assert await expiring == 1
+
+
+async def test_other_writes_run_between_retention_chunks(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "chunks.db", retention_chunk_spans=3) as store:
+        old = [await finished_rollout_with_spans(store, 4) for _ in range(5)]
+        live = await store.start_rollout(input="live")
+
+        expiring = asyncio.create_task(store.expire_rollouts(older_than_seconds=0))
+        await asyncio.sleep(0)  # the expire's first chunk is queued
+        added = await store.add_span(Span(rollout_id=live.rollout_id, attempt_id=live.attempt.attempt_id, name="s"))
+
+        # The span was committed with the first chunk: the old rollouts were still there.
+        assert added is not None
+        assert len(await store.query_rollouts(rollout_id_in=old)) == 5
+        assert await expiring == 5
+        assert await store.query_rollouts(rollout_id_in=old) == []
+        assert (await store.statistics()).total_spans == 1
+
+
+async def test_a_deletion_interrupted_between_chunks_is_finished_by_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "resume.db"
+    async with SQLiteStore(path) as store:
+        rollout_id = await finished_rollout_with_spans(store, 7)
+
+        # The first chunk of a deletion, then the process dies.
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            with ops.atomic(conn):
+                assert ops.delete_finished(ops.Txn(conn), [rollout_id], 3) == (0, 0)
+        finally:
+            conn.close()
+
+        left = await store.query_spans(rollout_id)
+        assert len(left) == 4 and (await store.get_rollout_by_id(rollout_id)).status == "succeeded"
+        assert await store.expire_rollouts(older_than_seconds=0) == 1
+        assert await store.query_spans(rollout_id) == [] and await store.get_rollout_by_id(rollout_id) is None
+
+
+# --- counts kept by the writes ------------------------------------------------------------------
+
+
+COUNTED = ("spans", "attempts", "resources", "workers")
+
+
+def counted_and_real(path: Path) -> tuple[dict, dict]:
+    """The row counts the triggers kept, and the real ones (both without zeros)."""
+    conn = sqlite3.connect(path)
+    try:
+        counted = dict(conn.execute("SELECT name, value FROM row_counts WHERE value != 0"))
+        real = {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in COUNTED}
+        by_status = conn.execute("SELECT status, count(*) FROM rollouts GROUP BY status")
+        real.update((f"rollouts:{status}", n) for status, n in by_status)
+        return counted, {name: n for name, n in real.items() if n}
+    finally:
+        conn.close()
+
+
+async def test_row_counts_follow_every_kind_of_write(tmp_path: Path) -> None:
+    path = tmp_path / "counts.db"
+    async with SQLiteStore(path) as store:
+        await store.enqueue_many_rollouts([{"input": i} for i in range(4)])
+        claimed = await store.dequeue_many_rollouts(limit=3, worker_id="w")
+        first = claimed[0]
+        span = Span(rollout_id=first.rollout_id, attempt_id=first.attempt.attempt_id, name="s", span_id="same")
+        await store.add_many_spans([span, span])  # a duplicate is not stored, nor counted
+        await asyncio.gather(  # one transaction, one write failing in its savepoint
+            store.add_span(Span(rollout_id=first.rollout_id, attempt_id=first.attempt.attempt_id, name="t")),
+            store.add_span(Span(rollout_id="ro-missing", attempt_id="at-x", name="t")),
+            return_exceptions=True,
+        )
+        await store.update_attempt(first.rollout_id, "latest", status="succeeded")
+        await store.update_attempt(claimed[1].rollout_id, "latest", status="failed")
+        await store.update_rollout(claimed[2].rollout_id, status="cancelled")
+        await store.add_resources({"llm": LLM(endpoint="http://x/v1", model="m")})
+        await store.update_worker("w2")
+        await store.delete_rollouts([claimed[1].rollout_id])
+
+        counted, real = counted_and_real(path)
+        assert counted == real
+        stats = await store.statistics()
+        assert stats.rollouts_by_status == {"succeeded": 1, "cancelled": 1, "queuing": 1}
+        assert (stats.total_spans, stats.total_attempts, stats.total_workers) == (2, 2, 2)
+
+
+async def test_a_database_from_before_row_counts_is_counted_when_opened(tmp_path: Path) -> None:
+    path = tmp_path / "older.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        apply_migrations(conn, MIGRATIONS[:2])
+        for i, status in enumerate(["queuing", "succeeded", "succeeded"]):
+            conn.execute(
+                "INSERT INTO rollouts (rollout_id, input, start_time, status, config) VALUES (?, '1', 0, ?, '{}')",
+                (f"ro-{i}", status),
+            )
+        conn.execute(
+            "INSERT INTO spans (rollout_id, attempt_id, sequence_id, trace_id, span_id, name, status_code, "
+            "attributes, rest) VALUES ('ro-1', 'at-1', 1, 't', 's', 'n', 'OK', '{}', '{}')"
+        )
+    finally:
+        conn.close()
+
+    async with SQLiteStore(path) as store:
+        stats = await store.statistics()
+        assert stats.rollouts_by_status == {"queuing": 1, "succeeded": 2} and stats.total_spans == 1
+        await store.enqueue_rollout(input=2)
+        assert (await store.statistics()).rollouts_by_status["queuing"] == 2
+    assert counted_and_real(path)[0] == counted_and_real(path)[1]
+
+
+async def test_a_counter_left_at_the_int64_top_issues_no_float_ids(tmp_path: Path) -> None:
+    # Before ids were bounded, a span could bring 2^63 - 1 and the next id overflowed to a float.
+    path = tmp_path / "store.db"
+    async with SQLiteStore(path) as store:
+        rollout = await store.start_rollout(input=None)
+        span = Span(rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, name="s")
+        await store.add_span(span)
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE span_counters SET value = ?", (2**63 - 1,))
+        with pytest.raises(ConflictError, match="no sequence ids left"):
+            await store.add_span(span.model_copy(update={"span_id": "b" * 16}))
+        assert [s.sequence_id for s in await store.query_spans(rollout.rollout_id)] == [1]
+
+
+async def test_numbers_past_the_largest_double_are_invalid_input() -> None:
+    async with SQLiteStore() as store:
+        rollout = await store.start_rollout(input=None)
+        with pytest.raises(InvalidInputError, match="start_time_after is out of range"):
+            await store.query_rollouts(start_time_after=10**400)
+        with pytest.raises(InvalidInputError, match="last_heartbeat_time is out of range"):
+            await store.update_attempt(rollout.rollout_id, "latest", last_heartbeat_time=10**400)

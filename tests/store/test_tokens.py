@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agl_store.bounds import MAX_JSON_DEPTH
+from agl_store.errors import InvalidInputError
 from agl_store.tokens import MIN_PACKED_LENGTH, pack_attributes, unpack_attributes
 
 
@@ -23,7 +25,8 @@ def int_bytes(blob: bytes | None) -> int:
 
 
 def test_an_llm_call_span_round_trips_with_token_ids_in_the_blob() -> None:
-    prompt = [random.Random(0).randrange(151_000) for _ in range(2000)]
+    rng = random.Random(0)
+    prompt = [rng.randrange(151_000) for _ in range(2000)]
     attributes = {
         "agl.request": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "return_token_ids": True},
         "agl.response": {"choices": [{"index": 0, "token_ids": list(range(64)), "message": {"content": "ok"}}]},
@@ -42,7 +45,8 @@ def test_binary_ids_are_much_smaller_than_json() -> None:
     # Ids of a 151k vocabulary as the proxy records them: JSON spends ~6.9 bytes per id
     # ("123456," plus spaces in some writers), the blob 4, so packed/JSON is about 0.58
     # here (1 / 1.7); with Python's `json.dumps` spacing it is 1 / 2.0.
-    ids = [random.Random(1).randrange(100_000, 151_000) for _ in range(4096)]
+    rng = random.Random(1)
+    ids = [rng.randrange(100_000, 151_000) for _ in range(4096)]
     as_json = len(orjson.dumps({"ids": ids}))
 
     skeleton, blob = pack_attributes({"ids": ids})
@@ -143,3 +147,18 @@ json_values = st.recursive(
 @given(st.dictionaries(st.text(max_size=10), json_values, max_size=6))
 def test_any_json_attributes_round_trip(attributes: dict) -> None:
     assert round_trip(attributes) == attributes
+
+
+def test_attributes_nested_past_the_depth_limit_are_refused_on_the_packing_walk() -> None:
+    def nested(depth: int, leaf: object) -> dict:
+        value = leaf
+        for level in range(depth - 1):
+            value = [value] if level % 2 else {"k": value}
+        return {"top": value}
+
+    ids = list(range(10))
+    at_limit = nested(MAX_JSON_DEPTH - 1, ids)  # the id list is the deepest, 128th level
+    assert round_trip(at_limit) == at_limit
+    for too_deep in (nested(MAX_JSON_DEPTH, ids), nested(MAX_JSON_DEPTH, []), nested(5_000, 1)):
+        with pytest.raises(InvalidInputError, match=f"attributes nests deeper than {MAX_JSON_DEPTH} levels"):
+            pack_attributes(too_deep)

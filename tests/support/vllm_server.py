@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,8 +93,11 @@ def running_vllm_server(
     served_model_name: str = SERVED_MODEL_NAME,
     start_timeout_s: float = START_TIMEOUT_S,
     extra_args: tuple[str, ...] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[VLLMServer]:
     """Start vLLM on ``model_path``, wait until it serves ``/v1/models``, yield it, then stop it.
+
+    ``extra_env`` adds environment variables (e.g. ``VLLM_SERVER_DEV_MODE=1`` for the weight-reload endpoints).
 
     Raises VLLMServerError (with the log tail) if the server dies or is not ready within ``start_timeout_s``.
     """
@@ -108,7 +111,7 @@ def running_vllm_server(
         *VLLM_FLAGS,
         *extra_args,
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **(extra_env or {})}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         # A new session makes the server and the engine processes it forks one process group to stop.

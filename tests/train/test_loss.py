@@ -131,3 +131,14 @@ def test_the_vectorised_dual_clip_matches_a_plain_loop() -> None:
 
     losses, _, _ = clipped_policy_losses(old, new, advantages, low, high, c)
     torch.testing.assert_close(losses, expected)
+
+
+def test_the_loss_backpropagates_and_its_metrics_are_plain_numbers() -> None:
+    # As in training: log_prob comes out of the model and requires grad (pytest turns warnings into errors).
+    log_prob = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss, metrics = per_rollout_mean_loss(
+        torch.tensor([[-1.5, -2.0]]), log_prob, torch.tensor([[0.5, 0.5]]), torch.tensor([[1.0, 1.0]]),
+        clip_ratio_low=0.2, clip_ratio_high=0.2,
+    )  # fmt: skip
+    loss.backward()
+    assert log_prob.grad is not None and all(isinstance(value, float) for value in metrics.values())

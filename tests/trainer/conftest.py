@@ -3,11 +3,14 @@ the store's routes on the same port, and the proxy published as the rollouts' LL
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 import pytest
+
+from tests.support.vllm_server import VLLMServer, running_vllm_server
 
 REPO_ROOT = Path(__file__).parents[2]
 
@@ -41,3 +44,15 @@ async def stack(vllm_server, tmp_path: Path) -> AsyncIterator[Stack]:
     finally:
         await proxy.stop()
         await store.close()
+
+
+@pytest.fixture(scope="session")
+def dev_vllm_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A tiny vLLM of its own for the training tests (one per session): training changes the
+    weights it serves, so it runs on a copy of the tiny model, in dev mode
+    (`VLLM_SERVER_DEV_MODE=1`) for the in-place weight reload."""
+    root = tmp_path_factory.mktemp("dev-vllm")
+    model = root / "model"
+    shutil.copytree(tiny_model_path, model)
+    with running_vllm_server(model, log_path=root / "vllm.log", extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
+        yield server

@@ -59,6 +59,8 @@ def test_overrides_reach_the_runner_settings() -> None:
             "agentlightning.local.agent_class=examples.calc_agent.agent:CalcAgent",
             "+agentlightning.local.env_map.QUESTION=input.question",
             "+agentlightning.local.use_ray=true",
+            "agentlightning.agl_key=admin-key",
+            "+agentlightning.agl_agent_key=agent-key",
             "agentlightning.async_rollout.enabled=true",
             "agentlightning.async_rollout.async_train_batch_size=12",
             "data.train_batch_size=8",
@@ -67,6 +69,7 @@ def test_overrides_reach_the_runner_settings() -> None:
     settings = RunnerSettings.from_config(config)
     assert settings.env_map == {"QUESTION": "input.question"} and settings.local_use_ray
     assert settings.groups_in_flight == 12
+    assert (settings.agl_key, settings.agent_key) == ("admin-key", "agent-key")
 
 
 @pytest.mark.parametrize(

@@ -56,3 +56,25 @@ async def test_the_client_is_lazy_and_errors_name_the_route(proxy) -> None:
     with pytest.raises(GatewayError, match="failed"):
         await unreachable.resume()
     await unreachable.aclose()
+
+
+async def test_the_trainer_steers_with_the_admin_key_and_agents_get_their_own() -> None:
+    from agl_train.runner.settings import RunnerSettings
+
+    proxy = LLMProxy(model_list=[], port=0, key="agent-key", admin_key="admin-key")
+    await proxy.start()
+    settings = RunnerSettings(agl_base_url=proxy.url, agl_key="admin-key", agl_agent_key="agent-key")
+    trainer_side = GatewayClient(settings.agl_base_url, settings.agl_key)
+    agent_side = GatewayClient(settings.agl_base_url, settings.agent_key)
+    try:
+        assert (await trainer_side.pause("weight update", drain=True, timeout_s=5))["paused"]
+        assert (await trainer_side.resume())["paused"] is False
+        with pytest.raises(GatewayError, match="/proxy/model_list answered 401"):
+            await agent_side.update_model_list(vllm_model_list(["127.0.0.1:9"], "evil"))
+        assert proxy.gateway.registry.model_names == []
+    finally:
+        await trainer_side.aclose()
+        await agent_side.aclose()
+        await proxy.stop()
+    # A proxy with one key: agents get that key, as before.
+    assert RunnerSettings(agl_key="k").agent_key == "k"

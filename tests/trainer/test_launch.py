@@ -27,3 +27,13 @@ def test_rewards_are_numbers_dicts_or_none() -> None:
 
 def test_a_coroutine_run_is_awaited() -> None:
     assert run_agent("tests.trainer.agents:AsyncAgent") == {"reward": 0.25}
+
+
+def test_the_rollout_launcher_does_not_import_the_store() -> None:
+    # One process starts per rollout: the launcher must not pay for the store's client and models.
+    import subprocess
+    import sys
+
+    probe = "import sys, agl_train.runner.launch; print(sorted(m for m in sys.modules if m.startswith('agl_store')))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

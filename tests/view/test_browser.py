@@ -4,6 +4,7 @@ refresh, the token view's colours, the bearer key, and agent output that must no
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, List
@@ -20,7 +21,9 @@ from .rollouts import INJECTION, known_calls, known_limits, write_known_rollout,
 
 pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))
 
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "token-view.png"
+# The README's screenshot is rewritten only when asked (AGL_UPDATE_DOCS_IMAGES=1), so a test run leaves the tree clean.
+README_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "token-view.png"
+UPDATE_DOCS_IMAGES = os.environ.get("AGL_UPDATE_DOCS_IMAGES") == "1"
 CALLS = [{"prompt": [1, 2, 3], "response": [4, 5]}, {"prompt": [1, 2, 3, 4, 5, 6], "response": [7, 8, 9]}]
 ROLE_COLOURS = {  # app.css: --prompt, --generated, --inserted, --truncated, --dropped
     "prompt": "rgb(219, 228, 240)",
@@ -160,7 +163,9 @@ async def test_a_running_rollouts_spans_appear_as_they_are_recorded(store, store
     await expect(spans.nth(2)).to_contain_text("agl.reward = 0.5")
 
 
-async def test_the_token_view_colours_a_known_rollout(store, page, monkeypatch, tiny_model_path, encode) -> None:
+async def test_the_token_view_colours_a_known_rollout(
+    store, page, monkeypatch, tiny_model_path, encode, tmp_path
+) -> None:
     monkeypatch.setenv("AGL_VIEW_TOKENIZER", str(tiny_model_path))
     known = await write_known_rollout(store, encode)
     limits = known_limits(known_calls(encode))
@@ -192,8 +197,9 @@ async def test_the_token_view_colours_a_known_rollout(store, page, monkeypatch, 
         await expect(rows.nth(1)).to_contain_text("dropped: prompt")
         await expect(first_row).to_contain_text("truncated to")
         await expect(page.locator("[data-testid=reward]")).to_have_text("0.75")
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=str(SCREENSHOT), full_page=True)
+        screenshot = README_SCREENSHOT if UPDATE_DOCS_IMAGES else tmp_path / "token-view.png"
+        await page.screenshot(path=str(screenshot), full_page=True)
+        assert screenshot.stat().st_size > 0
 
 
 async def test_agent_output_is_shown_as_text_and_never_runs(store, page, monkeypatch, tiny_model_path, encode) -> None:

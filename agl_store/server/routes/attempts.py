@@ -43,7 +43,7 @@ async def update_attempt(request: Request) -> Any:
         status=set_or_unset(body, "status", nullable=False),
         worker_id=set_or_unset(body, "worker_id", nullable=False),
         last_heartbeat_time=set_or_unset(body, "last_heartbeat_time", nullable=False),
-        metadata=set_or_unset(body, "metadata"),
+        metadata=set_or_unset(body, "metadata", nullable=False),
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any, List
 from starlette.requests import Request
 from starlette.routing import Route
 
+from ...bounds import check_integer
 from ..schemas import DequeueManyBody, EnqueueManyBody, WaitBody
 from ..wire import endpoint, store_of, validate_model
 
@@ -32,7 +33,7 @@ async def enqueue_rollouts(request: Request) -> Any:
 async def dequeue_rollouts(request: Request) -> Any:
     body = validate_model(DequeueManyBody, await request.body(), allow_empty=True)
     store = store_of(request)
-    if body.limit <= 0:
+    if check_integer(body.limit, "limit") <= 0:
         return []
     if body.limit == 1:
         one = await store.dequeue_rollout(worker_id=body.worker_id)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ...errors import InvalidInputError
-from ...models import Span
+from ...models import LATEST_ATTEMPT, Span
 from ...span_wire import ENCODING_HEADER, PACKED, SPAN_LIST, page_json, read_frame
 from ...tokens import check_packed_batch, fill_packed
 from ..metrics import metrics_of
@@ -30,7 +30,8 @@ async def add_many_spans(request: Request) -> Any:
 
     The reply, `{"stored": [{"index", "sequence_id"}, ...]}`, names each stored span by its
     position in the request (duplicates are left out): the caller has the spans already, and
-    echoing LLM-call spans back would double the bytes on the wire.
+    echoing LLM-call spans back would double the bytes on the wire. A span sent with attempt
+    id "latest" also gets the `attempt_id` it was stored under.
     """
     spans = validate_json(SPAN_LIST, await request.body())
     stored = await store_of(request).add_many_spans(spans) if spans else []
@@ -60,14 +61,27 @@ async def add_packed_spans(request: Request) -> Any:
 
 
 def stored_positions(sent: Sequence[Span], stored: Sequence[Span]) -> List[Dict[str, Any]]:
-    """Where each stored span was in the request (a span is its rollout, attempt and span id)."""
-    first: Dict[Tuple[str, str, str], int] = {}
-    for index, span in enumerate(sent):
-        first.setdefault((span.rollout_id, span.attempt_id, span.span_id), index)
-    return [
-        {"index": first[(span.rollout_id, span.attempt_id, span.span_id)], "sequence_id": span.sequence_id}
-        for span in stored
-    ]
+    """Where each stored span was in the request: the store keeps the request's order and
+    leaves duplicates out, so each stored span is the next sent one with its identity."""
+    positions: List[Dict[str, Any]] = []
+    index = 0
+    for span in stored:
+        while not _same_span(sent[index], span):
+            index += 1
+        position: Dict[str, Any] = {"index": index, "sequence_id": span.sequence_id}
+        if sent[index].attempt_id != span.attempt_id:  # sent as "latest"
+            position["attempt_id"] = span.attempt_id
+        positions.append(position)
+        index += 1
+    return positions
+
+
+def _same_span(sent: Span, stored: Span) -> bool:
+    return (
+        sent.span_id == stored.span_id
+        and sent.rollout_id == stored.rollout_id
+        and sent.attempt_id in (stored.attempt_id, LATEST_ATTEMPT)
+    )
 
 
 async def _query(request: Request, query: SpanQuery) -> Any:
