@@ -1,6 +1,7 @@
 """The endpoint of `/v1/chat/completions` and `/v1/completions`, as a pure ASGI app.
 
-Per call: refuse while paused, read the body, attribute it to a rollout (path or
+Per call: wait while the span backlog is full (refuse if it stays full), refuse while
+paused, read the body, attribute it to a rollout (path or
 headers), resolve the model, ask the store for the call's sequence number in the
 background, pick a replica (retrying on another when one fails before answering),
 relay the answer, and hand the call's record to the span exporter.
@@ -17,7 +18,15 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from .deployments import Deployment
-from .errors import BadRequestError, NoBackendError, NotFoundError, PausedError, ProxyError, send_error
+from .errors import (
+    BadRequestError,
+    NoBackendError,
+    NotFoundError,
+    PausedError,
+    ProxyError,
+    SpanBacklogError,
+    send_error,
+)
 from .forwarding import RetryableBackendError, forward
 from .gateway import Gateway
 from .litellm_path import complete_with_litellm
@@ -93,7 +102,13 @@ class LLMCallEndpoint:
         self.operation = operation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gate = self.gateway.gate
+        gw = self.gateway
+        # Backpressure: a call is admitted only while the store keeps up with the spans of
+        # earlier ones, so no answered call's span ever has to be given up.
+        if not await gw.exporter.wait_for_room(gw.backpressure_wait_s):
+            await send_error(send, SpanBacklogError.for_backlog(gw.exporter.buffered, gw.backpressure_wait_s))
+            return
+        gate = gw.gate
         try:
             gate.enter()
         except PausedError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import sys
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any, Dict, List, Optional
 from agl_store.cli import KeyOption
 
 from .deployments import ModelRegistry
+from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 from .proxy import DEFAULT_PORT, LLMProxy
 
 CLIENT_KEY = KeyOption("--key", "AGL_KEY", "bearer key of the LLM routes: what agents call with")
@@ -46,7 +48,34 @@ def add_proxy_commands(subparsers: Any) -> None:
         option.add_to(serve)
     serve.add_argument("--advertise-url", help="the root URL agents reach this proxy at (default http://HOST:PORT)")
     serve.add_argument("--logprobs", action="store_true", help="ask backends for the sampled tokens' logprobs")
+    serve.add_argument(
+        "--span-buffer",
+        type=_positive_int,
+        default=DEFAULT_MAX_BUFFER,
+        help=f"spans of answered calls that may wait for the store before new calls wait (default {DEFAULT_MAX_BUFFER})",
+    )
+    serve.add_argument(
+        "--backpressure-wait",
+        type=_seconds,
+        default=DEFAULT_BACKPRESSURE_WAIT_S,
+        metavar="SECONDS",
+        help=f"how long a new call waits for room in the span buffer before a 503 (default {DEFAULT_BACKPRESSURE_WAIT_S:g})",
+    )
     serve.set_defaults(run=_serve)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
 
 
 def model_list_from_args(args: argparse.Namespace) -> List[Dict[str, Any]]:
@@ -134,6 +163,8 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
         key=keys.client,
         admin_key=keys.admin,
         logprobs=args.logprobs,
+        max_span_buffer=args.span_buffer,
+        backpressure_wait_s=args.backpressure_wait,
         store_app=store_app,
         advertise_url=args.advertise_url,
     )

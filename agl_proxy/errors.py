@@ -76,6 +76,23 @@ class PausedError(ProxyError):
     code = "proxy_paused"
 
 
+class SpanBacklogError(ProxyError):
+    """New calls while the store has not caught up with the spans of earlier ones."""
+
+    status_code = 503
+    type = "api_error"
+    code = "span_backlog"
+    retry_after_s = 1
+
+    @classmethod
+    def for_backlog(cls, backlog: int, waited_s: float) -> "SpanBacklogError":
+        return cls(
+            f"the trace store is behind: {backlog} span(s) of earlier calls are not written yet after waiting "
+            f"{waited_s:g} s; retry after {cls.retry_after_s} s",
+            headers={"retry-after": str(cls.retry_after_s)},
+        )
+
+
 class BackendFailedError(ProxyError):
     """The backend refused the connection, failed, or answered something unreadable."""
 

@@ -1,14 +1,18 @@
-"""Asynchronous, batched span export with a bounded buffer and retries.
+"""Asynchronous, batched span export with a bounded backlog, backpressure and retries.
 
-The agent's call never waits for the store: a finished call is queued here and written
-later with `add_many_spans`. When the store is slow or down, spans wait in the buffer
-and the batch is retried with capped backoff; when the buffer is full the oldest span is
-dropped, counted and logged.
+The agent's call does not wait for its span: a finished call is queued here and written
+later with `add_many_spans`, in batches. When the store is slow or down, spans wait and
+the batch is retried with capped backoff. No span of an answered call is given up for
+lack of room: once `max_buffer` spans wait, new calls wait for room (`wait_for_room`) and
+are refused with a 503 if none comes, so the backlog, and with it what a SIGKILL can
+lose, stays about `max_buffer`. Only a span the store rejects (an attempt it does not
+know) is left out, counted as rejected.
 
 Sequence numbers must follow call order within a rollout, also across proxy processes,
-so each call asks the store for its number when the call starts (concurrently with the
-backend call, adding no latency); the span is written with it later. If that request
-fails (store down), the span is written without a number and the store issues one.
+so each call's number is reserved when the call starts (`sequences.SequenceReserver`,
+concurrently with the backend call, adding no latency); the span is written with it
+later. If that reservation fails (store down), the span is written without a number and
+the store issues one.
 """
 
 from __future__ import annotations
@@ -20,16 +24,18 @@ from collections import deque
 from typing import Deque, List, Optional, Tuple, Union
 
 from agl_store.base import LightningStore
-from agl_store.errors import StoreError
 from agl_store.models import Span
 
+from .sequences import SequenceReserver, is_rejection
 from .spans import CallRecord, build_llm_span
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BUFFER = 10_000
+DEFAULT_MAX_BUFFER = 1024
 DEFAULT_BATCH_SIZE = 256
 DEFAULT_FLUSH_INTERVAL_S = 0.02
+DEFAULT_STOP_STALL_S = 30.0
+DEFAULT_BACKPRESSURE_WAIT_S = 5.0
 RETRY_BASE_S = 0.2
 RETRY_MAX_S = 5.0
 # How long a batch waits for the sequence numbers of its calls before it lets the store
@@ -38,19 +44,15 @@ SEQUENCE_WAIT_S = 5.0
 
 # A call whose span is not built yet, or a span built for an earlier, failed write (kept
 # as is so that a retry keeps its span id and sequence number).
-_Item = Union[Tuple[CallRecord, Optional["asyncio.Task[int]"]], Span]
-
-
-def _is_rejection(exc: BaseException) -> bool:
-    """True for a store error that retrying cannot fix (bad span, unknown attempt)."""
-    return isinstance(exc, StoreError) and 400 <= exc.status_code < 500
+_Item = Union[Tuple[CallRecord, Optional["asyncio.Future[int]"]], Span]
 
 
 class SpanExporter:
     """Writes call spans to a `LightningStore` in the background.
 
-    `start()` inside a running loop, `submit()` from request handlers (never blocks),
-    `stop()` to flush what the store accepts within the timeout.
+    `start()` inside a running loop; from request handlers `wait_for_room()` before a call,
+    `reserve_sequence()` at its start and `submit()` at its end (neither blocks); `stop()`
+    to write what is left.
     """
 
     def __init__(
@@ -61,59 +63,84 @@ class SpanExporter:
         batch_size: int = DEFAULT_BATCH_SIZE,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
     ) -> None:
+        if max_buffer < 1:
+            raise ValueError(f"max_buffer must be >= 1, got {max_buffer}")
         self.store = store
         self.max_buffer = max_buffer
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.exported = 0
-        self.dropped = 0
+        self.rejected = 0
         self.failed_attempts = 0
+        self.waited_calls = 0
+        self.refused_calls = 0
         self._buffer: Deque[_Item] = deque()
+        self._writing = 0
+        self._sequences = SequenceReserver(store) if store is not None else None
         self._wakeup: Optional[asyncio.Event] = None
+        self._room: Optional[asyncio.Event] = None
         self._task: Optional["asyncio.Task[None]"] = None
         self._idle: Optional[asyncio.Event] = None
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        """Spans not written yet: waiting, or in the batch being written."""
+        return len(self._buffer) + self._writing
 
-    def reserve_sequence(self, rollout_id: str, attempt_id: str) -> Optional["asyncio.Task[int]"]:
+    def reserve_sequence(self, rollout_id: str, attempt_id: str) -> Optional["asyncio.Future[int]"]:
         """Ask the store for the call's sequence number now; None for calls without a rollout."""
-        if self.store is None or not rollout_id or not attempt_id:
+        if self._sequences is None or not rollout_id or not attempt_id:
             return None
-        return asyncio.ensure_future(self.store.get_next_span_sequence_id(rollout_id, attempt_id))
+        return self._sequences.reserve(rollout_id, attempt_id)
 
-    def submit(self, record: CallRecord, sequence: Optional["asyncio.Task[int]"] = None) -> None:
-        """Queue a finished call's span; drops the oldest one when the buffer is full."""
+    async def wait_for_room(self, timeout: float) -> bool:
+        """True at once while fewer than `max_buffer` spans wait; else waits up to `timeout`
+        seconds for the backlog to shrink, False if it did not (the caller refuses the call).
+
+        Calls already admitted always queue their span, so the backlog can pass `max_buffer`
+        by the calls in flight when it filled: the bound is soft, nothing is ever dropped.
+        """
+        if self._room is None or self._room.is_set():
+            return True
+        self.waited_calls += 1
+        try:
+            await asyncio.wait_for(self._room.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.refused_calls += 1
+            return False
+        return True
+
+    def submit(self, record: CallRecord, sequence: Optional["asyncio.Future[int]"] = None) -> None:
+        """Queue a finished call's span; never drops one, never blocks."""
         if self.store is None:
             if sequence is not None:
                 sequence.cancel()
             return
-        if len(self._buffer) >= self.max_buffer:
-            self._drop_item(self._buffer.popleft(), f"span buffer full ({self.max_buffer}); dropped the oldest span")
         self._buffer.append((record, sequence))
+        self._update_room()
         if self._wakeup is not None and self._idle is not None:
             # Not idle from now on, so that `flush()` waits for this span, not only for the batch in flight.
             self._idle.clear()
             self._wakeup.set()
 
-    def _drop_item(self, item: _Item, why: str) -> None:
-        if isinstance(item, tuple) and item[1] is not None:
-            item[1].cancel()
-        self._drop(1, why)
-
-    def _drop(self, count: int, why: str) -> None:
-        self.dropped += count
-        logger.warning("agl_proxy dropped %d span(s) (%d in total): %s", count, self.dropped, why)
+    def _update_room(self) -> None:
+        if self._room is None:
+            return
+        if self.buffered < self.max_buffer:
+            self._room.set()
+        else:
+            self._room.clear()
 
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._room = asyncio.Event()
+        self._update_room()
         self._task = asyncio.create_task(self._run(), name="agl-proxy-span-exporter")
 
     async def flush(self, timeout: Optional[float] = None) -> bool:
-        """Wait until the buffer is empty; False if `timeout` passed first."""
+        """Wait until every submitted span is written; False if `timeout` passed first."""
         if self._task is None or self._idle is None:
             return not self._buffer
         try:
@@ -122,19 +149,28 @@ class SpanExporter:
             return False
         return True
 
-    async def stop(self, timeout: float = 5.0) -> None:
-        """Flush for at most `timeout` seconds, then drop (and count) what is left."""
+    async def stop(self, stall_timeout: float = DEFAULT_STOP_STALL_S) -> None:
+        """Write every span left, for as long as the store keeps accepting them: give up
+        only after `stall_timeout` seconds in which it accepted none (store unreachable)."""
         if self._task is None:
             return
-        await self.flush(timeout)
+        written = self.exported
+        while not await self.flush(stall_timeout) and self.exported > written:
+            written = self.exported
         self._task.cancel()
         try:
             await self._task
         except asyncio.CancelledError:
             pass
         self._task = None
-        while self._buffer:
-            self._drop_item(self._buffer.popleft(), "the proxy stopped before the store accepted it")
+        if self._sequences is not None:
+            await self._sequences.close()
+        if self._buffer:
+            logger.error(
+                "agl_proxy stopped with %d span(s) unwritten: the store accepted none for %g s",
+                len(self._buffer),
+                stall_timeout,
+            )
 
     async def _run(self) -> None:
         assert self._wakeup is not None and self._idle is not None
@@ -148,7 +184,13 @@ class SpanExporter:
                 await asyncio.sleep(self.flush_interval_s)
             self._idle.clear()
             batch = [self._buffer.popleft() for _ in range(min(self.batch_size, len(self._buffer)))]
-            spans = await self._build(batch)
+            self._writing = len(batch)
+            try:
+                spans = await self._build(batch)
+            except asyncio.CancelledError:
+                self._writing = 0
+                self._buffer.extendleft(reversed(batch))
+                raise
             try:
                 await self._write(spans)
                 backoff = RETRY_BASE_S
@@ -161,16 +203,13 @@ class SpanExporter:
                 logger.warning(
                     "agl_proxy could not export %d span(s), retrying in %.1f s: %r", len(remaining), backoff, exc
                 )
-                self._requeue(remaining)
+                self._buffer.extendleft(reversed(remaining))
+                self._writing = 0  # back in the buffer, so `buffered` counts each span once while we wait
                 await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, RETRY_MAX_S)
-
-    def _requeue(self, spans: List[Span]) -> None:
-        room = self.max_buffer - len(self._buffer)
-        if room < len(spans):
-            self._drop(len(spans) - room, f"span buffer full ({self.max_buffer}) while the store is unavailable")
-            spans = spans[len(spans) - max(room, 0) :]
-        self._buffer.extendleft(reversed(spans))
+            finally:
+                self._writing = 0
+                self._update_room()
 
     async def _build(self, batch: List[_Item]) -> List[Span]:
         pending = [item[1] for item in batch if isinstance(item, tuple) and item[1] is not None and not item[1].done()]
@@ -198,7 +237,7 @@ class SpanExporter:
             self.exported += len(spans)
             return
         except Exception as exc:
-            if not _is_rejection(exc):
+            if not is_rejection(exc):
                 raise
         # One bad span (e.g. an attempt the store does not know) must not block the others.
         for index, span in enumerate(spans):
@@ -206,10 +245,11 @@ class SpanExporter:
                 await self.store.add_span(span)
                 self.exported += 1
             except Exception as exc:
-                if not _is_rejection(exc):
+                if not is_rejection(exc):
                     # Keep the rest for the retry loop; the ones already written are done.
                     raise _PartialWrite(spans[index:]) from exc
-                self._drop(1, f"the store rejected the span of rollout {span.rollout_id!r}: {exc}")
+                self.rejected += 1
+                logger.warning("agl_proxy: the store rejected the span of rollout %r: %s", span.rollout_id, exc)
 
 
 class _PartialWrite(Exception):

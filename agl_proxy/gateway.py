@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import httpx
@@ -16,7 +17,7 @@ from agl_store.base import LightningStore
 
 from .balancing import DEFAULT_COOLDOWN_S, Balancer
 from .deployments import ModelRegistry
-from .exporter import DEFAULT_MAX_BUFFER, SpanExporter
+from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER, SpanExporter
 from .forwarding import RequestOptions
 from .litellm_path import import_litellm
 from .metrics import ProxyMetrics
@@ -40,13 +41,17 @@ class Gateway:
         sampling_by_mode: Optional[Mapping[str, Mapping[str, Any]]] = None,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_span_buffer: int = DEFAULT_MAX_BUFFER,
+        backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S,
     ) -> None:
         self.registry = ModelRegistry(model_list)
         self.store = store
         self.sampling = SamplingPolicy(sampling_overrides, sampling_by_mode, store)
         self.options = RequestOptions(logprobs=logprobs, sampling_overrides=self.sampling.overrides)
         self.balancer = Balancer(cooldown_s=cooldown_s)
+        if not math.isfinite(backpressure_wait_s) or backpressure_wait_s < 0:
+            raise ValueError(f"backpressure_wait_s must be a finite number >= 0, got {backpressure_wait_s!r}")
         self.exporter = SpanExporter(store, max_buffer=max_span_buffer)
+        self.backpressure_wait_s = backpressure_wait_s
         self.metrics = ProxyMetrics()
         self.gate = PauseGate()
         self.client: Optional[httpx.AsyncClient] = None
@@ -64,7 +69,7 @@ class Gateway:
             return ""
         try:
             attempt = await self.store.get_latest_attempt(rollout_id)
-        except Exception as exc:  # noqa: BLE001 - the call goes on; its span will be dropped and counted
+        except Exception as exc:  # noqa: BLE001 - the call goes on; the store will reject its span (counted)
             logger.warning("agl_proxy: cannot find the latest attempt of rollout %r: %r", rollout_id, exc)
             return ""
         return attempt.attempt_id if attempt is not None else ""
@@ -94,10 +99,25 @@ class Gateway:
             "agl_proxy_in_flight": ("LLM calls in flight.", lambda: self.gate.in_flight),
             "agl_proxy_paused": ("1 while the proxy refuses new calls.", lambda: int(self.gate.paused)),
             "agl_proxy_spans_exported_total": ("Spans written to the store.", lambda: self.exporter.exported),
-            "agl_proxy_spans_buffered": ("Spans waiting to be written.", lambda: self.exporter.buffered),
-            "agl_proxy_spans_dropped_total": (
-                "Spans given up on (buffer full or rejected).",
-                lambda: self.exporter.dropped,
+            "agl_proxy_spans_buffered": (
+                "Spans of answered calls not written to the store yet.",
+                lambda: self.exporter.buffered,
+            ),
+            "agl_proxy_span_buffer_limit": (
+                "Spans buffered at which new calls wait (backpressure).",
+                lambda: self.exporter.max_buffer,
+            ),
+            "agl_proxy_backpressure_waits_total": (
+                "Calls that waited for the span backlog to shrink before starting.",
+                lambda: self.exporter.waited_calls,
+            ),
+            "agl_proxy_backpressure_refusals_total": (
+                "Calls refused with 503 because the span backlog stayed full.",
+                lambda: self.exporter.refused_calls,
+            ),
+            "agl_proxy_spans_rejected_total": (
+                "Spans the store refused (unknown rollout or attempt).",
+                lambda: self.exporter.rejected,
             ),
             "agl_proxy_span_export_failures_total": (
                 "Failed span export attempts (retried).",

@@ -14,7 +14,7 @@ from agl_store.models import ProxyLLM
 
 from .app import create_app
 from .balancing import DEFAULT_COOLDOWN_S
-from .exporter import DEFAULT_MAX_BUFFER
+from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 from .gateway import Gateway
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,9 @@ class LLMProxy:
     calls whose rollout has that mode (`{"train": {"temperature": 1.0}, "val": {"temperature": 0}}`).
     `logprobs=True` asks vLLM for the sampled tokens' logprobs. `port=0` picks a free port
     (read it back from `port` after `start()`). `store_app` is an ASGI app served on the
-    same port (the embedded store's REST routes).
+    same port (the embedded store's REST routes). Once `max_span_buffer` spans of answered
+    calls wait for the store, new calls wait up to `backpressure_wait_s` for room, then get
+    a 503 with `Retry-After` (docs/proxy.md, "Export").
 
     `key` is what agents call the LLM routes with (`as_resource()` hands it out); `admin_key`
     is required on the admin routes (`/proxy/*`, `/metrics`) and `store_app`'s routes. Without
@@ -61,6 +63,7 @@ class LLMProxy:
         sampling_by_mode: Optional[Mapping[str, Mapping[str, Any]]] = None,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_span_buffer: int = DEFAULT_MAX_BUFFER,
+        backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S,
         store_app: Any = None,
         advertise_url: Optional[str] = None,
     ) -> None:
@@ -77,6 +80,7 @@ class LLMProxy:
             sampling_by_mode=sampling_by_mode,
             cooldown_s=cooldown_s,
             max_span_buffer=max_span_buffer,
+            backpressure_wait_s=backpressure_wait_s,
         )
         self._store_app = store_app
         self.advertise_url = advertise_url.rstrip("/") if advertise_url else None

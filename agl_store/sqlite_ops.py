@@ -623,7 +623,26 @@ def _issue_sequence_ids(conn: sqlite3.Connection, wanted: List[Tuple[str, Option
     return issued
 
 
-_INSERT_SPAN = f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES ({', '.join('?' * len(SPAN_COLUMNS.split(',')))})"
+_SPAN_ROW_SQL = "(" + ", ".join("?" * len(SPAN_COLUMNS.split(","))) + ")"
+_INSERT_SPANS = f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES "
+ROWS_PER_INSERT = 256
+"""Span rows per INSERT statement (13 parameters each, well under SQLite's 32,766)."""
+
+
+def _insert_rows(conn: sqlite3.Connection, rows: List[tuple]) -> int:
+    """Insert span rows, many per statement; how many went in (duplicates are ignored).
+
+    One statement per chunk rather than `executemany` (a step per row): each step releases
+    the GIL and has to take it back, and while the event loop thread is busy (a loaded
+    proxy with an embedded store) each take-back can wait up to the interpreter's switch
+    interval (5 ms).
+    """
+    inserted = 0
+    for start in range(0, len(rows), ROWS_PER_INSERT):
+        chunk = rows[start : start + ROWS_PER_INSERT]
+        sql = _INSERT_SPANS + ", ".join([_SPAN_ROW_SQL] * len(chunk))
+        inserted += conn.execute(sql, [value for row in chunk for value in row]).rowcount
+    return inserted
 
 
 def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
@@ -636,7 +655,7 @@ def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
     rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued)]
 
     if len(rows) == 1:
-        keep = [conn.execute(_INSERT_SPAN, rows[0]).rowcount == 1]
+        keep = [_insert_rows(conn, rows) == 1]
     else:
         keep = _insert_many(conn, rows)
 
@@ -665,9 +684,9 @@ def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: List[EncodedSpan
 
 
 def _insert_many(conn: sqlite3.Connection, rows: List[tuple]) -> List[bool]:
-    """Insert span rows in one statement; which of them went in (duplicates are ignored)."""
+    """Insert span rows; which of them went in (duplicates are ignored)."""
     before = conn.execute("SELECT coalesce(max(pk), 0) FROM spans").fetchone()[0]
-    if conn.executemany(_INSERT_SPAN, rows).rowcount == len(rows):
+    if _insert_rows(conn, rows) == len(rows):
         return [True] * len(rows)
     # Some were duplicates: the rows that went in are exactly those past `before`, as we
     # hold the write lock.

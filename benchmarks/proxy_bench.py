@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/proxy_bench.py --quick         # fewer calls
     .venv/bin/python benchmarks/proxy_bench.py --vllm          # also against the tiny vLLM (starts it)
     .venv/bin/python benchmarks/proxy_bench.py --no-peers --json artifacts/proxy_bench.json
+    .venv/bin/python benchmarks/proxy_bench.py --no-scenarios --sustained-repeats 3   # the sustained line only
 
 Every target serves the same OpenAI chat call, streamed and not, at concurrency 1 and 32:
 
@@ -14,6 +15,13 @@ Every target serves the same OpenAI chat call, streamed and not, at concurrency 
   rollout, so its CPU includes the sequence number, the span build and the span export;
 - `al-0.3`: agent-lightning 0.3's `LLMProxy` (LiteLLM proxy + its in-memory store, asyncio mode);
 - `litellm`: LiteLLM's own proxy (`litellm --config`), no tracing.
+
+Then the sustained-load line (`_proxy_sustained.py`): 16 clients, one rollout each, call `agl` as
+fast as it answers for `--sustained-seconds` (60; 10 with `--quick`), and the backend directly for
+scale (`direct`: what the load generator and backend reach without a proxy); after a SIGTERM the
+spans in the proxy's database are counted against the acknowledged calls, so the line says how many
+calls/s were held and how many acknowledged calls have no span (must be 0). With
+`--sustained-repeats N` the pair runs N times and the verdict quotes medians.
 
 Peers run from the agent-lightning 0.3 venv (`.cache/peers/agentlightning-0.3`, see `_peers.py`)
 and are skipped with the reason when they cannot start. Each server runs in its own process; its
@@ -40,6 +48,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import httpx
 import psutil
 
+from _proxy_sustained import SustainedResult, as_dict, count_spans, describe, run_sustained, settle
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 PEER_PYTHON = REPO_ROOT / ".cache" / "peers" / "agentlightning-0.3" / "bin" / "python"
@@ -47,6 +57,7 @@ PEER_PYTHON = REPO_ROOT / ".cache" / "peers" / "agentlightning-0.3" / "bin" / "p
 PEER_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
 START_TIMEOUT_S = 120.0
 MODEL = "bench"
+SUSTAINED_CLIENTS = 16
 
 
 @dataclass
@@ -282,6 +293,31 @@ def litellm_target(backend_url: str, model: str, workdir: Path) -> Iterator[Targ
         yield Target("litellm", f"http://127.0.0.1:{port}/v1", [proc.pid], "LiteLLM proxy, no tracing")
 
 
+def sustained_agl(backend_url: str, workdir: Path, seconds: float) -> SustainedResult:
+    """`agl proxy serve` under sustained load, stopped with SIGTERM, its spans counted against the calls."""
+    port = free_port()
+    db = workdir / "sustained.db"
+    log = workdir / "agl-sustained.log"
+    agl = str(Path(sys.executable).parent / "agl")
+    cmd = [agl, "proxy", "serve", "--backend", backend_url, "--model", MODEL, "--db", str(db), "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with process(cmd, log) as proc:
+        wait_ready(url + "/health", proc, log)
+        rollouts = [asyncio.run(_agl_rollout(url)) for _ in range(SUSTAINED_CLIENTS)]
+        bases = [f"{url}/rollout/{rid}/attempt/{aid}/v1" for rid, aid in rollouts]
+        ids = [rid for rid, _ in rollouts]
+        result = await_(run_sustained("agl", bases, ids, url + "/metrics", seconds, MODEL))
+        proc.terminate()  # SIGTERM: the graceful stop must flush every span
+        proc.wait(120)
+    settle(result, await_(count_spans(str(db), ids)))
+    return result
+
+
+def sustained_direct(backend_url: str, workdir: Path, seconds: float) -> SustainedResult:
+    ids = [f"direct-{i}" for i in range(SUSTAINED_CLIENTS)]
+    return await_(run_sustained("direct", [backend_url] * SUSTAINED_CLIENTS, ids, None, seconds, MODEL))
+
+
 def bench_backend(
     args: argparse.Namespace,
     backend: str,
@@ -365,6 +401,23 @@ def verdict(results: List[Result], ready: Dict[str, float]) -> List[str]:
     return out
 
 
+def sustained_verdict(sustained: List[SustainedResult]) -> List[str]:
+    agl = [r for r in sustained if r.target == "agl"]
+    direct = [r for r in sustained if r.target == "direct"]
+    if not agl:
+        return []
+    rate = statistics.median(r.calls_per_s for r in agl)
+    lost = sum(r.lost or 0 for r in agl)
+    calls = sum(r.acknowledged for r in agl)
+    line = (
+        f"sustained: agl held {rate:.0f} calls/s (median of {len(agl)} runs of {agl[0].seconds:.0f} s) with "
+        f"{lost} of {calls} acknowledged calls without a span (aim ≥ 1,000 calls/s, 0 lost)"
+    )
+    if direct:
+        line += f"; {rate / statistics.median(r.calls_per_s for r in direct):.2f}× the backend called directly"
+    return [line]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
@@ -375,10 +428,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--vllm-calls", type=int, default=64)
     parser.add_argument("--no-peers", action="store_true", help="skip agent-lightning 0.3 and LiteLLM's proxy")
     parser.add_argument("--only", help="comma-separated targets: direct,bare,agl,al-0.3,litellm")
+    parser.add_argument(
+        "--sustained-seconds", type=float, default=60.0, help="sustained-load line: seconds per target (0 skips)"
+    )
+    parser.add_argument("--sustained-repeats", type=int, default=1, help="runs of the sustained-load line (medians)")
+    parser.add_argument("--no-scenarios", action="store_true", help="only the sustained-load line")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     if args.quick:
         args.calls, args.vllm_calls = 120, 16
+        args.sustained_seconds = min(args.sustained_seconds, 10.0)
     if not PEER_PYTHON.exists() and not args.no_peers:
         print(f"peers: no venv at {PEER_PYTHON} (benchmarks/store_bench.py creates it); running without them")
         args.no_peers = True
@@ -386,14 +445,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: List[Result] = []
     notes: List[str] = []
     ready: Dict[str, float] = {}
+    sustained: List[SustainedResult] = []
     with tempfile.TemporaryDirectory(prefix="agl-proxy-bench-") as tmp:
         workdir = Path(tmp)
         port = free_port()
         log = workdir / "fake.log"
         with process([sys.executable, str(BENCH_DIR / "_proxy_fake_backend.py"), str(port)], log) as fake:
             wait_ready(f"http://127.0.0.1:{port}/v1/models", fake, log)
-            print("against the fast fake backend:", flush=True)
-            bench_backend(args, "fake", f"http://127.0.0.1:{port}/v1", MODEL, workdir, results, notes, ready)
+            if not args.no_scenarios:
+                print("against the fast fake backend:", flush=True)
+                bench_backend(args, "fake", f"http://127.0.0.1:{port}/v1", MODEL, workdir, results, notes, ready)
+            if args.sustained_seconds > 0:
+                print(f"sustained load, {SUSTAINED_CLIENTS} clients, {args.sustained_seconds:g} s per target:", flush=True)
+                for _ in range(args.sustained_repeats):
+                    for name, run in (("agl", sustained_agl), ("direct", sustained_direct)):
+                        if args.only and name not in args.only.split(","):
+                            continue
+                        sustained.append(run(f"http://127.0.0.1:{port}/v1", workdir, args.sustained_seconds))
+                        print("  " + describe(sustained[-1]), flush=True)
         if args.vllm:
             sys.path.insert(0, str(REPO_ROOT))
             from tests.support.vllm_server import build_tiny_model, running_vllm_server
@@ -405,12 +474,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print(table(results))
     print()
-    for line in verdict(results, ready) + notes:
+    for line in verdict(results, ready) + sustained_verdict(sustained) + notes:
         print("- " + line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
-            json.dumps({"results": [asdict(r) for r in results], "notes": notes, "ready_s": ready}, indent=2)
+            json.dumps(
+                {
+                    "results": [asdict(r) for r in results],
+                    "sustained": [as_dict(r) for r in sustained],
+                    "notes": notes,
+                    "ready_s": ready,
+                },
+                indent=2,
+            )
         )
     return 0
 

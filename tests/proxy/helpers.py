@@ -32,11 +32,14 @@ async def serve(app: Any, port: int = 0) -> AsyncIterator[str]:
 
 
 class FlakyStore(LightningStore):
-    """Wraps a real store; while `down` is set, span calls fail like an unreachable server."""
+    """Wraps a real store; while `down` is set, span calls fail like an unreachable server,
+    and while `writable` is clear, span writes hang like a stalled one."""
 
     def __init__(self, inner: LightningStore) -> None:
         self.inner = inner
         self.down = False
+        self.writable = asyncio.Event()
+        self.writable.set()
         self.calls: List[str] = []
 
     def _check(self, name: str) -> None:
@@ -46,15 +49,21 @@ class FlakyStore(LightningStore):
 
     async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
         self._check("add_many_spans")
+        await self.writable.wait()
         return await self.inner.add_many_spans(spans)
 
     async def add_span(self, span: Span) -> Optional[Span]:
         self._check("add_span")
+        await self.writable.wait()
         return await self.inner.add_span(span)
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         self._check("get_next_span_sequence_id")
         return await self.inner.get_next_span_sequence_id(rollout_id, attempt_id)
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+        self._check("get_many_span_sequence_ids")
+        return await self.inner.get_many_span_sequence_ids(rollout_attempt_ids)
 
     async def get_latest_attempt(self, rollout_id: str) -> Any:
         self._check("get_latest_attempt")

@@ -1,4 +1,5 @@
-"""Span export: never in the call's way, survives a store outage, counts what it drops."""
+"""Span export: never in the call's way, survives a store outage, and never drops the span of an
+answered call: when the store falls behind, new calls wait for room or are refused instead."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from agl_proxy.exporter import SpanExporter
 from agl_proxy.spans import CallRecord
 
 from .conftest import chat_body
-from .helpers import wait_for_spans
+from .helpers import model_entry, wait_for_spans
 
 
 async def test_calls_succeed_while_the_store_is_down_and_spans_arrive_after(new_rollout, proxy, store, http) -> None:
@@ -28,7 +29,7 @@ async def test_calls_succeed_while_the_store_is_down_and_spans_arrive_after(new_
     spans = await wait_for_spans(store, rollout_id, 4)
     assert len(spans) == 4 and all(s.attempt_id == attempt_id for s in spans)
     assert [s.sequence_id for s in spans] == [1, 2, 3, 4]
-    assert proxy.gateway.exporter.dropped == 0
+    assert proxy.gateway.exporter.rejected == 0
     metrics = (await http.get(proxy.url + "/metrics")).text
     assert "agl_proxy_spans_exported_total 4" in metrics and "agl_proxy_span_export_failures_total" in metrics
 
@@ -43,22 +44,92 @@ async def test_sequence_ids_follow_call_order(new_rollout, proxy, store, http) -
     assert [s.start_time for s in spans] == sorted(s.start_time for s in spans)
 
 
-async def test_full_buffer_drops_the_oldest_and_counts(new_rollout, store) -> None:
-    rollout_id, attempt_id = await new_rollout()
-    store.down = True
-    exporter = SpanExporter(store, max_buffer=2)
-    await exporter.start()
-    for i in range(4):
-        exporter.submit(CallRecord("chat", rollout_id, attempt_id, "m", False, start_time=float(i)))
-    assert exporter.dropped == 2 and exporter.buffered <= 2
-    store.down = False
+async def test_sustained_load_through_a_small_buffer_loses_no_span(
+    new_rollout, proxy_factory, backend, store, http
+) -> None:
+    proxy = await proxy_factory([model_entry("tiny", backend[1])], max_span_buffer=4, backpressure_wait_s=60)
+    exporter = proxy.gateway.exporter
+    rollouts = [await new_rollout() for _ in range(4)]
+    answered = {rollout_id: 0 for rollout_id, _ in rollouts}
+
+    async def agent(index: int) -> None:
+        ids = rollouts[index % len(rollouts)]
+        base = proxy.as_resource().get_base_url(*ids)
+        for _ in range(20):
+            assert (await http.post(base + "/chat/completions", json=chat_body())).status_code == 200
+            answered[ids[0]] += 1
+
+    store.writable.clear()  # the store stalls first: the backlog fills and new calls have to wait
+    agents = asyncio.gather(*(agent(i) for i in range(16)))
+    while exporter.waited_calls == 0:
+        await asyncio.sleep(0.01)
+    store.writable.set()
+    await agents
+
     assert await exporter.flush(timeout=30)
-    await exporter.stop()
+    for rollout_id, calls in answered.items():
+        spans = await store.query_spans(rollout_id)
+        assert [s.sequence_id for s in spans] == list(range(1, calls + 1))
+    assert sum(answered.values()) == 16 * 20 == exporter.exported
+    metrics = (await http.get(proxy.url + "/metrics")).text
+    assert "agl_proxy_backpressure_refusals_total 0" in metrics and "agl_proxy_span_buffer_limit 4" in metrics
+
+
+async def test_a_stalled_store_gets_new_calls_refused_instead_of_spans_dropped(
+    new_rollout, proxy_factory, backend, store, http
+) -> None:
+    proxy = await proxy_factory([model_entry("tiny", backend[1])], max_span_buffer=2, backpressure_wait_s=0.1)
+    exporter = proxy.gateway.exporter
+    rollout_id, _ = ids = await new_rollout()
+    base = proxy.as_resource().get_base_url(*ids)
+    store.writable.clear()
+    for _ in range(2):
+        assert (await http.post(base + "/chat/completions", json=chat_body())).status_code == 200
+    while exporter.buffered < 2:  # the second call's span is queued just after its answer
+        await asyncio.sleep(0.01)
+
+    refused = await http.post(base + "/chat/completions", json=chat_body())
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    error = refused.json()["error"]
+    assert error["code"] == "span_backlog" and "2 span(s)" in error["message"]
+    metrics = (await http.get(proxy.url + "/metrics")).text
+    assert "agl_proxy_spans_buffered 2" in metrics and "agl_proxy_backpressure_refusals_total 1" in metrics
+
+    store.writable.set()
+    spans = await wait_for_spans(store, rollout_id, 2)
+    assert [s.sequence_id for s in spans] == [1, 2]
+    assert (await http.post(base + "/chat/completions", json=chat_body())).status_code == 200
+    spans = await wait_for_spans(store, rollout_id, 3)
+    assert [s.sequence_id for s in spans] == [1, 2, 3]
+
+
+async def test_stop_writes_every_span_a_slow_store_takes(new_rollout, store) -> None:
+    rollout_id, attempt_id = await new_rollout()
+    exporter = SpanExporter(store, batch_size=2)
+    await exporter.start()
+    store.writable.clear()
+    for i in range(5):
+        exporter.submit(CallRecord("chat", rollout_id, attempt_id, "m", False, start_time=float(i)))
+    stopping = asyncio.create_task(exporter.stop())
+    await asyncio.sleep(0.1)
+    assert not stopping.done()  # stop waits for the store rather than giving the spans up
+    store.writable.set()
+    await stopping
     spans = await store.query_spans(rollout_id)
-    assert [s.start_time for s in spans] == [2.0, 3.0]
+    assert [s.start_time for s in spans] == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
-async def test_spans_of_unknown_rollouts_are_dropped_without_blocking_others(new_rollout, store) -> None:
+async def test_stop_gives_up_only_on_a_store_that_accepts_nothing(new_rollout, store, caplog) -> None:
+    rollout_id, attempt_id = await new_rollout()
+    exporter = SpanExporter(store)
+    await exporter.start()
+    store.down = True
+    exporter.submit(CallRecord("chat", rollout_id, attempt_id, "m", False, start_time=1.0))
+    await exporter.stop(stall_timeout=0.3)
+    assert "stopped with 1 span(s) unwritten: the store accepted none for 0.3 s" in caplog.text
+
+
+async def test_spans_of_unknown_rollouts_are_rejected_without_blocking_others(new_rollout, store) -> None:
     rollout_id, attempt_id = await new_rollout()
     exporter = SpanExporter(store)
     await exporter.start()
@@ -67,6 +138,6 @@ async def test_spans_of_unknown_rollouts_are_dropped_without_blocking_others(new
     exporter.submit(CallRecord("chat", "", "", "m", False, start_time=3.0))
     assert await exporter.flush(timeout=30)
     await exporter.stop()
-    assert exporter.dropped == 1 and exporter.exported == 2
+    assert exporter.rejected == 1 and exporter.exported == 2
     assert len(await store.query_spans(rollout_id)) == 1
     assert len(await store.query_spans("")) == 1

@@ -86,7 +86,7 @@ async def test_store_killed_and_restarted_mid_run(backend, tmp_path: Path, http)
         store_process, _ = await _store_server(db, port)
         spans = await wait_for_spans(client, rollout.rollout_id, 4, timeout_s=30)
         assert len(spans) == 4 and len({s.sequence_id for s in spans}) == 4
-        assert proxy.gateway.exporter.dropped == 0
+        assert proxy.gateway.exporter.rejected == 0
     finally:
         await proxy.stop()
         await client.close()
