@@ -42,7 +42,12 @@ def test_fit_runs_every_step_through_verls_actor_update(run: Run) -> None:
     for metrics in run.history:
         assert (metrics["rollout/n_done"], metrics["rollout/n_failed"]) == (ROLLOUTS_PER_STEP, 0)
         assert metrics["training/n_update_rows"] == ROLLOUTS_PER_STEP  # one call, one row per rollout
-        assert metrics["actor/grad_norm"] > 0 and "actor/pg_loss" in metrics and "actor/entropy_loss" in metrics
+        assert "actor/pg_loss" in metrics and "actor/entropy_loss" in metrics
+        # A step whose groups all got equal rewards has zero advantages, so a zero gradient is right
+        # there (once the task is learned every rollout scores 1.0); any other step must move the actor.
+        has_signal = metrics["critic/advantages/max"] > 0 or metrics["critic/advantages/min"] < 0
+        assert metrics["actor/grad_norm"] > 0 if has_signal else metrics["actor/grad_norm"] >= 0
+    assert any(metrics["actor/grad_norm"] > 0 for metrics in run.history)
         assert metrics["rollout/proxy_drained"] == 1.0
         assert metrics["timing_s/update_weights"] > 0
     # Validation (one rollout per validation task) before the first step and with the last one.
