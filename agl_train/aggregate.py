@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .prefix_break import Detokenizer, PrefixBreak, diagnose_break
-from .spans import LLMCall, RolloutTrace
+from .traces import LLMCall, RolloutTrace
 
 logger = logging.getLogger(__name__)
 

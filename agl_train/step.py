@@ -20,7 +20,7 @@ from ._verl import DataProto, compute_advantage
 from .aggregate import Aggregation, aggregate
 from .prefix_break import Detokenizer
 from .settings import TrainSettings
-from .spans import RolloutTrace
+from .traces import RolloutTrace
 from .verl_batch import (
     compute_rollout_level_advantage,
     normalize_batch_advantages,

@@ -43,7 +43,7 @@ from .runner.groups import Collected, Group, GroupTracker
 from .runner.loop_thread import LoopThread
 from .schedule import StepPlan, StepSchedule
 from .settings import TrainSettings, trainer_settings
-from .spans import RolloutTrace, read_rollout
+from .traces import RolloutTrace, read_rollout
 from .step import build_batch, prepare_update
 
 with warnings.catch_warnings():

@@ -25,7 +25,7 @@ from agl_store.base import LightningStore
 
 from ..aggregate import LEVEL_TRAJECTORY, Limits, Row, aggregate, get_aggregator
 from ..prefix_break import Detokenizer, PrefixBreak
-from ..spans import RolloutTrace, read_rollout
+from ..traces import RolloutTrace, read_rollout
 
 ROLE_PROMPT = "p"
 ROLE_GENERATED = "g"
