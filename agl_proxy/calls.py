@@ -30,7 +30,7 @@ from .errors import (
 from .forwarding import RetryableBackendError, forward
 from .gateway import Gateway
 from .litellm_path import complete_with_litellm
-from .spans import CallRecord
+from .call_record import CallRecord
 
 logger = logging.getLogger(__name__)
 

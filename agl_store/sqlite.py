@@ -75,7 +75,7 @@ from .sqlite_schema import (
     worker_from_row,
 )
 from .sqlite_threads import ConnectionThread, ReaderPool
-from .tokens import check_packed_batch
+from .packed_attributes import check_packed_batch
 from .transitions import check_attempt_status, check_rollout_status, check_worker_status
 
 __all__ = ["Page", "SQLiteStore", "UNATTRIBUTED_ROLLOUT_ID", "span_from_otel"]

@@ -1,4 +1,4 @@
-"""The training entry point: `run_ppo(config, train_dataset, val_dataset)` (SPEC section 5).
+"""The training entry point: `run_ppo(config, train_dataset, val_dataset)` (docs/trainer.md).
 
 ```python
 from agl_train.entry import run_ppo

@@ -1,4 +1,4 @@
-"""agl's Hydra config read into checked settings (SPEC section 5).
+"""agl's Hydra config (agl_train/config.yaml) read into checked settings.
 
 `compose_config(overrides)` composes `agl_train/config.yaml` over verl's `ppo_trainer`;
 `settings_from_config(config)` reads what the training data path needs and raises

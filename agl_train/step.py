@@ -1,4 +1,4 @@
-"""One training step's data path, in the order SPEC section 5 fixes, for the trainer to call.
+"""One training step's data path, in the order of docs/training.md ("One step"), for the trainer to call.
 
     traces = [await read_rollout(store, rid, uid=uid, reward_fillna_value=s.reward_fillna_value) ...]
     data, aggregation = build_batch(traces, s, pad_token_id, tokenizer)
@@ -20,7 +20,7 @@ from ._verl import DataProto, compute_advantage
 from .aggregate import Aggregation, aggregate
 from .prefix_break import Detokenizer
 from .settings import TrainSettings
-from .spans import RolloutTrace
+from .traces import RolloutTrace
 from .verl_batch import (
     compute_rollout_level_advantage,
     normalize_batch_advantages,

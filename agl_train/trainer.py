@@ -1,4 +1,4 @@
-"""The verl trainer: rollouts through agl's proxy and store, updates through verl (SPEC section 5).
+"""The verl trainer: rollouts through agl's proxy and store, updates through verl (docs/trainer.md).
 
 Two layers:
 
@@ -43,7 +43,7 @@ from .runner.groups import Collected, Group, GroupTracker
 from .runner.loop_thread import LoopThread
 from .schedule import StepPlan, StepSchedule
 from .settings import TrainSettings, trainer_settings
-from .spans import RolloutTrace, read_rollout
+from .traces import RolloutTrace, read_rollout
 from .step import build_batch, prepare_update
 
 with warnings.catch_warnings():
@@ -225,7 +225,7 @@ class AglTrainer(RayPPOTrainer):
         resolve_attn_implementation(config)  # workers read it; a no-op after run_ppo
         with warnings.catch_warnings():
             # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
-            # v0 worker stack (SPEC section 5) and owns the loop, so the warning is noise here.
+            # v0 worker stack (RayPPOTrainer's worker groups) and owns the loop, so the warning is noise here.
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*RayPPOTrainer.*")
             super().__init__(config, *args, **kwargs)
         self._gateway: Optional[GatewayClient] = None

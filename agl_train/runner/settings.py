@@ -1,4 +1,4 @@
-"""The rollout-execution part of the trainer config (`agentlightning.*`, SPEC section 5).
+"""The rollout-execution part of the trainer config (`agentlightning.*` in agl_train/config.yaml).
 
 The training data path reads its own settings (`agl_train.settings.TrainSettings`); this is
 what the trainer needs to run rollouts: where the gateway is, how to start an agent, how long
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 GATEWAY_TIMEOUT_S = 300.0
-"""Timeout of every call the trainer makes to the gateway (SPEC section 5)."""
+"""Timeout of every call the trainer makes to the gateway; fixed, not a config key."""
 
 
 def _plain(value: Any) -> Any:
@@ -38,7 +38,7 @@ class RunnerSettings:
     `job_template_path` (Kubernetes Jobs) may be set; with neither, rollouts are left in the
     store's queue for runners started elsewhere.
 
-    Keys beyond SPEC section 5's defaults, set with Hydra's `+` prefix:
+    Keys that agl_train/config.yaml does not list, set with Hydra's `+` prefix:
     `+agentlightning.local.use_ray=true` runs local agents as Ray tasks on the trainer's Ray
     cluster; `+agentlightning.k8s.namespace=NAME` chooses the Jobs' namespace;
     `+agentlightning.agl_agent_key=KEY` is the key agents call the proxy with (its `--key`)

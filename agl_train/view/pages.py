@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute
 
 from ..aggregate import LEVEL_TRAJECTORY, Limits
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
-from .tokens import DEFAULT_LIMITS, TokenViewOptions
+from .token_view import DEFAULT_LIMITS, TokenViewOptions
 
 
 @dataclass(frozen=True)

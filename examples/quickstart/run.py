@@ -21,8 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import AsyncIterator, Iterator, Optional
 
-from agl_proxy import LLM_CALL_SPAN_NAME
-from agl_store import ProxyLLM, reward_span
+from agl_store import ProxyLLM, call_span, reward_span
 from agl_store.client import LightningStoreClient
 from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE
 
@@ -80,7 +79,7 @@ async def show(proxy_url: str, model: str) -> None:
 
         for _ in range(100):  # the proxy writes spans in the background
             spans = await store.query_spans(rollout.rollout_id)
-            if any(s.name == LLM_CALL_SPAN_NAME for s in spans):
+            if any(s.name == call_span.NAME for s in spans):
                 break
             await asyncio.sleep(0.05)
         print(f"\nspans of rollout {rollout.rollout_id}:")
@@ -89,11 +88,11 @@ async def show(proxy_url: str, model: str) -> None:
             if span.name == REWARD_SPAN_NAME:
                 print(f"  #{span.sequence_id} reward = {attrs[REWARD_VALUE_ATTRIBUTE]}")
                 continue
-            prompt = attrs["agl.prompt_token_ids"] or []
-            print(f"  #{span.sequence_id} {span.name} {attrs['gen_ai.request.model']} via {attrs['agl.backend']}"
-                  f" ({attrs['agl.latency_s'] * 1000:.0f} ms)")  # fmt: skip
+            prompt = attrs[call_span.PROMPT_TOKEN_IDS] or []
+            print(f"  #{span.sequence_id} {span.name} {attrs[call_span.REQUEST_MODEL]} via {attrs[call_span.BACKEND]}"
+                  f" ({attrs[call_span.LATENCY_S] * 1000:.0f} ms)")  # fmt: skip
             print(f"      prompt_token_ids   ({len(prompt)}): {prompt[:12]}{' ...' if len(prompt) > 12 else ''}")
-            for choice in attrs["agl.choices"]:
+            for choice in attrs[call_span.CHOICES]:
                 count = len(choice["token_ids"] or [])
                 print(f"      response token_ids ({count}): {choice['token_ids']}  finish={choice['finish_reason']}")
     finally:

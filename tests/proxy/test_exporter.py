@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from agl_proxy.exporter import SpanExporter
-from agl_proxy.spans import CallRecord
+from agl_proxy.call_record import CallRecord
 
 from .conftest import chat_body
 from .helpers import model_entry, wait_for_spans

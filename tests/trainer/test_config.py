@@ -13,7 +13,7 @@ def config():
     return compose_config()
 
 
-def test_every_agl_default_is_spec_section_5(config) -> None:
+def test_config_yaml_sets_agls_keys_and_the_verl_defaults_that_run(config) -> None:
     from omegaconf import OmegaConf
 
     assert OmegaConf.to_container(config.agentlightning) == {

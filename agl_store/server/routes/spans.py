@@ -11,7 +11,7 @@ from starlette.routing import Route
 from ...errors import InvalidInputError
 from ...models import LATEST_ATTEMPT, Span
 from ...span_wire import ENCODING_HEADER, PACKED, SPAN_LIST, page_json, read_frame
-from ...tokens import check_packed_batch, fill_packed
+from ...packed_attributes import check_packed_batch, fill_packed
 from ..metrics import metrics_of
 from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, SpanQuery, check_page, page_of
 from ..wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query

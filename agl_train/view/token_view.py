@@ -25,7 +25,7 @@ from agl_store.base import LightningStore
 
 from ..aggregate import LEVEL_TRAJECTORY, Limits, Row, aggregate, get_aggregator
 from ..prefix_break import Detokenizer, PrefixBreak
-from ..spans import RolloutTrace, read_rollout
+from ..traces import RolloutTrace, read_rollout
 
 ROLE_PROMPT = "p"
 ROLE_GENERATED = "g"
@@ -34,7 +34,7 @@ ROLE_TRUNCATED = "t"
 ROLE_DROPPED = "d"
 
 DEFAULT_LIMITS = Limits(max_prompt_length=2048, max_response_length=8192)
-"""SPEC section 5's `trajectory_max_prompt_length` / `trajectory_max_response_length`."""
+"""The trainer's default `trajectory_max_prompt_length` / `trajectory_max_response_length` (agl_train/config.yaml)."""
 
 _UNLIMITED = Limits(max_prompt_length=sys.maxsize, max_response_length=sys.maxsize)
 

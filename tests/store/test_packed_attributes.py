@@ -1,4 +1,4 @@
-"""agl_store.tokens: int arrays stored as binary, read back as the same plain lists."""
+"""agl_store.packed_attributes: int arrays stored as binary, read back as the same plain lists."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agl_store.bounds import MAX_JSON_DEPTH
 from agl_store.errors import InvalidInputError
-from agl_store.tokens import MIN_PACKED_LENGTH, pack_attributes, unpack_attributes
+from agl_store.packed_attributes import MIN_PACKED_LENGTH, pack_attributes, unpack_attributes
 
 
 def round_trip(attributes: dict) -> dict:

@@ -1,16 +1,20 @@
-"""The span of one LLM call (docs/spans.md is the contract; this module writes it)."""
+"""What the proxy records of one LLM call, and the span it becomes.
+
+The span's name and attribute names are `agl_store.call_span` (docs/spans.md describes them);
+this module fills them in.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from agl_store import call_span
+from agl_store.call_span import CallChoice, CallError
 from agl_store.models import Span, TraceStatus
 
 from .deployments import Deployment
 from .errors import ProxyError
-
-LLM_CALL_SPAN_NAME = "agl.llm_call"
 
 
 @dataclass
@@ -31,7 +35,7 @@ class CallRecord:
     status_code: int = 0
     ttft_s: Optional[float] = None
     latency_s: float = 0.0
-    error: Optional[Dict[str, Any]] = None
+    error: Optional[CallError] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def fail(self, error_type: str, message: str, status_code: int) -> None:
@@ -54,10 +58,10 @@ def _choice_logprobs(choice: Dict[str, Any]) -> Optional[List[Optional[float]]]:
     return None
 
 
-def _choices(response: Dict[str, Any]) -> List[Dict[str, Any]]:
-    out = []
+def _choices(response: Dict[str, Any]) -> List[CallChoice]:
+    out: List[CallChoice] = []
     for choice in response.get("choices") or ():
-        entry = {
+        entry: CallChoice = {
             "index": choice.get("index", 0),
             "token_ids": choice.get("token_ids"),
             "logprobs": _choice_logprobs(choice),
@@ -80,7 +84,7 @@ def _prompt_token_ids(response: Dict[str, Any]) -> Optional[List[int]]:
 
 
 def llm_call_attributes(record: CallRecord) -> Dict[str, Any]:
-    """The `agl.llm_call` attributes of a finished call."""
+    """The attributes of a finished call's span (`agl_store.call_span` names them)."""
     response = record.response or {}
     choices = _choices(response)
     prompt_ids = _prompt_token_ids(response)
@@ -94,22 +98,22 @@ def llm_call_attributes(record: CallRecord) -> Dict[str, Any]:
         output_tokens = sum(len(c["token_ids"]) for c in choices)
     deployment = record.deployment
     return {
-        "gen_ai.operation.name": record.operation,
-        "gen_ai.system": deployment.system if deployment else None,
-        "gen_ai.request.model": record.requested_model,
-        "gen_ai.response.model": response.get("model"),
-        "gen_ai.usage.input_tokens": input_tokens,
-        "gen_ai.usage.output_tokens": output_tokens,
-        "agl.request": record.request,
-        "agl.response": record.response,
-        "agl.prompt_token_ids": prompt_ids,
-        "agl.choices": choices,
-        "agl.stream": record.stream,
-        "agl.backend": deployment.label if deployment else None,
-        "agl.model_version": deployment.model_version if deployment else None,
-        "agl.latency_s": record.latency_s,
-        "agl.ttft_s": record.ttft_s,
-        "agl.error": record.error,
+        call_span.OPERATION: record.operation,
+        call_span.SYSTEM: deployment.system if deployment else None,
+        call_span.REQUEST_MODEL: record.requested_model,
+        call_span.RESPONSE_MODEL: response.get("model"),
+        call_span.INPUT_TOKENS: input_tokens,
+        call_span.OUTPUT_TOKENS: output_tokens,
+        call_span.REQUEST: record.request,
+        call_span.RESPONSE: record.response,
+        call_span.PROMPT_TOKEN_IDS: prompt_ids,
+        call_span.CHOICES: choices,
+        call_span.STREAM: record.stream,
+        call_span.BACKEND: deployment.label if deployment else None,
+        call_span.MODEL_VERSION: deployment.model_version if deployment else None,
+        call_span.LATENCY_S: record.latency_s,
+        call_span.TTFT_S: record.ttft_s,
+        call_span.ERROR: record.error,
         **record.extra,
     }
 
@@ -121,7 +125,7 @@ def build_llm_span(record: CallRecord, sequence_id: Optional[int] = None) -> Spa
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,
         sequence_id=sequence_id,
-        name=LLM_CALL_SPAN_NAME,
+        name=call_span.NAME,
         start_time=record.start_time,
         end_time=record.start_time + record.latency_s,
         status=TraceStatus(status_code="OK" if ok else "ERROR", description=None if ok else record.error["message"]),

@@ -1,8 +1,9 @@
 """Reading a finished rollout: spans of its latest attempt → LLM calls and a final reward.
 
-The input is the span schema of `docs/spans.md`: `agl.llm_call` spans carry
-`agl.prompt_token_ids` and per choice `agl.choices[i].token_ids` / `.logprobs`; `agl.reward`
-spans carry `agl.reward.value`, and the last one of an attempt is the final reward.
+The input is the span schema of `agl_store.call_span` and `agl_store.models.reward_span`
+(docs/spans.md): `agl.llm_call` spans carry `agl.prompt_token_ids` and per choice
+`agl.choices[i].token_ids` / `.logprobs`; `agl.reward` spans carry `agl.reward.value`, and the
+last one of an attempt is the final reward.
 
 Calls that cannot become training data (the backend failed, or no token ids were recorded)
 are skipped and counted by reason, never turned into empty rows: an empty row would still
@@ -17,10 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from agl_store import call_span
 from agl_store.base import LightningStore
 from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE, Span
-
-LLM_CALL_SPAN_NAME = "agl.llm_call"
 
 AGL_03_PRIMARY_REWARD = "agentlightning.reward.0.value"
 """Where agent-lightning 0.3's `emit_reward` puts the primary reward (flattened OTLP attribute)."""
@@ -110,17 +110,17 @@ def calls_from_spans(spans: Iterable[Span]) -> Tuple[List[LLMCall], Dict[str, in
     calls: List[LLMCall] = []
     skipped: Counter[str] = Counter()
     for span in _sorted_by_sequence(spans):
-        if span.name != LLM_CALL_SPAN_NAME:
+        if span.name != call_span.NAME:
             continue
         if span.status.status_code == "ERROR":
             skipped[SKIP_ERROR] += 1
             continue
         attributes = span.attributes
-        prompt_ids = _int_list(attributes.get("agl.prompt_token_ids"))
+        prompt_ids = _int_list(attributes.get(call_span.PROMPT_TOKEN_IDS))
         if prompt_ids is None:
             skipped[SKIP_NO_PROMPT_IDS] += 1
             continue
-        choices = attributes.get("agl.choices")
+        choices = attributes.get(call_span.CHOICES)
         if not isinstance(choices, list) or not choices:
             skipped[SKIP_NO_RESPONSE_IDS] += 1
             continue
