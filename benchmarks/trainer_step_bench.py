@@ -52,7 +52,7 @@ from agl_store.client import LightningStoreClient  # noqa: E402
 from agl_store.sqlite import SQLiteStore  # noqa: E402
 from agl_train.aggregate import Limits, aggregate  # noqa: E402
 from agl_train.runner.groups import Group  # noqa: E402
-from agl_train.trainer import read_succeeded  # noqa: E402
+from agl_train.step import read_succeeded  # noqa: E402
 from agl_train.verl_batch import to_data_proto  # noqa: E402
 
 LIMITS = Limits(max_prompt_length=2048, max_response_length=8192)

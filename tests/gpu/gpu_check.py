@@ -73,7 +73,7 @@ def main() -> int:
 
     from agl_train.attention import resolve_attn_implementation
     from agl_train.entry import check_inputs, run_ppo
-    from agl_train.settings import compose_config
+    from agl_train.config import compose_config
 
     config = compose_config(overrides(args.model, args.base_url, args.steps, args.out))
     train, val = tasks(4 * args.steps), tasks(4, offset=1000)

@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from agl_train.aggregate import Limits
-from agl_train.settings import compose_config, settings_from_config
+from agl_train.config import compose_config, settings_from_config
 
 
 @pytest.fixture(scope="module")

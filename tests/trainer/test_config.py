@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agl_train.runner.settings import RunnerSettings
-from agl_train.settings import compose_config
+from agl_train.runner.runner_settings import RunnerSettings
+from agl_train.config import compose_config
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_settings_that_cannot_run_are_refused(changes, message) -> None:
 
 
 def test_the_defaults_pass_agls_checks(config) -> None:
-    from agl_train.settings import trainer_settings
+    from agl_train.config import trainer_settings
 
     settings, _ = trainer_settings(config)
     assert settings.per_rollout_mean
@@ -115,7 +115,7 @@ def test_the_defaults_pass_agls_checks(config) -> None:
     ],
 )
 def test_verl_keys_agl_would_not_honour_are_refused_with_the_key_to_set(override, message) -> None:
-    from agl_train.settings import trainer_settings
+    from agl_train.config import trainer_settings
 
     with pytest.raises(ValueError, match=message):
         trainer_settings(compose_config([override]))

@@ -40,7 +40,7 @@ async def test_replicas_are_registered_under_one_model_name(proxy) -> None:
         entries = vllm_model_list(["10.0.0.1:8000", "http://10.0.0.2:8000/v1"], "/models/qwen", version="3")
         served = await gateway.update_model_list(entries)
         assert [e["litellm_params"]["api_base"] for e in served] == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
-        assert proxy.gateway.registry.model_names == ["/models/qwen"]
+        assert proxy.state.registry.model_names == ["/models/qwen"]
         assert served[0]["model_info"] == {"agl_model_version": "3"}
     finally:
         await gateway.aclose()
@@ -59,7 +59,7 @@ async def test_the_client_is_lazy_and_errors_name_the_route(proxy) -> None:
 
 
 async def test_the_trainer_steers_with_the_admin_key_and_agents_get_their_own() -> None:
-    from agl_train.runner.settings import RunnerSettings
+    from agl_train.runner.runner_settings import RunnerSettings
 
     proxy = LLMProxy(model_list=[], port=0, key="agent-key", admin_key="admin-key")
     await proxy.start()
@@ -71,7 +71,7 @@ async def test_the_trainer_steers_with_the_admin_key_and_agents_get_their_own() 
         assert (await trainer_side.resume())["paused"] is False
         with pytest.raises(GatewayError, match="/proxy/model_list answered 401"):
             await agent_side.update_model_list(vllm_model_list(["127.0.0.1:9"], "evil"))
-        assert proxy.gateway.registry.model_names == []
+        assert proxy.state.registry.model_names == []
     finally:
         await trainer_side.aclose()
         await agent_side.aclose()
