@@ -7,7 +7,7 @@
 The rollouts are `aggregate_bench.py`'s tool agents (a context growing to `--tokens` over
 `--turns` calls, logprobs, one rollout in eight breaking its prefix), written to
 `agl store serve` on SQLite in its own process. Then, as the trainer does after each step's
-rollouts (`trainer.read_succeeded` → `step.build_batch`), each a median of `--repeats`:
+rollouts (`step.read_succeeded` → `step.build_batch`), each a median of `--repeats`:
 
 - `read (HTTP)`: every rollout's spans into `RolloutTrace`s through the trainer's store client,
   `LightningStoreClient(token_arrays=True)` (token ids packed on the wire and kept as int32

@@ -41,7 +41,7 @@ def overrides(model_path: str, base_url: str, steps: int, out: str) -> List[str]
         "agentlightning.trace_aggregator.trajectory_max_response_length=256",
         f"agentlightning.agl_base_url={base_url}",
         "agentlightning.rollout_timeout_seconds=120",
-        "agentlightning.local.agent_class=tests.trainer.agents:CoinAgent",
+        "agentlightning.local.agent_class=tests.train.agents:CoinAgent",
         "+agentlightning.local.env_map.QUESTION=input.question",
         "trainer.n_gpus_per_node=1",
         "trainer.nnodes=1",

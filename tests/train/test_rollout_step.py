@@ -17,7 +17,7 @@ from agl_train.runner.groups import GroupTracker
 from agl_train.runner.local import LocalRunner
 from agl_train.step import rollout_step
 
-from ..train import builders
+from . import builders
 from .conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def train_settings(**changes) -> TrainSettings:
 async def running(stack):
     """A dispatcher running the coin-flip agent (one model call, reward 0 or 1) for `stack`."""
     runner = LocalRunner(
-        "tests.trainer.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT)
+        "tests.train.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT)
     )
     dispatcher = RolloutDispatcher(stack.store, runner, max_concurrency=3, store_url=stack.store_url)
     control = ProxyControl(stack.proxy.url)

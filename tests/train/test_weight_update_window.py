@@ -54,7 +54,7 @@ async def test_registered_replicas_serve_the_next_rollouts_tagged_with_the_weigh
     llm = resources.resources["main_llm"]
     assert (llm.model, llm.endpoint) == (vllm_server.model, proxy.base_url)
 
-    runner = LocalRunner("tests.trainer.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT))
+    runner = LocalRunner("tests.train.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT))
     dispatcher = RolloutDispatcher(store, runner, store_url=proxy.url)
     await dispatcher.start()
     try:

@@ -96,7 +96,7 @@ def update_batch(tokenizer):
     from agl_train.aggregate import Limits
     from agl_train.step import build_batch, prepare_update
 
-    from ..train.builders import call, trace, train_settings
+    from .builders import call, trace, train_settings
 
     traces = [
         trace(f"ro-{i}", [call([1, 2, 3], [5] * (1 + 3 * i))], reward_value=float(i % 2), uid=f"g{i // 2}")
