@@ -119,7 +119,8 @@ def _admin_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List
         return JSONBytesResponse({"model_list": proxy_state.registry.redacted()})
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(proxy_state.metrics.render(proxy_state.gauges()), media_type="text/plain; version=0.0.4")
+        text = proxy_state.metrics.render(proxy_state.gauges())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return [
         Route("/metrics", metrics, methods=["GET"], middleware=middleware),

@@ -73,7 +73,9 @@ class ProxyControl:
         except httpx.HTTPError as exc:
             raise ProxyControlError(f"{method} {self.base_url}{path} failed: {exc!r}") from exc
         if response.status_code >= 400:
-            raise ProxyControlError(f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:500]}")
+            raise ProxyControlError(
+                f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:500]}"
+            )
         return response.json()
 
     async def state(self) -> Dict[str, Any]:
