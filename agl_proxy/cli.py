@@ -146,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]], keys: Keys) -> int:
     from agl_store.cli import db_url
-    from agl_store.urls import open_store
+    from agl_store.opening import open_store
 
     store_url = args.store_url or db_url(args.db)
     store = await open_store(store_url, key=keys.store)
@@ -178,7 +178,7 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    models = ", ".join(proxy.gateway.registry.model_names)
+    models = ", ".join(proxy.state.registry.model_names)
     where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
     advertised = f"; agents use {proxy.url}" if args.advertise_url else ""
     details = f"models: {models}; {where}; {keys.sources}{advertised}"

@@ -205,7 +205,7 @@ def train(
     import torch
 
     from agl_train.cpu_workers import run_ppo_on_cpu
-    from agl_train.settings import compose_config
+    from agl_train.config import compose_config
 
     # A 345 K-parameter model gains nothing from a second thread, and OpenMP threads spinning
     # against vLLM and the agents for two cores made each update ~10x slower (measured).

@@ -16,9 +16,9 @@ import pytest
 
 from agl_store import LLM, ConflictError, InvalidInputError, RolloutConfig, Span, StoreClosedError
 from agl_store import sqlite_ops as ops
+from agl_store.opening import open_store
 from agl_store.sqlite import SQLiteStore
 from agl_store.sqlite_schema import MIGRATIONS, apply_migrations
-from agl_store.urls import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,9 +1,10 @@
-"""The trainer's client of the agl gateway (the proxy, with the store's routes on the same port).
+"""The trainer's remote control of agl's proxy (the gateway: the proxy, with the store's routes on the same port).
 
-Built lazily from `agentlightning.agl_base_url`, `agl_key` and a 300 s timeout: constructing
-it opens nothing, the first call does. Per step the trainer registers the rollout engine's
-replicas (`update_model_list`), and around the weight update pauses the proxy, waits for the
-calls in flight to drain (`pause(drain=True)`), reads `state()`, and `resume()`s it.
+`ProxyControl` is built lazily from `agentlightning.agl_base_url`, `agl_key` and a 300 s
+timeout: constructing it opens nothing, the first call does. Per step the trainer registers
+the rollout engine's replicas with the proxy and publishes the proxy as the rollouts' LLM
+(`publish_replicas`), and around the weight update pauses the proxy, waits for the calls in
+flight to drain and reads its state (`pause_for_update`), then `resume()`s it.
 """
 
 from __future__ import annotations
@@ -13,23 +14,29 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import httpx
 
-from .runner.settings import GATEWAY_TIMEOUT_S
+from agl_store.base import LightningStore
+from agl_store.models import ProxyLLM
+
+from .runner.runner_settings import GATEWAY_TIMEOUT_S
+
+LLM_RESOURCE_NAME = "main_llm"
+"""The proxy's name in each resource set the trainer publishes."""
 
 
-class GatewayError(RuntimeError):
-    """The gateway answered with an error status, or could not be reached."""
+class ProxyControlError(RuntimeError):
+    """The proxy answered with an error status, or could not be reached."""
 
 
-class GatewayClient:
+class ProxyControl:
     """Pause / state / resume / model list of one proxy, over HTTP, with its admin key (`--admin-key`).
 
     ```python
-    gateway = GatewayClient("http://localhost:8080", key="")
-    await gateway.update_model_list(vllm_model_list(["10.0.0.5:8000"], "Qwen/Qwen2.5-1.5B"))
-    await gateway.pause(drain=True)
+    proxy = ProxyControl("http://localhost:8080", key="")
+    await proxy.update_model_list(vllm_model_list(["10.0.0.5:8000"], "Qwen/Qwen2.5-1.5B"))
+    await proxy.pause(drain=True)
     ... update weights ...
-    await gateway.resume()
-    await gateway.aclose()
+    await proxy.resume()
+    await proxy.aclose()
     ```
     """
 
@@ -64,9 +71,11 @@ class GatewayClient:
         try:
             response = await self._client().request(method, path, json=body)
         except httpx.HTTPError as exc:
-            raise GatewayError(f"{method} {self.base_url}{path} failed: {exc!r}") from exc
+            raise ProxyControlError(f"{method} {self.base_url}{path} failed: {exc!r}") from exc
         if response.status_code >= 400:
-            raise GatewayError(f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:500]}")
+            raise ProxyControlError(
+                f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:500]}"
+            )
         return response.json()
 
     async def state(self) -> Dict[str, Any]:
@@ -104,6 +113,51 @@ class GatewayClient:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+
+
+async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str:
+    """The model id a vLLM replica serves (its `/v1/models`), which is what the proxy must ask for."""
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+        answer = await http.get(server_root(server_address) + "/v1/models")
+    answer.raise_for_status()
+    return answer.json()["data"][0]["id"]
+
+
+async def publish_replicas(
+    store: LightningStore,
+    proxy: ProxyControl,
+    server_addresses: Sequence[str],
+    *,
+    version: str,
+    api_key: Optional[str] = None,
+    sampling_parameters: Optional[Dict[str, Any]] = None,
+) -> str:
+    """Register the rollout engine's replicas with the proxy (one `model_list` entry each,
+    tagged with the weight `version`) and publish a new resource set whose `main_llm` is the
+    proxy; returns its resources id (a new one per call, so runners never see a stale one)."""
+    if not server_addresses:
+        raise ValueError("the rollout engine has no replica to register")
+    served = await served_model_name(server_addresses[0])
+    await proxy.update_model_list(vllm_model_list(server_addresses, served, version=version))
+    resource = ProxyLLM(
+        endpoint=proxy.openai_base_url,
+        model=served,
+        api_key=api_key,
+        sampling_parameters=dict(sampling_parameters or {}),
+    )
+    update = await store.add_resources({LLM_RESOURCE_NAME: resource})
+    return update.resources_id
+
+
+async def pause_for_update(proxy: ProxyControl) -> Dict[str, float]:
+    """Pause the proxy and wait until its calls in flight are done: the replicas may sleep and
+    take new weights next. New calls get 429 + Retry-After until `proxy.resume()`."""
+    drained = await proxy.pause("weight update", drain=True)
+    state = await proxy.state()
+    return {
+        "rollout/proxy_drained": float(bool(drained.get("drained"))),
+        "rollout/proxy_in_flight_at_update": float(state.get("in_flight", 0)),
+    }
 
 
 def vllm_model_list(

@@ -10,14 +10,14 @@ import torch
 
 from agl_store.models import RolloutConfig
 from agl_train.aggregate import Limits
-from agl_train.gateway import GatewayClient
+from agl_train.config import TrainSettings
+from agl_train.proxy_control import ProxyControl
 from agl_train.runner.dispatch import RolloutDispatcher
 from agl_train.runner.groups import GroupTracker
 from agl_train.runner.local import LocalRunner
-from agl_train.settings import TrainSettings
-from agl_train.trainer import rollout_step
+from agl_train.step import rollout_step
 
-from ..train import builders
+from . import builders
 from .conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -33,20 +33,20 @@ def train_settings(**changes) -> TrainSettings:
 async def running(stack):
     """A dispatcher running the coin-flip agent (one model call, reward 0 or 1) for `stack`."""
     runner = LocalRunner(
-        "tests.trainer.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT)
+        "tests.train.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT)
     )
     dispatcher = RolloutDispatcher(stack.store, runner, max_concurrency=3, store_url=stack.store_url)
-    gateway = GatewayClient(stack.proxy.url)
+    control = ProxyControl(stack.proxy.url)
     await dispatcher.start()
     try:
-        yield stack, gateway
+        yield stack, control
     finally:
         await dispatcher.stop()
-        await gateway.aclose()
+        await control.aclose()
 
 
 async def test_one_step_from_prompts_to_the_update_batch(running, tokenizer) -> None:
-    stack, gateway = running
+    stack, control = running
     settings = train_settings()
     tracker = GroupTracker(stack.store, settings.rollout_n, rollout_config=RolloutConfig(timeout_seconds=600))
 
@@ -60,7 +60,7 @@ async def test_one_step_from_prompts_to_the_update_batch(running, tokenizer) -> 
         rng=random.Random(0),
         adv_estimator="grpo",
         resources_id=stack.resources_id,
-        gateway=gateway,
+        proxy=control,
         tokenizer=tokenizer,
     )
 
@@ -106,7 +106,7 @@ async def test_one_step_from_prompts_to_the_update_batch(running, tokenizer) -> 
 
 
 async def test_async_mode_trains_the_first_complete_groups_and_carries_the_rest(running, tokenizer) -> None:
-    stack, gateway = running
+    stack, control = running
     settings = train_settings(rollout_n=1, train_batch_size=1, async_rollout=True, async_train_batch_size=2)
     tracker = GroupTracker(stack.store, 1)
     common = dict(
@@ -114,7 +114,7 @@ async def test_async_mode_trains_the_first_complete_groups_and_carries_the_rest(
         pad_token_id=tokenizer.pad_token_id,
         adv_estimator="grpo",
         resources_id=stack.resources_id,
-        gateway=gateway,
+        proxy=control,
         groups_to_train=1,
     )
 

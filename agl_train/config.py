@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 from .aggregate import Limits, get_aggregator, limits_for_level
 from .loss import LOSS_MODE
-from .runner.settings import RunnerSettings, check_async_batch
+from .runner.runner_settings import RunnerSettings, check_async_batch
 from .verl_config import check_verl_config
 
 CONFIG_MODULE = "agl_train"

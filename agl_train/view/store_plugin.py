@@ -1,4 +1,4 @@
-"""The view as pages of the store server: the `agl.store_pages` entry point.
+"""The view as a plug-in of the store server: the `agl.store_pages` entry point.
 
 `agl store serve` (and the store embedded in `agl proxy serve`) look up this entry-point
 group, so agl_store serves the view at `/` without importing agl_train by name. The

@@ -66,7 +66,7 @@ async def test_the_calc_agent_runs_through_the_proxy_and_its_reward_reaches_the_
 async def test_env_map_and_agl_variables_reach_the_agent(stack, tmp_path: Path) -> None:
     echo = tmp_path / "env.json"
     runner = LocalRunner(
-        "tests.trainer.agents:EnvEchoAgent",
+        "tests.train.agents:EnvEchoAgent",
         {"QUESTION": "input.question", "LEVEL": "input.meta.level"},
         timeout_s=60,
         cwd=str(REPO_ROOT),
@@ -87,7 +87,7 @@ async def test_env_map_and_agl_variables_reach_the_agent(stack, tmp_path: Path) 
 
 async def test_a_missing_input_field_fails_only_that_rollout_with_a_clear_message(stack, tmp_path: Path) -> None:
     runner = LocalRunner(
-        "tests.trainer.agents:EnvEchoAgent",
+        "tests.train.agents:EnvEchoAgent",
         {"QUESTION": "input.question"},
         timeout_s=60,
         cwd=str(REPO_ROOT),
@@ -104,7 +104,7 @@ async def test_a_missing_input_field_fails_only_that_rollout_with_a_clear_messag
 
 
 async def test_an_agent_that_raises_fails_its_rollout_with_the_traceback(stack) -> None:
-    runner = LocalRunner("tests.trainer.agents:FailingAgent", {}, timeout_s=60, cwd=str(REPO_ROOT))
+    runner = LocalRunner("tests.train.agents:FailingAgent", {}, timeout_s=60, cwd=str(REPO_ROOT))
     collected = await run_group(stack, runner, [{"question": "q"}])
 
     attempt = await stack.store.get_latest_attempt(collected.groups[0].rollout_ids[0])
@@ -116,7 +116,7 @@ async def test_an_agent_that_raises_fails_its_rollout_with_the_traceback(stack) 
 async def test_past_the_timeout_the_agent_and_its_children_are_killed_and_the_rollout_fails(stack, tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     runner = LocalRunner(
-        "tests.trainer.agents:SleepyAgent", {}, timeout_s=3, cwd=str(REPO_ROOT), extra_env={"ECHO_FILE": str(pids)}
+        "tests.train.agents:SleepyAgent", {}, timeout_s=3, cwd=str(REPO_ROOT), extra_env={"ECHO_FILE": str(pids)}
     )
     collected = await run_group(stack, runner, [{"question": "q"}])
 
@@ -131,7 +131,7 @@ async def test_past_the_timeout_the_agent_and_its_children_are_killed_and_the_ro
 
 
 async def test_the_trainer_asks_a_replica_for_the_name_it_serves(vllm_server) -> None:
-    from agl_train.trainer import served_model_name
+    from agl_train.proxy_control import served_model_name
 
     address = vllm_server.base_url.removeprefix("http://").removesuffix("/v1")
     assert await served_model_name(address) == vllm_server.model

@@ -1,6 +1,6 @@
 """The proxy's shared state: backends, balancing, span export, metrics, pause gate.
 
-One `Gateway` per proxy; handlers receive it from `create_app`, never from a global. The
+One `ProxyState` per proxy; handlers receive it from `create_app`, never from a global. The
 upstream HTTP client is opened in the app's lifespan (`open()`) and closed with it.
 """
 
@@ -28,7 +28,7 @@ from .upstream import make_client
 logger = logging.getLogger(__name__)
 
 
-class Gateway:
+class ProxyState:
     """Everything a call needs besides its own request."""
 
     def __init__(

@@ -1,11 +1,13 @@
-"""agl_train/config.yaml composed over verl's ppo_trainer, and the runner settings read from it."""
+"""agl_train/config.yaml composed over verl's ppo_trainer, and the training and runner settings read from it."""
 
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
-from agl_train.runner.settings import RunnerSettings
-from agl_train.settings import compose_config
+from agl_train.aggregate import Limits
+from agl_train.config import compose_config, settings_from_config
+from agl_train.runner.runner_settings import RunnerSettings
 
 
 @pytest.fixture(scope="module")
@@ -14,8 +16,6 @@ def config():
 
 
 def test_config_yaml_sets_agls_keys_and_the_verl_defaults_that_run(config) -> None:
-    from omegaconf import OmegaConf
-
     assert OmegaConf.to_container(config.agentlightning) == {
         "agl_base_url": "http://localhost:8080",
         "agl_key": "",
@@ -92,7 +92,7 @@ def test_settings_that_cannot_run_are_refused(changes, message) -> None:
 
 
 def test_the_defaults_pass_agls_checks(config) -> None:
-    from agl_train.settings import trainer_settings
+    from agl_train.config import trainer_settings
 
     settings, _ = trainer_settings(config)
     assert settings.per_rollout_mean
@@ -115,7 +115,7 @@ def test_the_defaults_pass_agls_checks(config) -> None:
     ],
 )
 def test_verl_keys_agl_would_not_honour_are_refused_with_the_key_to_set(override, message) -> None:
-    from agl_train.settings import trainer_settings
+    from agl_train.config import trainer_settings
 
     with pytest.raises(ValueError, match=message):
         trainer_settings(compose_config([override]))
@@ -187,8 +187,6 @@ def test_the_gpu_check_runs_on_agls_defaults(tiny_model_path, tmp_path) -> None:
     import subprocess
     import sys
 
-    from omegaconf import OmegaConf
-
     from .conftest import REPO_ROOT
 
     command = [sys.executable, "tests/gpu/gpu_check.py", "--model", str(tiny_model_path), "--base-url", "http://x"]
@@ -202,3 +200,56 @@ def test_the_gpu_check_runs_on_agls_defaults(tiny_model_path, tmp_path) -> None:
     assert list(composed.trainer.logger) == ["console", "file"]
     assert composed.actor_rollout_ref.model.override_config.attn_implementation in ("sdpa", "flash_attention_2")
     assert composed.trainer.save_freq == composed.trainer.test_freq == composed.trainer.total_training_steps
+
+
+def with_overrides(config, dotlist):
+    """The composed config with `key=value` overrides (cheaper than composing again)."""
+    return OmegaConf.merge(config, OmegaConf.from_dotlist(dotlist))
+
+
+def test_upstream_options_still_work(config) -> None:
+    assert config.actor_rollout_ref.actor.clip_ratio_c == 3.0
+    assert compose_config(["data.max_prompt_length=100"]).data.max_prompt_length == 100
+
+
+def test_settings_pick_the_limits_of_the_level(config) -> None:
+    trajectory = settings_from_config(config)
+    transition = settings_from_config(
+        with_overrides(
+            config,
+            [
+                "agentlightning.trace_aggregator.level=transition",
+                "data.max_prompt_length=4096",
+                "data.max_response_length=2048",
+                "agentlightning.max_ppo_update_times=2",
+            ],
+        )
+    )
+
+    assert (trajectory.level, trajectory.limits, trajectory.per_rollout_mean) == (
+        "trajectory",
+        Limits(2048, 8192),
+        True,
+    )
+    assert (transition.level, transition.limits, transition.max_ppo_update_times) == (
+        "transition",
+        Limits(4096, 2048),
+        2,
+    )
+
+
+def test_bad_settings_fail_when_read(config) -> None:
+    with pytest.raises(ValueError, match="valid levels"):
+        settings_from_config(with_overrides(config, ["agentlightning.trace_aggregator.level=turn"]))
+    async_on = ["agentlightning.async_rollout.enabled=true", "data.train_batch_size=8"]
+    with pytest.raises(ValueError, match="async_train_batch_size"):
+        settings_from_config(
+            with_overrides(config, async_on + ["agentlightning.async_rollout.async_train_batch_size=8"])
+        )
+    with pytest.raises(ValueError, match="max_ppo_update_times"):
+        settings_from_config(with_overrides(config, ["agentlightning.max_ppo_update_times=0"]))
+
+    settings = settings_from_config(
+        with_overrides(config, async_on + ["agentlightning.async_rollout.async_train_batch_size=9"])
+    )
+    assert (settings.async_rollout, settings.async_train_batch_size) == (True, 9)

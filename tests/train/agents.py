@@ -1,4 +1,4 @@
-"""Agents for the runner tests, run by `python -m agl_train.runner.launch tests.trainer.agents:NAME`."""
+"""Agents for the runner tests, run by `python -m agl_train.runner.launch tests.train.agents:NAME`."""
 
 from __future__ import annotations
 

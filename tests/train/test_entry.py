@@ -6,7 +6,7 @@ import pytest
 
 from agl_train.dataset import InMemoryDataset, check_dataset, collate_inputs
 from agl_train.entry import WORKER_SETUP_HOOK, ray_init_kwargs, run_ppo, worker_process_setup_hook
-from agl_train.settings import compose_config
+from agl_train.config import compose_config
 
 TASKS = [{"question": "1+1", "answer": "2"}, {"question": "2*3", "answer": "6"}, {"question": "9-4", "answer": "5"}]
 

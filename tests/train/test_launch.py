@@ -8,12 +8,12 @@ from agl_train.runner.launch import load_agent_class, reward_payload, run_agent
 
 
 def test_agent_classes_are_named_with_a_colon_or_a_dot() -> None:
-    from tests.trainer.agents import AsyncAgent
+    from tests.train.agents import AsyncAgent
 
-    assert load_agent_class("tests.trainer.agents:AsyncAgent") is AsyncAgent
-    assert load_agent_class("tests.trainer.agents.AsyncAgent") is AsyncAgent
+    assert load_agent_class("tests.train.agents:AsyncAgent") is AsyncAgent
+    assert load_agent_class("tests.train.agents.AsyncAgent") is AsyncAgent
     with pytest.raises(ValueError, match="has no attribute 'Nope'"):
-        load_agent_class("tests.trainer.agents:Nope")
+        load_agent_class("tests.train.agents:Nope")
 
 
 def test_rewards_are_numbers_dicts_or_none() -> None:
@@ -26,7 +26,7 @@ def test_rewards_are_numbers_dicts_or_none() -> None:
 
 
 def test_a_coroutine_run_is_awaited() -> None:
-    assert run_agent("tests.trainer.agents:AsyncAgent") == {"reward": 0.25}
+    assert run_agent("tests.train.agents:AsyncAgent") == {"reward": 0.25}
 
 
 def test_the_rollout_launcher_does_not_import_the_store() -> None:

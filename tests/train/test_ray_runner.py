@@ -37,7 +37,7 @@ def attempted(task) -> AttemptedRollout:
 async def test_the_agent_runs_as_a_ray_task_with_its_environment(ray_cluster, tmp_path: Path) -> None:
     echo = tmp_path / "env.json"
     runner = LocalRunner(
-        "tests.trainer.agents:EnvEchoAgent",
+        "tests.train.agents:EnvEchoAgent",
         {"QUESTION": "input.question"},
         timeout_s=120,
         cwd=str(REPO_ROOT),
@@ -53,7 +53,7 @@ async def test_the_agent_runs_as_a_ray_task_with_its_environment(ray_cluster, tm
 
 async def test_a_ray_task_past_the_timeout_is_killed(ray_cluster, tmp_path: Path) -> None:
     runner = LocalRunner(
-        "tests.trainer.agents:SleepyAgent", {}, timeout_s=2, cwd=str(REPO_ROOT),
+        "tests.train.agents:SleepyAgent", {}, timeout_s=2, cwd=str(REPO_ROOT),
         extra_env={"ECHO_FILE": str(tmp_path / "pids")}, use_ray=True,
     )
     outcome = await runner.run(attempted({}), RolloutEndpoints(base_url="http://p/v1", model="m"))

@@ -10,12 +10,12 @@ import httpx
 import pytest
 
 from agl_train.aggregate import Limits
-from agl_train.gateway import GatewayClient
+from agl_train.config import TrainSettings
+from agl_train.proxy_control import ProxyControl, pause_for_update, publish_replicas
 from agl_train.runner.dispatch import RolloutDispatcher
 from agl_train.runner.groups import GroupTracker
 from agl_train.runner.local import LocalRunner
-from agl_train.settings import TrainSettings
-from agl_train.trainer import pause_for_update, publish_replicas, rollout_step
+from agl_train.step import rollout_step
 
 from .conftest import REPO_ROOT
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-async def bare_gateway(vllm_server, tmp_path):
+async def bare_proxy(vllm_server, tmp_path):
     """A proxy with no backend (as `agl proxy serve --config` with an empty list starts) and its store."""
     from agl_proxy.proxy import LLMProxy
     from agl_store.server import create_app as create_store_app
@@ -32,29 +32,29 @@ async def bare_gateway(vllm_server, tmp_path):
     store = await SQLiteStore(str(tmp_path / "agl.db")).open()
     proxy = LLMProxy(model_list=[], store=store, port=0, store_app=create_store_app(store, manage_store=False))
     await proxy.start()
-    gateway = GatewayClient(proxy.url)
+    control = ProxyControl(proxy.url)
     try:
-        yield store, proxy, gateway
+        yield store, proxy, control
     finally:
-        await gateway.aclose()
+        await control.aclose()
         await proxy.stop()
         await store.close()
 
 
 async def test_registered_replicas_serve_the_next_rollouts_tagged_with_the_weight_version(
-    bare_gateway, vllm_server, tokenizer
+    bare_proxy, vllm_server, tokenizer
 ) -> None:
-    store, proxy, gateway = bare_gateway
+    store, proxy, control = bare_proxy
     address = vllm_server.base_url.removeprefix("http://").removesuffix("/v1")  # as verl reports it
 
-    resources_id = await publish_replicas(store, gateway, [address], version="7", sampling_parameters={"temperature": 1.0})
+    resources_id = await publish_replicas(store, control, [address], version="7", sampling_parameters={"temperature": 1.0})
 
-    assert proxy.gateway.registry.model_names == [vllm_server.model]
+    assert proxy.state.registry.model_names == [vllm_server.model]
     resources = await store.get_resources_by_id(resources_id)
     llm = resources.resources["main_llm"]
     assert (llm.model, llm.endpoint) == (vllm_server.model, proxy.base_url)
 
-    runner = LocalRunner("tests.trainer.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT))
+    runner = LocalRunner("tests.train.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT))
     dispatcher = RolloutDispatcher(store, runner, store_url=proxy.url)
     await dispatcher.start()
     try:
@@ -65,7 +65,7 @@ async def test_registered_replicas_serve_the_next_rollouts_tagged_with_the_weigh
         )
         step = await rollout_step(
             store, GroupTracker(store, 1), [{"question": "hello"}], settings, rollout_timeout_s=120,
-            pad_token_id=tokenizer.pad_token_id, rng=random.Random(0), resources_id=resources_id, gateway=gateway,
+            pad_token_id=tokenizer.pad_token_id, rng=random.Random(0), resources_id=resources_id, proxy=control,
         )
     finally:
         await dispatcher.stop()
@@ -75,21 +75,21 @@ async def test_registered_replicas_serve_the_next_rollouts_tagged_with_the_weigh
     assert call.attributes["agl.model_version"] == "7"
 
 
-async def test_pausing_for_the_update_waits_for_calls_in_flight_and_refuses_new_ones(bare_gateway, vllm_server) -> None:
-    store, proxy, gateway = bare_gateway
-    await publish_replicas(store, gateway, [vllm_server.base_url], version="1")
+async def test_pausing_for_the_update_waits_for_calls_in_flight_and_refuses_new_ones(bare_proxy, vllm_server) -> None:
+    store, proxy, control = bare_proxy
+    await publish_replicas(store, control, [vllm_server.base_url], version="1")
     body = {"model": vllm_server.model, "prompt": "the agent", "max_tokens": 400, "ignore_eos": True}
 
     async with httpx.AsyncClient(timeout=300) as http:
         long_call = asyncio.create_task(http.post(proxy.base_url + "/completions", json=body))
-        while proxy.gateway.gate.in_flight == 0 and not long_call.done():
+        while proxy.state.gate.in_flight == 0 and not long_call.done():
             await asyncio.sleep(0.01)
 
-        metrics = await pause_for_update(gateway)
+        metrics = await pause_for_update(control)
 
         assert long_call.done() and (await long_call).status_code == 200  # drained, not cut
         assert metrics == {"rollout/proxy_drained": 1.0, "rollout/proxy_in_flight_at_update": 0.0}
         refused = await http.post(proxy.base_url + "/completions", json={**body, "max_tokens": 1})
         assert refused.status_code == 429
-        await gateway.resume()
+        await control.resume()
         assert (await http.post(proxy.base_url + "/completions", json={**body, "max_tokens": 1})).status_code == 200

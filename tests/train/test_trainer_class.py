@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agl_train.config import compose_config
 from agl_train.dataset import InMemoryDataset, collate_inputs
-from agl_train.settings import compose_config
 
 # torchdata's StatefulDataLoader (built by verl's constructor) warns about its own use of a
 # deprecated torch call; that is library noise, not something this test checks.
@@ -32,14 +32,14 @@ def build(tokenizer, overrides):
     )
 
 
-def test_the_trainer_reads_batches_of_tasks_and_its_gateway_is_lazy(tokenizer) -> None:
+def test_the_trainer_reads_batches_of_tasks_and_its_proxy_control_is_lazy(tokenizer) -> None:
     trainer = build(tokenizer, ["agentlightning.agl_base_url=http://127.0.0.1:9/", "agentlightning.agl_key=k"])
 
     assert trainer.total_training_steps == 3
     batch = next(iter(trainer.train_dataloader))
     assert len(batch["input"]) == 2 and all(task in TASKS for task in batch["input"])
-    assert trainer._gateway is None
-    assert (trainer.gateway.base_url, trainer.gateway.key, trainer.gateway.timeout_s) == ("http://127.0.0.1:9", "k", 300.0)
+    assert trainer._proxy is None
+    assert (trainer.proxy.base_url, trainer.proxy.key, trainer.proxy.timeout_s) == ("http://127.0.0.1:9", "k", 300.0)
 
 
 def test_an_async_batch_not_larger_than_the_train_batch_is_refused_by_the_constructor(tokenizer) -> None:
@@ -96,7 +96,7 @@ def update_batch(tokenizer):
     from agl_train.aggregate import Limits
     from agl_train.step import build_batch, prepare_update
 
-    from ..train.builders import call, trace, train_settings
+    from .builders import call, trace, train_settings
 
     traces = [
         trace(f"ro-{i}", [call([1, 2, 3], [5] * (1 + 3 * i))], reward_value=float(i % 2), uid=f"g{i // 2}")
@@ -148,7 +148,7 @@ def test_rollout_data_dir_gets_each_steps_rows(tokenizer, tmp_path) -> None:
 def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(tokenizer, monkeypatch) -> None:
     import agl_train.trainer as trainer_module
     from agl_train.runner.groups import Collected
-    from agl_train.trainer import StepData
+    from agl_train.step import StepData
     from verl import DataProto
 
     calls = []
@@ -160,11 +160,11 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         calls.append("rollouts")
         return StepData(data=batch, metrics={}, collected=Collected(groups=[], counts={}, carried_over=0))
 
-    async def pause(gateway):
+    async def pause(proxy):
         calls.append("pause")
         return {}
 
-    class Gateway:
+    class Proxy:
         async def resume(self):
             calls.append("resume")
 
@@ -189,7 +189,7 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
     monkeypatch.setattr(trainer, "_compute_old_log_prob", old_log_prob)
     monkeypatch.setattr(trainer, "_update_actor", update_actor)
     monkeypatch.setattr(trainer, "_save_checkpoint", lambda: calls.append("save_checkpoint"))
-    trainer._gateway, trainer.checkpoint_manager, trainer.global_steps = Gateway(), CheckpointManager(), 1
+    trainer._proxy, trainer.checkpoint_manager, trainer.global_steps = Proxy(), CheckpointManager(), 1
     trainer._loop.start()
     try:
         trainer._train_step([{"question": "q"}], save=True)
@@ -268,32 +268,3 @@ async def test_groups_left_in_flight_by_the_last_step_are_cancelled_and_reported
         assert "1 groups in flight cancelled and 1 drawn prompts not submitted" in caplog.text
     finally:
         await store.close()
-
-
-async def test_reads_in_flight_keep_the_groups_order(tmp_path) -> None:
-    from agl_store.sqlite import SQLiteStore
-    from agl_train.runner.groups import Group
-    from agl_train.trainer import read_succeeded
-
-    from ..train.builders import llm_call_span, reward
-
-    store = await SQLiteStore(str(tmp_path / "agl.db")).open()
-    try:
-        groups = []
-        for g in range(3):
-            rollout_ids = []
-            for k in range(3):
-                rollout = await store.start_rollout(input={"g": g})
-                rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
-                call = llm_call_span(range(20), range(10 * k + 1), rollout_id=rid, attempt_id=aid)
-                await store.add_many_spans([call, reward(g + k / 10, rollout_id=rid, attempt_id=aid)])
-                rollout_ids.append(rid)
-            outcomes = {rid: "succeeded" for rid in rollout_ids}
-            groups.append(Group(uid=f"g{g}", input={"g": g}, rollout_ids=rollout_ids, outcomes=outcomes))
-
-        traces = await read_succeeded(store, groups, 0.0, in_flight=4)
-    finally:
-        await store.close()
-    assert [t.rollout_id for t in traces] == [rid for group in groups for rid in group.rollout_ids]
-    assert [t.uid for t in traces] == ["g0"] * 3 + ["g1"] * 3 + ["g2"] * 3
-    assert [t.reward for t in traces] == [g + k / 10 for g in range(3) for k in range(3)]
