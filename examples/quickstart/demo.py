@@ -56,13 +56,12 @@ def tiny_model_on_vllm() -> Iterator[tuple[str, str, Path]]:
     log = Path(tempfile.gettempdir()) / "agl-demo-vllm.log"
     say(f"vLLM: starting on {model_path} (about a minute on a CPU; log {log})")
     started = time.monotonic()
-    with running_vllm_server(model_path, log_path=log, extra_env=OFFLINE_ENV) as server:
+    with contextlib.ExitStack() as stack:
+        stack.callback(say, "vLLM: stopped")  # also after a failed start or a Ctrl-C while it starts
+        server = stack.enter_context(running_vllm_server(model_path, log_path=log, extra_env=OFFLINE_ENV))
         say(f"vLLM: ready at {server.base_url} ({time.monotonic() - started:.0f} s)")
-        try:
-            yield server.base_url, server.model, model_path
-        finally:
-            say("vLLM: stopping")
-    say("vLLM: stopped")
+        stack.callback(say, "vLLM: stopping")
+        yield server.base_url, server.model, model_path
 
 
 def run(args: argparse.Namespace) -> int:
