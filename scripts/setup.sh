@@ -56,4 +56,5 @@ else
 fi
 
 log "building the tiny model (cached in .cache/tiny-qwen2)"
-HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false "$VENV/bin/python" -m tests.support.tiny_model .cache/tiny-qwen2
+HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+    "$VENV/bin/python" -m examples.tiny_vllm.tiny_model .cache/tiny-qwen2

@@ -49,7 +49,7 @@ def say(message: str) -> None:
 @contextlib.contextmanager
 def tiny_model_on_vllm() -> Iterator[tuple[str, str, Path]]:
     """(base URL, served name, model directory) of the tiny model on a vLLM this process starts and stops."""
-    from tests.support.vllm_server import build_tiny_model, running_vllm_server
+    from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
     say("tiny model: building it (or reusing .cache/tiny-qwen2)")
     model_path = build_tiny_model()
@@ -66,7 +66,7 @@ def tiny_model_on_vllm() -> Iterator[tuple[str, str, Path]]:
 
 def run(args: argparse.Namespace) -> int:
     """`agl demo` with the arguments `agl_proxy.demo` declares; 0 also when stopped by Ctrl-C or SIGTERM."""
-    from tests.support.tiny_model import DEFAULT_DIR, SERVED_MODEL_NAME
+    from examples.tiny_vllm.tiny_model import DEFAULT_DIR, SERVED_MODEL_NAME
 
     # Ctrl-C and SIGTERM stop everything cleanly, also where the shell started the demo with SIGINT ignored.
     for stop_signal in STOP_SIGNALS:

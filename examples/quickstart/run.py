@@ -37,7 +37,7 @@ ANSWER = "84"
 @contextlib.contextmanager
 def tiny_vllm() -> Iterator[tuple[str, str]]:
     """The repository's tiny random-weight Qwen2 on vLLM (about a minute to start on a CPU)."""
-    from tests.support.vllm_server import build_tiny_model, running_vllm_server
+    from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
     log = Path(tempfile.gettempdir()) / "agl-quickstart-vllm.log"
     print(f"starting the tiny vLLM (log: {log}) ...", flush=True)
