@@ -49,10 +49,11 @@ def say(message: str) -> None:
 @contextlib.contextmanager
 def tiny_model_on_vllm() -> Iterator[tuple[str, str, Path]]:
     """(base URL, served name, model directory) of the tiny model on a vLLM this process starts and stops."""
+    from examples.tiny_vllm.tiny_model import DEFAULT_DIR, is_built
     from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
-    say("tiny model: building it (or reusing .cache/tiny-qwen2)")
-    model_path = build_tiny_model()
+    say(f"tiny model: {'reusing' if is_built(DEFAULT_DIR) else 'building (a minute at most)'} {DEFAULT_DIR}")
+    model_path = build_tiny_model(DEFAULT_DIR)
     log = Path(tempfile.gettempdir()) / "agl-demo-vllm.log"
     say(f"vLLM: starting on {model_path} (about a minute on a CPU; log {log})")
     started = time.monotonic()
@@ -100,7 +101,11 @@ async def _serve(args: argparse.Namespace, backend: str, model: str, db: Path, t
             for number in range(args.rollouts):
                 question, answer = QUESTIONS[number % len(QUESTIONS)]
                 say(f"rollout {number + 1}/{args.rollouts}: the LangChain agent answers {question!r}")
-                rollout_id = await run_rollout(store, proxy_url, model, question, answer, max_answer_chars=60)
+                try:
+                    rollout_id = await run_rollout(store, proxy_url, model, question, answer, max_answer_chars=60)
+                except asyncio.CancelledError:
+                    say(f"rollout {number + 1}/{args.rollouts}: agent stopped")
+                    raise
                 print_spans(rollout_id, await rollout_spans(store, rollout_id), max_response_ids=12)
         finally:
             await store.close()
