@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from .cli import positive_int
+
 DEMO_MODULE = "examples.quickstart.demo"
 
 
@@ -20,10 +22,8 @@ def add_demo_commands(subparsers: Any) -> None:
         "demo",
         help="tiny vLLM, `agl proxy serve` with its store and view, a LangChain agent's rollouts; serves until Ctrl-C",
     )
-    demo.add_argument("--rollouts", type=_positive_int, default=3, help="how many agent rollouts to run (default 3)")
-    demo.add_argument(
-        "--no-wait", action="store_true", help="stop everything and exit once the rollouts are printed"
-    )
+    demo.add_argument("--rollouts", type=positive_int, default=3, help="how many agent rollouts to run (default 3)")
+    demo.add_argument("--no-wait", action="store_true", help="stop everything and exit once the rollouts are printed")
     demo.add_argument(
         "--backend", metavar="URL", help="a running vLLM's OpenAI base URL instead of starting the tiny model on vLLM"
     )
@@ -32,13 +32,6 @@ def add_demo_commands(subparsers: Any) -> None:
     demo.add_argument("--db", metavar="PATH", help="keep the store in this SQLite file (default: a temporary one)")
     demo.add_argument("--port", type=int, default=0, help="the proxy's port (default 0: a free one)")
     demo.set_defaults(run=_run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from agl_proxy import LLM_CALL_SPAN_NAME
-from agl_proxy.demo import add_demo_commands
 from agl_store import open_store
 from agl_store.cli import build_parser
 
@@ -60,7 +59,10 @@ def test_agl_demo_outside_a_checkout_says_how_to_run_it(monkeypatch, capsys) -> 
     assert "run it from a checkout of agl with ./scripts/agl demo" in capsys.readouterr().err
 
 
-def test_agl_demo_defaults() -> None:
-    args = build_parser().parse_args(["demo"])
+def test_agl_demo_defaults_and_a_rollout_count_below_one(capsys) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["demo"])
     assert (args.rollouts, args.no_wait, args.backend, args.db, args.port) == (3, False, None, None, 0)
-    assert add_demo_commands.__module__ == "agl_proxy.demo"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--rollouts", "0"])
+    assert "--rollouts: must be >= 1, got 0" in capsys.readouterr().err
