@@ -50,7 +50,7 @@ def add_proxy_commands(subparsers: Any) -> None:
     serve.add_argument("--logprobs", action="store_true", help="ask backends for the sampled tokens' logprobs")
     serve.add_argument(
         "--span-buffer",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_BUFFER,
         help=f"spans of answered calls that may wait for the store before new calls wait (default {DEFAULT_MAX_BUFFER})",
     )
@@ -64,7 +64,8 @@ def add_proxy_commands(subparsers: Any) -> None:
     serve.set_defaults(run=_serve)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")

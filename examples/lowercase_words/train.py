@@ -323,8 +323,8 @@ def plot_curve(by_version: Dict[int, List[float]], path: Path, title: str = "low
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from tests.support.tiny_model import DEFAULT_DIR
-    from tests.support.vllm_server import build_tiny_model, running_vllm_server
+    from examples.tiny_vllm.tiny_model import DEFAULT_DIR
+    from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16)

@@ -10,7 +10,7 @@ from typing import AsyncIterator, Iterator
 
 import pytest
 
-from tests.support.vllm_server import VLLMServer, running_vllm_server
+from examples.tiny_vllm.vllm_server import VLLMServer, running_vllm_server
 
 REPO_ROOT = Path(__file__).parents[2]
 

@@ -1,7 +1,7 @@
 """Run vLLM's OpenAI-compatible server on the tiny model as a subprocess on 127.0.0.1.
 
 One server costs about a minute of start-up and most of a CPU core while it generates, so the test suite
-shares one per session (``tests/conftest.py``). ``python -m tests.support.vllm_server`` serves it until
+shares one per session (``tests/conftest.py``). ``python -m examples.tiny_vllm.vllm_server`` serves it until
 Ctrl-C or SIGTERM. From code::
 
     with running_vllm_server(build_tiny_model(), log_path=Path("vllm.log")) as server:
@@ -74,7 +74,8 @@ def external_vllm_server(base_url: str, model_path: Path, model: str = SERVED_MO
 def build_tiny_model(outdir: Path = DEFAULT_DIR) -> Path:
     """Build the tiny model if needed, in a subprocess so that torch and transformers stay out of the caller."""
     if not is_built(outdir):
-        subprocess.run([sys.executable, "-m", "tests.support.tiny_model", str(outdir)], check=True, cwd=_repo_root())
+        command = [sys.executable, "-m", "examples.tiny_vllm.tiny_model", str(outdir)]
+        subprocess.run(command, check=True, cwd=_repo_root())
     return outdir
 
 
