@@ -4,7 +4,7 @@ Nothing is downloaded. The tokenizer is a byte-level BPE trained on text generat
 special tokens and a Qwen2.5-style chat template (tools, tool calls, tool results). vLLM serves the result on a
 CPU in about a minute, which is what the test suite needs: real token ids, not sensible text.
 
-Usage: ``python -m tests.support.tiny_model OUTDIR`` (idempotent: a finished build is reused).
+Usage: ``python -m examples.tiny_vllm.tiny_model OUTDIR`` (idempotent: a finished build is reused).
 """
 
 from __future__ import annotations
