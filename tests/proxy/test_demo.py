@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agl_proxy import LLM_CALL_SPAN_NAME
-from agl_store import open_store
+from agl_store import call_span, open_store
 from agl_store.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +44,7 @@ async def test_agl_demo_prints_each_rollouts_token_ids_and_the_view_and_stops_th
         rollouts = await store.query_rollouts()
         assert len(rollouts) == 2
         for rollout in rollouts:
-            calls = [s for s in await store.query_spans(rollout.rollout_id) if s.name == LLM_CALL_SPAN_NAME]
+            calls = [s for s in await store.query_spans(rollout.rollout_id) if s.name == call_span.NAME]
             assert calls and calls[0].attributes["agl.prompt_token_ids"]
     finally:
         await store.close()
