@@ -15,9 +15,9 @@ from typing import List
 import pytest
 
 from agl_store import LLM, ConflictError, InvalidInputError, RolloutConfig, Span, StoreClosedError
-from agl_store import sqlite_ops as ops
+from agl_store.sqlite import ops
 from agl_store.sqlite import SQLiteStore
-from agl_store.sqlite_schema import MIGRATIONS, apply_migrations
+from agl_store.sqlite.schema import MIGRATIONS, apply_migrations
 from agl_store.urls import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ async def test_lifecycle_errors_and_urls(tmp_path: Path) -> None:
 WORKER_SCRIPT = """
 import asyncio, json, sys
 from agl_store import Span
-from agl_store import sqlite_ops as ops
+from agl_store.sqlite import ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path, rollout_id, attempt_id, rounds):
@@ -175,7 +175,7 @@ async def test_two_processes_share_sequence_ids_and_the_queue(tmp_path: Path) ->
 
 OPENER_SCRIPT = """
 import asyncio, sys
-from agl_store import sqlite_ops as ops
+from agl_store.sqlite import ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path):
@@ -206,7 +206,7 @@ async def test_processes_opening_a_new_file_at_once_migrate_it_once(tmp_path: Pa
 
 KILLED_WRITER_SCRIPT = """
 import asyncio, sys
-from agl_store import sqlite_ops as ops
+from agl_store.sqlite import ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path):

@@ -15,10 +15,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import orjson
 
-from .base import UNSET
-from .bounds import MAX_INTEGER
-from .errors import ConflictError, NotFoundError
-from .models import (
+from ..base import UNSET
+from ..bounds import MAX_INTEGER
+from ..errors import ConflictError, NotFoundError
+from ..models import (
     LATEST_ATTEMPT,
     QUEUED_ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
@@ -32,8 +32,8 @@ from .models import (
     Worker,
     new_id,
 )
-from .pages import Page, page_total
-from .sqlite_schema import (
+from ..pages import Page, page_total
+from .schema import (
     ATTEMPT_COLUMNS,
     RESOURCES_COLUMNS,
     ROLLOUT_COLUMNS,
@@ -47,7 +47,7 @@ from .sqlite_schema import (
     span_from_row,
     worker_from_row,
 )
-from .transitions import (
+from ..transitions import (
     ATTEMPT_END_STATUSES,
     check_attempt_move,
     rollout_status_from_attempt,

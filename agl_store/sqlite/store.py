@@ -32,11 +32,11 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from . import sqlite_ops as ops
-from .base import UNSET, FilterLogic, LightningStore, SortOrder
-from .bounds import check_field_depths, check_integer, check_json_depth
-from .errors import InvalidInputError, StoreClosedError, StoreError, invalid_sort_by
-from .models import (
+from . import ops
+from ..base import UNSET, FilterLogic, LightningStore, SortOrder
+from ..bounds import check_field_depths, check_integer, check_json_depth
+from ..errors import InvalidInputError, StoreClosedError, StoreError, invalid_sort_by
+from ..models import (
     ROLLOUT_MODES,
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -56,11 +56,11 @@ from .models import (
     WorkerStatus,
     new_id,
 )
-from .otel import span_from_otel
-from .pages import Page
-from .sqlite_ops import UNATTRIBUTED_ROLLOUT_ID
-from .sqlite_rollout_pages import read_rollout_page, rollout_page_query
-from .sqlite_schema import (
+from ..otel import span_from_otel
+from ..pages import Page
+from .ops import UNATTRIBUTED_ROLLOUT_ID
+from .rollout_pages import read_rollout_page, rollout_page_query
+from .schema import (
     ATTEMPT_COLUMNS,
     RESOURCES_COLUMNS,
     SPAN_COLUMNS,
@@ -74,9 +74,9 @@ from .sqlite_schema import (
     span_to_row,
     worker_from_row,
 )
-from .sqlite_threads import ConnectionThread, ReaderPool
-from .tokens import check_packed_batch
-from .transitions import check_attempt_status, check_rollout_status, check_worker_status
+from .threads import ConnectionThread, ReaderPool
+from ..tokens import check_packed_batch
+from ..transitions import check_attempt_status, check_rollout_status, check_worker_status
 
 __all__ = ["Page", "SQLiteStore", "UNATTRIBUTED_ROLLOUT_ID", "span_from_otel"]
 
