@@ -2,7 +2,7 @@
 
 from ..otel import span_from_otel
 from ..pages import Page
-from .ops import UNATTRIBUTED_ROLLOUT_ID
+from .spans import UNATTRIBUTED_ROLLOUT_ID
 from .store import SQLiteStore
 
 __all__ = ["Page", "SQLiteStore", "UNATTRIBUTED_ROLLOUT_ID", "span_from_otel"]

@@ -32,7 +32,6 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from . import ops
 from ..base import UNSET, FilterLogic, LightningStore, SortOrder
 from ..bounds import check_field_depths, check_integer, check_json_depth
 from ..errors import InvalidInputError, StoreClosedError, StoreError, invalid_sort_by
@@ -58,7 +57,9 @@ from ..models import (
 )
 from ..otel import span_from_otel
 from ..pages import Page
-from .ops import UNATTRIBUTED_ROLLOUT_ID
+from . import attempts, queries, queue, retention, statistics, transactions, watchdog, workers
+from .resources import get_resources, put_resources
+from .rollouts import get_rollout, get_rollouts, rollout_statuses
 from .rollout_pages import read_rollout_page, rollout_page_query
 from .schema import (
     ATTEMPT_COLUMNS,
@@ -74,6 +75,7 @@ from .schema import (
     span_to_row,
     worker_from_row,
 )
+from .spans import EncodedSpan, add_spans, issue_sequence_ids, read_span_page
 from .threads import ConnectionThread, ReaderPool
 from ..tokens import check_packed_batch
 from ..transitions import check_attempt_status, check_rollout_status, check_worker_status
@@ -230,8 +232,8 @@ class SQLiteStore(LightningStore):
         try:
             if self._readers is None:
                 assert self._writer is not None
-                return await self._writer.run(ops.in_snapshot, fn, *args)
-            return await self._readers.run(ops.in_snapshot, fn, *args)
+                return await self._writer.run(transactions.in_snapshot, fn, *args)
+            return await self._readers.run(transactions.in_snapshot, fn, *args)
         except sqlite3.Error as exc:
             raise _store_error(exc) from exc
 
@@ -270,7 +272,7 @@ class SQLiteStore(LightningStore):
             batch = self._pending_writes[:MAX_WRITES_PER_COMMIT]
             del self._pending_writes[:MAX_WRITES_PER_COMMIT]
             try:
-                outcomes = await self._run(ops.run_writes, [(fn, args) for fn, args, _ in batch])
+                outcomes = await self._run(transactions.run_writes, [(fn, args) for fn, args, _ in batch])
             except BaseException as exc:  # nothing of the batch was committed
                 outcomes = [(False, exc, ())] * len(batch)
                 if isinstance(exc, asyncio.CancelledError):
@@ -307,12 +309,12 @@ class SQLiteStore(LightningStore):
         """Mark latest attempts past their timeout `timeout` and silent ones `unresponsive`,
         propagating to their rollouts; returns how many attempts changed. The background
         task calls this every `watchdog_interval` seconds."""
-        if not await self._call(ops.any_unhealthy, time.time()):  # the common case takes no write lock
+        if not await self._call(watchdog.any_unhealthy, time.time()):  # the common case takes no write lock
             return 0
-        return await self._write(ops.mark_unhealthy)
+        return await self._write(watchdog.mark_unhealthy)
 
     async def statistics(self) -> StoreStatistics:
-        stats = await self._call(ops.statistics)
+        stats = await self._call(statistics.read_statistics)
         files: Dict[str, Any] = {"database_bytes": None, "wal_bytes": None, "unused_bytes": None}
         if not self.in_memory:
             database, wal = _file_bytes(Path(self.path)), _file_bytes(Path(self.path + "-wal"))
@@ -332,7 +334,7 @@ class SQLiteStore(LightningStore):
         worker_id: str | None = None,
     ) -> AttemptedRollout:
         new = _new_rollout(input, mode, resources_id, config, metadata)
-        return await self._write(ops.start_rollout, new, worker_id)
+        return await self._write(queue.start_rollout, new, worker_id)
 
     async def enqueue_rollout(
         self,
@@ -343,7 +345,7 @@ class SQLiteStore(LightningStore):
         metadata: Dict[str, Any] | None = None,
     ) -> Rollout:
         new = _new_rollout(input, mode, resources_id, config, metadata)
-        return (await self._write(ops.enqueue_rollouts, [new]))[0]
+        return (await self._write(queue.enqueue_rollouts, [new]))[0]
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
         news = []
@@ -355,10 +357,10 @@ class SQLiteStore(LightningStore):
             )
         if not news:
             return []
-        return await self._write(ops.enqueue_rollouts, news)
+        return await self._write(queue.enqueue_rollouts, news)
 
     async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
-        claimed = await self._write(ops.dequeue, 1, worker_id)
+        claimed = await self._write(queue.dequeue, 1, worker_id)
         return claimed[0] if claimed else None
 
     async def dequeue_many_rollouts(
@@ -368,10 +370,10 @@ class SQLiteStore(LightningStore):
             raise InvalidInputError(f"limit must be an int >= 0, got {limit!r}")
         if check_integer(limit, "limit") == 0:
             return []
-        return await self._write(ops.dequeue, limit, worker_id)
+        return await self._write(queue.dequeue, limit, worker_id)
 
     async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
-        return await self._write(ops.start_attempt, rollout_id, worker_id)
+        return await self._write(queue.start_attempt, rollout_id, worker_id)
 
     async def update_rollout(
         self,
@@ -399,7 +401,7 @@ class SQLiteStore(LightningStore):
             columns["metadata"] = _dumps(_check_metadata(metadata), "metadata")
         if status is not UNSET:
             check_rollout_status(status)
-        return await self._write(ops.update_rollout, rollout_id, columns, status)
+        return await self._write(queue.update_rollout, rollout_id, columns, status)
 
     async def update_attempt(
         self,
@@ -420,14 +422,14 @@ class SQLiteStore(LightningStore):
                 raise InvalidInputError(f"{field} is invalid; it cannot be a null value.")
         if metadata is not UNSET:
             _dumps(_check_metadata(metadata), "metadata")  # the connection thread encodes it again
-        changes = ops.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
-        return await self._write(ops.update_attempt, rollout_id, attempt_id, changes)
+        changes = attempts.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
+        return await self._write(attempts.update_attempt, rollout_id, attempt_id, changes)
 
     async def get_rollout_by_id(self, rollout_id: str) -> Optional[Rollout]:
-        return await self._call(ops.get_rollout, rollout_id)
+        return await self._call(get_rollout, rollout_id)
 
     async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
-        return await self._call(ops.get_latest_attempt, rollout_id)
+        return await self._call(attempts.get_latest_attempt, rollout_id)
 
     async def query_rollouts(
         self,
@@ -493,7 +495,7 @@ class SQLiteStore(LightningStore):
             limit=limit,
             offset=offset,
         )
-        return await self._call(ops.run_paged, query, attempt_from_row)
+        return await self._call(queries.run_paged, query, attempt_from_row)
 
     async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
@@ -506,11 +508,11 @@ class SQLiteStore(LightningStore):
             # still wakes us.
             event = self._finished_event
             # Unknown (or since deleted) ids are not waited for, as in agent-lightning 0.3.
-            statuses = await self._call(ops.rollout_statuses, ids)
+            statuses = await self._call(rollout_statuses, ids)
             finished = [rid for rid in ids if statuses.get(rid) in TERMINAL_ROLLOUT_STATUSES]
             remaining = None if deadline is None else deadline - loop.time()
             if len(finished) == len(statuses) or (remaining is not None and remaining <= 0):
-                rollouts = await self._call(ops.get_rollouts, finished)
+                rollouts = await self._call(get_rollouts, finished)
                 # A finished rollout stays finished, but it may have been deleted meanwhile.
                 return [rollouts[rid] for rid in finished if rid in rollouts]
             wait = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
@@ -522,14 +524,14 @@ class SQLiteStore(LightningStore):
     # --- spans ---------------------------------------------------------------------------
 
     async def add_span(self, span: Span) -> Optional[Span]:
-        stored = await self._write(ops.add_spans, [_encode_span(span, 0)])
+        stored = await self._write(add_spans, [_encode_span(span, 0)])
         return stored[0] if stored else None
 
     async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
         encoded = [_encode_span(span, index) for index, span in enumerate(spans)]
         if not encoded:
             return []
-        return await self._write(ops.add_spans, encoded)
+        return await self._write(add_spans, encoded)
 
     async def add_packed_spans(self, spans: Sequence[Span], packed: Sequence[Optional[bytes]]) -> Sequence[Span]:
         """`add_many_spans` for spans whose token arrays the client packed already.
@@ -543,7 +545,7 @@ class SQLiteStore(LightningStore):
         encoded = [_encode_span(span, index, blob) for index, (span, blob) in enumerate(zip(spans, packed))]
         if not encoded:
             return []
-        return await self._write(ops.add_spans, encoded)
+        return await self._write(add_spans, encoded)
 
     async def add_otel_span(
         self,
@@ -555,13 +557,13 @@ class SQLiteStore(LightningStore):
         return await self.add_span(span_from_otel(readable_span, rollout_id, attempt_id, sequence_id))
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
-        return (await self._write(ops.issue_sequence_ids, [(rollout_id, attempt_id)]))[0]
+        return (await self._write(issue_sequence_ids, [(rollout_id, attempt_id)]))[0]
 
     async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
         pairs = [(str(rollout_id), str(attempt_id)) for rollout_id, attempt_id in rollout_attempt_ids]
         if not pairs:
             return []
-        return await self._write(ops.issue_sequence_ids, pairs)
+        return await self._write(issue_sequence_ids, pairs)
 
     async def query_spans(
         self,
@@ -606,7 +608,7 @@ class SQLiteStore(LightningStore):
             limit=limit,
             offset=offset,
         )
-        return await self._call(ops.query_spans, query, attempt_id == "latest", _decode)
+        return await self._call(read_span_page, query, attempt_id == "latest", _decode)
 
     async def query_span_rows(
         self,
@@ -623,18 +625,18 @@ class SQLiteStore(LightningStore):
     # --- resources -------------------------------------------------------------------------
 
     async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
-        return await self._write(ops.put_resources, new_id("rs"), _encode_resources(resources), False)
+        return await self._write(put_resources, new_id("rs"), _encode_resources(resources), False)
 
     async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
         if not isinstance(resources_id, str) or not resources_id:
             raise InvalidInputError(f"resources_id must be a non-empty string, got {resources_id!r}")
-        return await self._write(ops.put_resources, resources_id, _encode_resources(resources), True)
+        return await self._write(put_resources, resources_id, _encode_resources(resources), True)
 
     async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
-        return await self._call(ops.get_resources, resources_id)
+        return await self._call(get_resources, resources_id)
 
     async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
-        return await self._call(ops.get_resources, None)
+        return await self._call(get_resources, None)
 
     async def query_resources(
         self,
@@ -660,7 +662,7 @@ class SQLiteStore(LightningStore):
             limit=limit,
             offset=offset,
         )
-        return await self._call(ops.run_paged, query, resources_from_row)
+        return await self._call(queries.run_paged, query, resources_from_row)
 
     # --- workers ---------------------------------------------------------------------------
 
@@ -672,7 +674,7 @@ class SQLiteStore(LightningStore):
             if heartbeat_stats is UNSET
             else _dumps(_check_metadata(heartbeat_stats, "heartbeat_stats"), "heartbeat_stats")
         )
-        return await self._write(ops.heartbeat_worker, worker_id, stats)
+        return await self._write(workers.heartbeat_worker, worker_id, stats)
 
     async def query_workers(
         self,
@@ -700,10 +702,10 @@ class SQLiteStore(LightningStore):
             limit=limit,
             offset=offset,
         )
-        return await self._call(ops.run_paged, query, worker_from_row)
+        return await self._call(queries.run_paged, query, worker_from_row)
 
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
-        return await self._call(ops.get_worker, worker_id)
+        return await self._call(workers.get_worker, worker_id)
 
     # --- retention -------------------------------------------------------------------------
 
@@ -717,12 +719,12 @@ class SQLiteStore(LightningStore):
         ids = list(dict.fromkeys(_as_list(rollout_ids, "rollout_ids")))
         if not ids:
             return 0
-        remaining = await self._call(ops.finished_rollouts, ids)
+        remaining = await self._call(retention.finished_rollouts, ids)
         if not remaining:
             return 0
         deleted = 0
         while remaining:
-            done, removed = await self._write(ops.delete_finished, remaining, self.retention_chunk_spans)
+            done, removed = await self._write(retention.delete_finished, remaining, self.retention_chunk_spans)
             remaining = remaining[done:]
             deleted += removed
         await self._reclaim_space()
@@ -733,11 +735,11 @@ class SQLiteStore(LightningStore):
         if older_than_seconds < 0:
             raise InvalidInputError(f"older_than_seconds must be >= 0, got {older_than_seconds}")
         ended_before = time.time() - older_than_seconds
-        if not await self._call(ops.any_expired, ended_before):
+        if not await self._call(retention.any_expired, ended_before):
             return 0  # the common call: one index lookup, no write lock
         expired, more = 0, True
         while more:
-            removed, more = await self._write(ops.expire_finished, ended_before, self.retention_chunk_spans)
+            removed, more = await self._write(retention.expire_finished, ended_before, self.retention_chunk_spans)
             expired += removed
         await self._reclaim_space()
         return expired
@@ -746,10 +748,10 @@ class SQLiteStore(LightningStore):
         # Users ran out of disk with stores that only grew: give freed pages back.
         if self.in_memory:
             return
-        while await self._run(ops.reclaim_space, RECLAIM_PAGES_PER_STEP):
+        while await self._run(retention.reclaim_space, RECLAIM_PAGES_PER_STEP):
             pass
         wait_ms, busy_ms = int(WAL_TRUNCATE_WAIT_S * 1000), int(self.busy_timeout * 1000)
-        if not await self._run(ops.truncate_wal, wait_ms, busy_ms):
+        if not await self._run(retention.truncate_wal, wait_ms, busy_ms):
             logger.info("store %s: readers kept the WAL from being truncated after retention", self.path)
 
 
@@ -851,9 +853,9 @@ def _check_sort(sort_by: Optional[str], allowed: frozenset[str], sort_order: Any
         raise invalid_sort_by(sort_by, sorted(allowed))
 
 
-def _paged(**parts: Any) -> ops.PagedQuery:
+def _paged(**parts: Any) -> queries.PagedQuery:
     _check_paging(parts["limit"], parts["offset"])
-    return ops.PagedQuery(**parts)
+    return queries.PagedQuery(**parts)
 
 
 def _check_paging(limit: Any, offset: Any) -> None:
@@ -882,7 +884,7 @@ class _Where:
         return " WHERE " + f" {logic.upper()} ".join(f"({clause})" for clause in self.clauses)
 
 
-def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any, metadata: Any) -> ops.NewRollout:
+def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any, metadata: Any) -> queue.NewRollout:
     rollout = Rollout(
         rollout_id=new_id("ro"),
         input=input,
@@ -893,7 +895,7 @@ def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any
         config=RolloutConfig() if config is None else _check_config(config).model_copy(deep=True),
         metadata=dict(_check_metadata(metadata) or {}),
     )
-    return ops.NewRollout(
+    return queue.NewRollout(
         rollout,
         _dumps(rollout.input, "input"),
         orjson.dumps(rollout.config.model_dump()),
@@ -901,7 +903,7 @@ def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any
     )
 
 
-def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> ops.EncodedSpan:
+def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> EncodedSpan:
     if not isinstance(span, Span):
         span = _validate(Span, span, f"spans[{index}]")
     # 0 is agent-lightning 0.3's "no particular order" (its `Span.from_attributes` default).
@@ -912,7 +914,7 @@ def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> ops.E
     # Token-bearing attributes get their depth checked on the packing walk (span_to_row).
     check_field_depths(span, f"spans[{index}]", skip="attributes" if packed is None else "")
     try:
-        return ops.EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
+        return EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
     except TypeError as exc:
         raise InvalidInputError(f"spans[{index}] is not JSON: {exc}") from exc
     except InvalidInputError as exc:
