@@ -12,7 +12,7 @@ from ..errors import ConflictError, NotFoundError
 from ..models import LATEST_ATTEMPT, Span
 from ..pages import Page
 from .attempts import resolve_attempt_id
-from .queries import PagedQuery, run_paged
+from .paged import PagedQuery, run_paged
 from .rollouts import move_rollout, rollout_columns
 from .schema import SPAN_COLUMNS, span_from_row
 from .transactions import Txn, fetchone

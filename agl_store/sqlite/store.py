@@ -1,19 +1,20 @@
 """SQLiteStore: the embedded LightningStore, on a SQLite file or in memory (`:memory:`).
 
-Each operation is one plain function of `agl_store.sqlite_ops`, run whole on a connection's
-own thread (`sqlite_threads`): one thread hop per call instead of one per statement. Writes
-go to the one writer connection, whose thread runs one function at a time, so the store's
-writes are serialised. Every write runs inside `sqlite_ops.atomic()` (`BEGIN IMMEDIATE`),
-which also serialises writers across processes sharing the file, so sequence numbers and
-dequeues stay unique without any lock of our own. Reads of a file run on separate reader
-connections, each in one snapshot: WAL lets them proceed while a write (a long retention
-chunk, another process's transaction) is in progress. An in-memory database exists only in
-its one connection, so there reads share the writer's.
+Each operation is one plain function of this package's modules (`queue`, `attempts`, `spans`,
+`workers`, `resources`, `retention`, ...), run whole on a connection's own thread (`threads`):
+one thread hop per call instead of one per statement. Writes go to the one writer connection,
+whose thread runs one function at a time, so the store's writes are serialised (`writer`
+groups concurrent ones into one commit). Every write runs inside `transactions.atomic()`
+(`BEGIN IMMEDIATE`), which also serialises writers across processes sharing the file, so
+sequence numbers and dequeues stay unique without any lock of our own. Reads of a file run on
+separate reader connections, each in one snapshot: WAL lets them proceed while a write (a long
+retention chunk, another process's transaction) is in progress. An in-memory database exists
+only in its one connection, so there reads share the writer's.
 
-This module is the async face: lifecycle, input validation (before any transaction, so bad
-input never takes the write lock), waiting, and the watchdog task. A background task started
-by `open()` marks timed-out and unresponsive attempts; it is a conditional write, so
-several processes running it at once is harmless.
+This module is the async face: lifecycle, waiting, and the watchdog task. Input is checked
+(`checks`, `select`) before any transaction, so bad input never takes the write lock. A
+background task started by `open()` marks timed-out and unresponsive attempts; it is a
+conditional write, so several processes running it at once is harmless.
 """
 
 from __future__ import annotations
@@ -29,14 +30,12 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar
 
 import orjson
-from pydantic import BaseModel, TypeAdapter, ValidationError
-from pydantic_core import PydanticSerializationError
 
-from ..base import UNSET, FilterLogic, LightningStore, SortOrder
-from ..bounds import check_field_depths, check_integer, check_json_depth
-from ..errors import InvalidInputError, StoreClosedError, StoreError, invalid_sort_by
+from ..base import UNSET, LightningStore
+from ..bounds import check_integer
+from ..errors import InvalidInputError, StoreClosedError
 from ..models import (
-    ROLLOUT_MODES,
+    LATEST_ATTEMPT,
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
     AttemptedRollout,
@@ -52,67 +51,54 @@ from ..models import (
     StoreStatistics,
     TaskInput,
     Worker,
-    WorkerStatus,
     new_id,
 )
 from ..otel import span_from_otel
 from ..pages import Page
-from . import attempts, queries, queue, retention, statistics, transactions, watchdog, workers
+from ..queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
+from ..tokens import check_packed_batch
+from ..transitions import check_attempt_status, check_rollout_status
+from . import attempts, queue, retention, statistics, transactions, watchdog, workers
+from .checks import (
+    as_list,
+    check_config,
+    check_metadata,
+    check_mode,
+    check_number,
+    dumps,
+    encode_resources,
+    encode_span,
+    new_rollout,
+    validate,
+)
 from .resources import get_resources, put_resources
+from .rollout_pages import read_rollout_page
 from .rollouts import get_rollout, get_rollouts, rollout_statuses
-from .rollout_pages import read_rollout_page, rollout_page_query
 from .schema import (
-    ATTEMPT_COLUMNS,
-    RESOURCES_COLUMNS,
-    SPAN_COLUMNS,
-    WORKER_COLUMNS,
     apply_migrations,
     attempt_from_row,
     configure_connection,
     configure_reader,
     resources_from_row,
     span_from_row,
-    span_to_row,
     worker_from_row,
 )
-from .spans import EncodedSpan, add_spans, issue_sequence_ids, read_span_page
+from .paged import run_paged
+from .select import select_attempts, select_resources, select_rollouts, select_spans, select_workers
+from .spans import add_spans, issue_sequence_ids, read_span_page
 from .threads import ConnectionThread, ReaderPool
-from ..tokens import check_packed_batch
-from ..transitions import check_attempt_status, check_rollout_status, check_worker_status
+from .writer import WriteBatcher, store_error
 
-__all__ = ["Page", "SQLiteStore", "UNATTRIBUTED_ROLLOUT_ID", "span_from_otel"]
+__all__ = ["SQLiteStore"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MAX_WRITES_PER_COMMIT = 256
-"""Concurrent writes grouped into one transaction at most; bounds a commit's size."""
 RECLAIM_PAGES_PER_STEP = 2048
 """Free pages one transaction gives back to the file system after retention (8 MB of 4 KB pages)."""
 WAL_TRUNCATE_WAIT_S = 2.0
 """How long truncating the WAL after retention waits for readers of older snapshots."""
-ROLLOUT_SORT_FIELDS = frozenset({"rollout_id", "start_time", "end_time", "status", "mode", "resources_id"})
-ATTEMPT_SORT_FIELDS = frozenset(
-    {"sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id", "last_heartbeat_time"}
-)
-SPAN_SORT_FIELDS = frozenset(
-    {"sequence_id", "start_time", "end_time", "name", "trace_id", "span_id", "parent_id", "attempt_id"}
-)
-RESOURCES_SORT_FIELDS = frozenset({"resources_id", "create_time", "update_time", "version"})
-WORKER_SORT_FIELDS = frozenset(
-    {
-        "worker_id",
-        "status",
-        "last_heartbeat_time",
-        "last_dequeue_time",
-        "last_busy_time",
-        "last_idle_time",
-        "current_rollout_id",
-    }
-)
-
-_RESOURCES = TypeAdapter(NamedResources)
 
 
 class SQLiteStore(LightningStore):
@@ -162,8 +148,7 @@ class SQLiteStore(LightningStore):
         self._readers: ReaderPool | None = None
         self._closed = False
         self._watchdog: asyncio.Task[None] | None = None
-        self._pending_writes: List[Tuple[Callable[..., Any], Tuple[Any, ...], asyncio.Future[Any]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._writes = WriteBatcher(self._run, self._wake_waiters)
         self._finished_event: asyncio.Event | None = None
         self._opened_at = time.time()
 
@@ -217,9 +202,8 @@ class SQLiteStore(LightningStore):
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
-        if self._flusher is not None:
-            # Writes accepted before close() still commit; later ones get StoreClosedError.
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        # Writes accepted before close() still commit; later ones get StoreClosedError.
+        await self._writes.drain()
         self._wake_waiters()
         if self._readers is not None:
             await self._readers.close()
@@ -235,7 +219,7 @@ class SQLiteStore(LightningStore):
                 return await self._writer.run(transactions.in_snapshot, fn, *args)
             return await self._readers.run(transactions.in_snapshot, fn, *args)
         except sqlite3.Error as exc:
-            raise _store_error(exc) from exc
+            raise store_error(exc) from exc
 
     def _check_open(self) -> None:
         if self._closed:
@@ -250,44 +234,13 @@ class SQLiteStore(LightningStore):
         try:
             return await self._writer.run(fn, *args)
         except sqlite3.Error as exc:
-            raise _store_error(exc) from exc
+            raise store_error(exc) from exc
 
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(txn, *args)` as one transaction; returns once it is committed.
-
-        Writes that arrive while another batch is committing are grouped into the next
-        one: one thread hop and one commit for many concurrent calls (say, 16 proxies'
-        `add_span`), each in its own savepoint so one call's error undoes only its own
-        changes.
-        """
+        """Run `fn(txn, *args)` as one transaction (batched with concurrent writes); returns once
+        it is committed."""
         self._check_open()
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending_writes.append((fn, args, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_writes())
-        return await future
-
-    async def _flush_writes(self) -> None:
-        while self._pending_writes:
-            batch = self._pending_writes[:MAX_WRITES_PER_COMMIT]
-            del self._pending_writes[:MAX_WRITES_PER_COMMIT]
-            try:
-                outcomes = await self._run(transactions.run_writes, [(fn, args) for fn, args, _ in batch])
-            except BaseException as exc:  # nothing of the batch was committed
-                outcomes = [(False, exc, ())] * len(batch)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-            finished = False
-            for (_, _, future), (ok, value, finished_ids) in zip(batch, outcomes, strict=True):
-                finished = finished or bool(finished_ids)
-                if future.done():  # the caller was cancelled; the write stands
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(_store_error(value))
-            if finished:
-                self._wake_waiters()
+        return await self._writes.write(fn, *args)
 
     def _wake_waiters(self) -> None:
         # Broadcast: waiters hold the current event; a fresh one serves the next round.
@@ -333,7 +286,7 @@ class SQLiteStore(LightningStore):
         metadata: Dict[str, Any] | None = None,
         worker_id: str | None = None,
     ) -> AttemptedRollout:
-        new = _new_rollout(input, mode, resources_id, config, metadata)
+        new = new_rollout(input, mode, resources_id, config, metadata)
         return await self._write(queue.start_rollout, new, worker_id)
 
     async def enqueue_rollout(
@@ -344,16 +297,16 @@ class SQLiteStore(LightningStore):
         config: RolloutConfig | None = None,
         metadata: Dict[str, Any] | None = None,
     ) -> Rollout:
-        new = _new_rollout(input, mode, resources_id, config, metadata)
+        new = new_rollout(input, mode, resources_id, config, metadata)
         return (await self._write(queue.enqueue_rollouts, [new]))[0]
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
         news = []
         for index, request in enumerate(rollouts):
             if isinstance(request, dict):
-                request = _validate(EnqueueRolloutRequest, request, f"rollouts[{index}]")
+                request = validate(EnqueueRolloutRequest, request, f"rollouts[{index}]")
             news.append(
-                _new_rollout(request.input, request.mode, request.resources_id, request.config, request.metadata)
+                new_rollout(request.input, request.mode, request.resources_id, request.config, request.metadata)
             )
         if not news:
             return []
@@ -387,18 +340,18 @@ class SQLiteStore(LightningStore):
     ) -> Rollout:
         columns: Dict[str, Any] = {}
         if input is not UNSET:
-            columns["input"] = _dumps(input, "input")
+            columns["input"] = dumps(input, "input")
         if mode is not UNSET:
-            columns["mode"] = _check_mode(mode)
+            columns["mode"] = check_mode(mode)
         if resources_id is not UNSET:
             columns["resources_id"] = resources_id
         if config is not UNSET:
-            checked = _check_config(config)
+            checked = check_config(config)
             columns["config"] = orjson.dumps(checked.model_dump())
             columns["timeout_seconds"] = checked.timeout_seconds
             columns["unresponsive_seconds"] = checked.unresponsive_seconds
         if metadata is not UNSET:
-            columns["metadata"] = _dumps(_check_metadata(metadata), "metadata")
+            columns["metadata"] = dumps(check_metadata(metadata), "metadata")
         if status is not UNSET:
             check_rollout_status(status)
         return await self._write(queue.update_rollout, rollout_id, columns, status)
@@ -415,13 +368,13 @@ class SQLiteStore(LightningStore):
         if status is not UNSET:
             check_attempt_status(status)
         if last_heartbeat_time is not UNSET:
-            _check_number(last_heartbeat_time, "last_heartbeat_time")
+            check_number(last_heartbeat_time, "last_heartbeat_time")
         # An attempt's worker and metadata are replaced, never cleared (agent-lightning 0.3's server says so too).
         for field, value in (("worker_id", worker_id), ("metadata", metadata)):
             if value is None:
                 raise InvalidInputError(f"{field} is invalid; it cannot be a null value.")
         if metadata is not UNSET:
-            _dumps(_check_metadata(metadata), "metadata")  # the connection thread encodes it again
+            dumps(check_metadata(metadata), "metadata")  # the connection thread encodes it again
         changes = attempts.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
         return await self._write(attempts.update_attempt, rollout_id, attempt_id, changes)
 
@@ -431,76 +384,16 @@ class SQLiteStore(LightningStore):
     async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
         return await self._call(attempts.get_latest_attempt, rollout_id)
 
-    async def query_rollouts(
-        self,
-        *,
-        status_in: Optional[Sequence[RolloutStatus]] = None,
-        rollout_id_in: Optional[Sequence[str]] = None,
-        rollout_id_contains: Optional[str] = None,
-        mode: Optional[RolloutMode] = None,
-        start_time_after: Optional[float] = None,
-        start_time_before: Optional[float] = None,
-        filter_logic: FilterLogic = "and",
-        sort_by: Optional[str] = None,
-        sort_order: SortOrder = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Rollout]:
-        statuses = None
-        if status_in is not None:
-            statuses = [check_rollout_status(s, "status_in") for s in _as_list(status_in, "status_in")]
-        where = _Where()
-        if rollout_id_in is not None:
-            where.add(
-                "r.rollout_id IN (SELECT value FROM json_each(?))",
-                orjson.dumps(_as_list(rollout_id_in, "rollout_id_in")),
-            )
-        if rollout_id_contains is not None:
-            where.add("instr(r.rollout_id, ?) > 0", rollout_id_contains)
-        if mode is not None:
-            where.add("r.mode = ?", _check_mode(mode))
-        if start_time_after is not None:
-            where.add("r.start_time > ?", _check_number(start_time_after, "start_time_after"))
-        if start_time_before is not None:
-            where.add("r.start_time < ?", _check_number(start_time_before, "start_time_before"))
-        _check_sort(sort_by, ROLLOUT_SORT_FIELDS, sort_order)
-        _check_paging(limit, offset)
-        query = rollout_page_query(
-            statuses=statuses,
-            clauses=where.clauses,
-            params=where.params,
-            logic=_check_logic(filter_logic),
-            sort_by=sort_by,
-            descending=sort_order == "desc",
-            limit=limit,
-            offset=offset,
-        )
-        return await self._call(read_rollout_page, query)
+    async def find_rollouts(self, query: RolloutQuery) -> Sequence[Rollout]:
+        return await self._call(read_rollout_page, select_rollouts(query))
 
-    async def query_attempts(
-        self,
-        rollout_id: str,
-        *,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: SortOrder = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Attempt]:
-        query = _paged(
-            select=f"SELECT {ATTEMPT_COLUMNS} FROM attempts a",
-            count="SELECT count(*) FROM attempts a",
-            where=" WHERE a.rollout_id = ?",
-            params=[rollout_id],
-            order=_order_by("a", sort_by, ATTEMPT_SORT_FIELDS, sort_order, default="a.sequence_id"),
-            limit=limit,
-            offset=offset,
-        )
-        return await self._call(queries.run_paged, query, attempt_from_row)
+    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Sequence[Attempt]:
+        return await self._call(run_paged, select_attempts(rollout_id, query), attempt_from_row)
 
     async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise InvalidInputError(f"timeout must be None or a number >= 0, got {timeout!r}")
-        ids = list(dict.fromkeys(_as_list(rollout_ids, "rollout_ids")))
+        ids = list(dict.fromkeys(as_list(rollout_ids, "rollout_ids")))
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
@@ -524,11 +417,11 @@ class SQLiteStore(LightningStore):
     # --- spans ---------------------------------------------------------------------------
 
     async def add_span(self, span: Span) -> Optional[Span]:
-        stored = await self._write(add_spans, [_encode_span(span, 0)])
+        stored = await self._write(add_spans, [encode_span(span, 0)])
         return stored[0] if stored else None
 
     async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
-        encoded = [_encode_span(span, index) for index, span in enumerate(spans)]
+        encoded = [encode_span(span, index) for index, span in enumerate(spans)]
         if not encoded:
             return []
         return await self._write(add_spans, encoded)
@@ -542,7 +435,7 @@ class SQLiteStore(LightningStore):
         still `null`) with their sequence ids: the HTTP server only reports positions.
         """
         check_packed_batch([span.attributes for span in spans], packed)
-        encoded = [_encode_span(span, index, blob) for index, (span, blob) in enumerate(zip(spans, packed))]
+        encoded = [encode_span(span, index, blob) for index, (span, blob) in enumerate(zip(spans, packed))]
         if not encoded:
             return []
         return await self._write(add_spans, encoded)
@@ -565,50 +458,13 @@ class SQLiteStore(LightningStore):
             return []
         return await self._write(issue_sequence_ids, pairs)
 
-    async def query_spans(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        trace_id: Optional[str] = None,
-        trace_id_contains: Optional[str] = None,
-        span_id: Optional[str] = None,
-        span_id_contains: Optional[str] = None,
-        parent_id: Optional[str] = None,
-        parent_id_contains: Optional[str] = None,
-        name: Optional[str] = None,
-        name_contains: Optional[str] = None,
-        filter_logic: FilterLogic = "and",
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: SortOrder = "asc",
-        _decode: Callable[[Sequence[Any]], Any] = span_from_row,
-    ) -> Sequence[Span]:
-        # `_decode` is for `query_span_rows` only: callers of the contract get Spans.
-        where = _Where()
-        for column, exact, contains in (
-            ("trace_id", trace_id, trace_id_contains),
-            ("span_id", span_id, span_id_contains),
-            ("parent_id", parent_id, parent_id_contains),
-            ("name", name, name_contains),
-        ):
-            if exact is not None:
-                where.add(f"{column} = ?", exact)
-            if contains is not None:
-                where.add(f"instr({column}, ?) > 0", contains)
-        optional = where.sql(_check_logic(filter_logic))
-        must = " WHERE rollout_id = ?" + (" AND attempt_id = ?" if attempt_id is not None else "")
-        query = _paged(
-            select=f"SELECT {SPAN_COLUMNS} FROM spans",
-            count="SELECT count(*) FROM spans",
-            where=must + (" AND (" + optional[len(" WHERE ") :] + ")" if optional else ""),
-            params=[rollout_id, *([attempt_id] if attempt_id is not None else []), *where.params],
-            order=_order_by(None, sort_by, SPAN_SORT_FIELDS, sort_order, default="pk"),
-            limit=limit,
-            offset=offset,
-        )
-        return await self._call(read_span_page, query, attempt_id == "latest", _decode)
+    async def find_spans(self, query: SpanQuery) -> Sequence[Span]:
+        return await self.find_span_rows(query, span_from_row)
+
+    async def find_span_rows(self, query: SpanQuery, decode: Callable[[Sequence[Any]], T]) -> Page[T]:
+        """`find_spans` with each stored row (`SPAN_COLUMNS`) through `decode` instead of into a
+        Span: the HTTP server writes rows straight to JSON (`span_wire`)."""
+        return await self._call(read_span_page, select_spans(query), query.attempt_id == LATEST_ATTEMPT, decode)
 
     async def query_span_rows(
         self,
@@ -618,19 +474,22 @@ class SQLiteStore(LightningStore):
         decode: Callable[[Sequence[Any]], T],
         **filters: Any,
     ) -> Page[T]:
-        """`query_spans` (same filters) with each stored row (`SPAN_COLUMNS`) through `decode`
-        instead of into a Span: the HTTP server writes rows straight to JSON (`span_wire`)."""
-        return await self.query_spans(rollout_id, attempt_id, _decode=decode, **filters)  # type: ignore[return-value]
+        """`query_spans` (same filters) with each stored row through `decode` (`find_span_rows`)."""
+        unknown = sorted(set(filters) - set(SpanQuery.model_fields))
+        if unknown:
+            raise TypeError(f"query_span_rows() got unexpected keyword arguments {unknown}")
+        query = SpanQuery.of_call({**filters, "rollout_id": rollout_id, "attempt_id": attempt_id})
+        return await self.find_span_rows(query, decode)
 
     # --- resources -------------------------------------------------------------------------
 
     async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
-        return await self._write(put_resources, new_id("rs"), _encode_resources(resources), False)
+        return await self._write(put_resources, new_id("rs"), encode_resources(resources), False)
 
     async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
         if not isinstance(resources_id, str) or not resources_id:
             raise InvalidInputError(f"resources_id must be a non-empty string, got {resources_id!r}")
-        return await self._write(put_resources, resources_id, _encode_resources(resources), True)
+        return await self._write(put_resources, resources_id, encode_resources(resources), True)
 
     async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
         return await self._call(get_resources, resources_id)
@@ -638,31 +497,8 @@ class SQLiteStore(LightningStore):
     async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
         return await self._call(get_resources, None)
 
-    async def query_resources(
-        self,
-        *,
-        resources_id: Optional[str] = None,
-        resources_id_contains: Optional[str] = None,
-        sort_by: Optional[str] = None,
-        sort_order: SortOrder = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[ResourcesUpdate]:
-        where = _Where()
-        if resources_id is not None:
-            where.add("resources_id = ?", resources_id)
-        if resources_id_contains is not None:
-            where.add("instr(resources_id, ?) > 0", resources_id_contains)
-        query = _paged(
-            select=f"SELECT {RESOURCES_COLUMNS} FROM resources",
-            count="SELECT count(*) FROM resources",
-            where=where.sql("and"),
-            params=where.params,
-            order=_order_by(None, sort_by, RESOURCES_SORT_FIELDS, sort_order, default="rowid"),
-            limit=limit,
-            offset=offset,
-        )
-        return await self._call(queries.run_paged, query, resources_from_row)
+    async def find_resources(self, query: ResourcesQuery) -> Sequence[ResourcesUpdate]:
+        return await self._call(run_paged, select_resources(query), resources_from_row)
 
     # --- workers ---------------------------------------------------------------------------
 
@@ -672,37 +508,12 @@ class SQLiteStore(LightningStore):
         stats = (
             UNSET
             if heartbeat_stats is UNSET
-            else _dumps(_check_metadata(heartbeat_stats, "heartbeat_stats"), "heartbeat_stats")
+            else dumps(check_metadata(heartbeat_stats, "heartbeat_stats"), "heartbeat_stats")
         )
         return await self._write(workers.heartbeat_worker, worker_id, stats)
 
-    async def query_workers(
-        self,
-        *,
-        status_in: Optional[Sequence[WorkerStatus]] = None,
-        worker_id_contains: Optional[str] = None,
-        filter_logic: FilterLogic = "and",
-        sort_by: Optional[str] = None,
-        sort_order: SortOrder = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Worker]:
-        where = _Where()
-        if status_in is not None:
-            statuses = [check_worker_status(s, "status_in") for s in _as_list(status_in, "status_in")]
-            where.add("status IN (SELECT value FROM json_each(?))", orjson.dumps(statuses))
-        if worker_id_contains is not None:
-            where.add("instr(worker_id, ?) > 0", worker_id_contains)
-        query = _paged(
-            select=f"SELECT {WORKER_COLUMNS} FROM workers",
-            count="SELECT count(*) FROM workers",
-            where=where.sql(_check_logic(filter_logic)),
-            params=where.params,
-            order=_order_by(None, sort_by, WORKER_SORT_FIELDS, sort_order, default="rowid"),
-            limit=limit,
-            offset=offset,
-        )
-        return await self._call(queries.run_paged, query, worker_from_row)
+    async def find_workers(self, query: WorkerQuery) -> Sequence[Worker]:
+        return await self._call(run_paged, select_workers(query), worker_from_row)
 
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
         return await self._call(workers.get_worker, worker_id)
@@ -716,7 +527,7 @@ class SQLiteStore(LightningStore):
     # truncated to zero bytes.
 
     async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
-        ids = list(dict.fromkeys(_as_list(rollout_ids, "rollout_ids")))
+        ids = list(dict.fromkeys(as_list(rollout_ids, "rollout_ids")))
         if not ids:
             return 0
         remaining = await self._call(retention.finished_rollouts, ids)
@@ -731,7 +542,7 @@ class SQLiteStore(LightningStore):
         return deleted
 
     async def expire_rollouts(self, older_than_seconds: float) -> int:
-        _check_number(older_than_seconds, "older_than_seconds")
+        check_number(older_than_seconds, "older_than_seconds")
         if older_than_seconds < 0:
             raise InvalidInputError(f"older_than_seconds must be >= 0, got {older_than_seconds}")
         ended_before = time.time() - older_than_seconds
@@ -760,174 +571,3 @@ def _file_bytes(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-def _store_error(exc: BaseException) -> BaseException:
-    """SQLite's own errors become StoreError (a 500); the store's errors pass through."""
-    if isinstance(exc, sqlite3.Error):
-        error = StoreError(f"SQLite error: {exc}")
-        error.__cause__ = exc
-        return error
-    return exc
-
-
-# === validation (event loop side, before any transaction) ===================================
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _dumps(value: Any, field: str) -> bytes:
-    check_json_depth(value, field)
-    try:
-        return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
-    except TypeError as exc:
-        raise InvalidInputError(f"{field} is not JSON: {exc}") from exc
-
-
-def _validate(model: type[T], value: Any, field: str) -> T:
-    try:
-        return model.model_validate(value)  # type: ignore[attr-defined]
-    except ValidationError as exc:
-        raise InvalidInputError(f"{field}: {exc.errors()[0]['msg']} ({exc.error_count()} error(s))") from exc
-
-
-def _check_mode(mode: Any) -> Optional[str]:
-    if mode is not None and mode not in ROLLOUT_MODES:
-        raise InvalidInputError(f"mode: unknown rollout mode {mode!r}; expected one of {list(ROLLOUT_MODES)} or None")
-    return mode
-
-
-def _check_config(config: Any) -> RolloutConfig:
-    if isinstance(config, RolloutConfig):
-        return config
-    return _validate(RolloutConfig, config, "config")
-
-
-def _check_metadata(metadata: Any, field: str = "metadata") -> Any:
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidInputError(f"{field} must be an object or null, got {type(metadata).__name__}")
-    return metadata
-
-
-def _check_number(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInputError(f"{field} must be a number, got {value!r}")
-    try:
-        return float(value)
-    except OverflowError:  # an int past the largest double
-        raise InvalidInputError(f"{field} is out of range, got {value!r}") from None
-
-
-def _check_logic(filter_logic: Any) -> str:
-    if filter_logic not in ("and", "or"):
-        raise InvalidInputError(f"filter_logic must be 'and' or 'or', got {filter_logic!r}")
-    return filter_logic
-
-
-def _as_list(values: Any, field: str) -> list:
-    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, set, frozenset)):
-        raise InvalidInputError(f"{field} must be a list, got {type(values).__name__}")
-    return list(values)
-
-
-def _order_by(
-    table: Optional[str], sort_by: Optional[str], allowed: frozenset[str], sort_order: Any, *, default: str
-) -> str:
-    _check_sort(sort_by, allowed, sort_order)
-    direction = sort_order.upper()
-    if sort_by is None:
-        return f" ORDER BY {default} {direction}"
-    prefix = f"{table}." if table else ""
-    # The default order breaks ties, so pages are stable.
-    return f" ORDER BY {prefix}{sort_by} {direction}, {default} {direction}"
-
-
-def _check_sort(sort_by: Optional[str], allowed: frozenset[str], sort_order: Any) -> None:
-    if sort_order not in ("asc", "desc"):
-        raise InvalidInputError(f"sort_order must be 'asc' or 'desc', got {sort_order!r}")
-    if sort_by is not None and sort_by not in allowed:
-        raise invalid_sort_by(sort_by, sorted(allowed))
-
-
-def _paged(**parts: Any) -> queries.PagedQuery:
-    _check_paging(parts["limit"], parts["offset"])
-    return queries.PagedQuery(**parts)
-
-
-def _check_paging(limit: Any, offset: Any) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < -1:
-        raise InvalidInputError(f"limit must be -1 (no limit) or an int >= 0, got {limit!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise InvalidInputError(f"offset must be an int >= 0, got {offset!r}")
-    check_integer(limit, "limit")
-    check_integer(offset, "offset")
-
-
-class _Where:
-    """Filter clauses and their parameters, joined by the query's filter_logic."""
-
-    def __init__(self) -> None:
-        self.clauses: List[str] = []
-        self.params: List[Any] = []
-
-    def add(self, clause: str, param: Any) -> None:
-        self.clauses.append(clause)
-        self.params.append(param)
-
-    def sql(self, logic: str) -> str:
-        if not self.clauses:
-            return ""
-        return " WHERE " + f" {logic.upper()} ".join(f"({clause})" for clause in self.clauses)
-
-
-def _new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any, metadata: Any) -> queue.NewRollout:
-    rollout = Rollout(
-        rollout_id=new_id("ro"),
-        input=input,
-        start_time=time.time(),
-        mode=_check_mode(mode),
-        resources_id=resources_id,
-        status="queuing",
-        config=RolloutConfig() if config is None else _check_config(config).model_copy(deep=True),
-        metadata=dict(_check_metadata(metadata) or {}),
-    )
-    return queue.NewRollout(
-        rollout,
-        _dumps(rollout.input, "input"),
-        orjson.dumps(rollout.config.model_dump()),
-        _dumps(rollout.metadata, "metadata"),
-    )
-
-
-def _encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> EncodedSpan:
-    if not isinstance(span, Span):
-        span = _validate(Span, span, f"spans[{index}]")
-    # 0 is agent-lightning 0.3's "no particular order" (its `Span.from_attributes` default).
-    if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 0):
-        raise InvalidInputError(f"spans[{index}].sequence_id must be >= 0, got {span.sequence_id!r}")
-    if span.sequence_id is not None:
-        check_integer(span.sequence_id, f"spans[{index}].sequence_id")
-    # Token-bearing attributes get their depth checked on the packing walk (span_to_row).
-    check_field_depths(span, f"spans[{index}]", skip="attributes" if packed is None else "")
-    try:
-        return EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
-    except TypeError as exc:
-        raise InvalidInputError(f"spans[{index}] is not JSON: {exc}") from exc
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"spans[{index}].{exc.message}") from None
-
-
-def _encode_resources(resources: Any) -> Tuple[NamedResources, bytes]:
-    try:
-        validated = _RESOURCES.validate_python(resources)
-    except ValidationError as exc:
-        raise InvalidInputError(f"resources: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from exc
-    check_json_depth(validated, "resources")
-    try:
-        return validated, _RESOURCES.dump_json(validated)
-    except PydanticSerializationError as exc:
-        raise InvalidInputError(f"resources are not JSON: {exc}") from exc

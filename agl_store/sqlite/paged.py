@@ -1,4 +1,4 @@
-"""Paged SELECTs: a checked query, its rows, and the count of matches before paging."""
+"""A checked, paged SELECT, run in one snapshot: its rows, and the count of matches before paging."""
 
 from __future__ import annotations
 
