@@ -17,7 +17,6 @@ from .transactions import Txn, fetchone
 MAX_ROLLOUTS_PER_CHUNK = 256
 """Rollouts one retention transaction looks at, whatever their span count."""
 
-
 EXPIRED_ROLLOUTS_SQL = (
     # Through the end-time index: a call with nothing to expire reads one index entry.
     "SELECT rollout_id FROM rollouts INDEXED BY rollouts_end_time "
