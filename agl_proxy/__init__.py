@@ -2,6 +2,5 @@
 
 from .errors import ProxyError
 from .proxy import LLMProxy
-from .spans import LLM_CALL_SPAN_NAME
 
-__all__ = ["LLM_CALL_SPAN_NAME", "LLMProxy", "ProxyError"]
+__all__ = ["LLMProxy", "ProxyError"]

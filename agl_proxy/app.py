@@ -1,8 +1,8 @@
 """The proxy's ASGI app: OpenAI routes, per-rollout routes, admin routes, metrics.
 
-`create_app(gateway, key=..., admin_key=..., store_app=...)` builds it from explicit parts.
+`create_app(proxy_state, key=..., admin_key=..., store_app=...)` builds it from explicit parts.
 With `store_app` (the store's REST app, when the proxy runs an embedded store) the store's
-routes are served on the same port, so one URL is the whole gateway.
+routes are served on the same port, so one URL is the whole proxy_state.
 
 Two groups of routes, two keys: the LLM routes (what agents call) take `key` or the admin
 key; the admin routes (`/proxy/*`, `/metrics`) and the store's take only `admin_key`, so an
@@ -29,7 +29,7 @@ from agl_store.server.cross_site import CrossSiteGuard, is_loopback
 from .auth import BearerKeyMiddleware
 from .calls import LLMCallEndpoint, json_object
 from .errors import BadRequestError, ProxyError, render_error
-from .gateway import Gateway
+from .state import ProxyState
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 
@@ -69,12 +69,12 @@ def pause_request(body: Dict[str, Any]) -> Tuple[Optional[str], bool, Optional[f
     return reason, bool(drain), None if timeout is None else float(timeout)
 
 
-def _model_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRoute]:
+def _model_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List[BaseRoute]:
     async def models(request: Request) -> Response:
         created = int(time.time())
         data = [
             {"id": name, "object": "model", "created": created, "owned_by": "agl"}
-            for name in gateway.registry.model_names
+            for name in proxy_state.registry.model_names
         ]
         return JSONBytesResponse({"object": "list", "data": data})
 
@@ -84,28 +84,28 @@ def _model_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRo
     ]
 
 
-def _admin_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRoute]:
+def _admin_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List[BaseRoute]:
     async def state(request: Request) -> Response:
         return JSONBytesResponse(
             {
-                **gateway.gate.state(),
-                "models": gateway.registry.model_names,
-                "spans_buffered": gateway.exporter.buffered,
+                **proxy_state.gate.state(),
+                "models": proxy_state.registry.model_names,
+                "spans_buffered": proxy_state.exporter.buffered,
             }
         )
 
     async def pause(request: Request) -> Response:
         """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight."""
         reason, drain, timeout = pause_request(await _json_body(request))  # checked before anything changes
-        gateway.gate.pause(reason)
+        proxy_state.gate.pause(reason)
         drained = None
         if drain:
-            drained = await gateway.gate.wait_drained(timeout)
-        return JSONBytesResponse({**gateway.gate.state(), "drained": drained})
+            drained = await proxy_state.gate.wait_drained(timeout)
+        return JSONBytesResponse({**proxy_state.gate.state(), "drained": drained})
 
     async def resume(request: Request) -> Response:
-        gateway.gate.resume()
-        return JSONBytesResponse(gateway.gate.state())
+        proxy_state.gate.resume()
+        return JSONBytesResponse(proxy_state.gate.state())
 
     async def model_list(request: Request) -> Response:
         if request.method == "POST":
@@ -113,13 +113,14 @@ def _admin_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRo
             if not isinstance(entries, list):
                 raise BadRequestError('the body must be {"model_list": [...]} in LiteLLM\'s format')
             try:
-                gateway.update_model_list(entries)
+                proxy_state.update_model_list(entries)
             except ValueError as exc:
                 raise BadRequestError(str(exc)) from exc
-        return JSONBytesResponse({"model_list": gateway.registry.redacted()})
+        return JSONBytesResponse({"model_list": proxy_state.registry.redacted()})
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(gateway.metrics.render(gateway.gauges()), media_type="text/plain; version=0.0.4")
+        text = proxy_state.metrics.render(proxy_state.gauges())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return [
         Route("/metrics", metrics, methods=["GET"], middleware=middleware),
@@ -134,9 +135,9 @@ async def _health(request: Request) -> Response:
     return JSONBytesResponse({"status": "ok"})
 
 
-def _call_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRoute]:
-    chat = LLMCallEndpoint(gateway, "chat")
-    completions = LLMCallEndpoint(gateway, "text_completion")
+def _call_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List[BaseRoute]:
+    chat = LLMCallEndpoint(proxy_state, "chat")
+    completions = LLMCallEndpoint(proxy_state, "text_completion")
     routes: List[BaseRoute] = []
     # Base URLs with and without /v1 both occur in agent code; serve both.
     for prefix in ("", ROLLOUT_PREFIX):
@@ -147,14 +148,14 @@ def _call_routes(gateway: Gateway, middleware: List[Middleware]) -> List[BaseRou
 
 
 def create_app(
-    gateway: Gateway,
+    proxy_state: ProxyState,
     *,
     key: Optional[str] = None,
     admin_key: Optional[str] = None,
     store_app: Optional[ASGIApp] = None,
     host: str = "127.0.0.1",
 ) -> ASGIApp:
-    """The proxy's ASGI app over `gateway`.
+    """The proxy's ASGI app over `proxy_state`.
 
     `key` is required on the LLM routes (the admin key works there too), `admin_key` on the
     admin routes and the store's; a group without its key is open. `/health` is always open.
@@ -177,8 +178,8 @@ def create_app(
             inner = getattr(getattr(store_app, "router", None), "lifespan_context", None)
             if inner is not None:
                 state.update(await stack.enter_async_context(inner(store_app)) or {})
-            await gateway.open()
-            stack.push_async_callback(gateway.close)
+            await proxy_state.open()
+            stack.push_async_callback(proxy_state.close)
             yield state
 
     client = protected(key, (admin_key,) if admin_key else (), "the proxy's key")
@@ -186,9 +187,9 @@ def create_app(
     health = [Middleware(CrossSiteGuard, keyless=not (key or admin_key), loopback=loopback, render=render_error)]
     routes = [
         Route("/health", _health, methods=["GET"], middleware=health),
-        *_call_routes(gateway, client),
-        *_model_routes(gateway, client),
-        *_admin_routes(gateway, admin),
+        *_call_routes(proxy_state, client),
+        *_model_routes(proxy_state, client),
+        *_admin_routes(proxy_state, admin),
     ]
     if store_app is not None:
         # The store app guards itself against web pages; here it gets the admin key on top,

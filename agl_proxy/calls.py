@@ -28,9 +28,9 @@ from .errors import (
     send_error,
 )
 from .forwarding import RetryableBackendError, forward
-from .gateway import Gateway
 from .litellm_path import complete_with_litellm
-from .spans import CallRecord
+from .call_record import CallRecord
+from .state import ProxyState
 
 logger = logging.getLogger(__name__)
 
@@ -95,20 +95,20 @@ def json_object(raw: bytes) -> Dict[str, Any]:
 
 
 class LLMCallEndpoint:
-    """Serves one OpenAI operation (`chat` or `text_completion`) for a gateway."""
+    """Serves one OpenAI operation (`chat` or `text_completion`) of a proxy."""
 
-    def __init__(self, gateway: Gateway, operation: str) -> None:
-        self.gateway = gateway
+    def __init__(self, state: ProxyState, operation: str) -> None:
+        self.state = state
         self.operation = operation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gw = self.gateway
+        state = self.state
         # Backpressure: a call is admitted only while the store keeps up with the spans of
         # earlier ones, so no answered call's span ever has to be given up.
-        if not await gw.exporter.wait_for_room(gw.backpressure_wait_s):
-            await send_error(send, SpanBacklogError.for_backlog(gw.exporter.buffered, gw.backpressure_wait_s))
+        if not await state.exporter.wait_for_room(state.backpressure_wait_s):
+            await send_error(send, SpanBacklogError.for_backlog(state.exporter.buffered, state.backpressure_wait_s))
             return
-        gate = gw.gate
+        gate = state.gate
         try:
             gate.enter()
         except PausedError as exc:
@@ -120,7 +120,7 @@ class LLMCallEndpoint:
             gate.exit()
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gw = self.gateway
+        state = self.state
         t0 = time.perf_counter()
         start_time = time.time()
         try:
@@ -140,10 +140,10 @@ class LLMCallEndpoint:
             request=body,
         )
         try:
-            replicas = gw.registry.resolve(record.requested_model)
+            replicas = state.registry.resolve(record.requested_model)
         except NotFoundError as exc:
             # A typo in the model name is the client's mistake, not a call: no span.
-            gw.metrics.observe_error(record.requested_model or "", "", exc.code)
+            state.metrics.observe_error(record.requested_model or "", "", exc.code)
             await send_error(send, exc)
             return
         except NoBackendError as exc:
@@ -152,8 +152,8 @@ class LLMCallEndpoint:
         else:
             no_backend = None
         if rollout_id and not attempt_id:
-            record.attempt_id = attempt_id = await gw.latest_attempt_id(rollout_id)
-        sequence = gw.exporter.reserve_sequence(rollout_id, attempt_id)
+            record.attempt_id = attempt_id = await state.latest_attempt_id(rollout_id)
+        sequence = state.exporter.reserve_sequence(rollout_id, attempt_id)
         try:
             if no_backend is not None:
                 raise no_backend
@@ -166,7 +166,7 @@ class LLMCallEndpoint:
             if record.ttft_s is None and record.error is None:
                 record.ttft_s = record.latency_s
             backend = record.deployment.label if record.deployment else ""
-            gw.metrics.observe_call(
+            state.metrics.observe_call(
                 record.requested_model or "",
                 backend,
                 record.status_code,
@@ -174,8 +174,8 @@ class LLMCallEndpoint:
                 record.ttft_s if record.stream else None,
             )
             if record.error is not None:
-                gw.metrics.observe_error(record.requested_model or "", backend, record.error["type"])
-            gw.exporter.submit(record, sequence)
+                state.metrics.observe_error(record.requested_model or "", backend, record.error["type"])
+            state.exporter.submit(record, sequence)
 
     async def _dispatch(
         self,
@@ -186,33 +186,33 @@ class LLMCallEndpoint:
         send: Send,
         t0: float,
     ) -> None:
-        gw = self.gateway
-        options = await gw.options_for(record.rollout_id)
+        state = self.state
+        options = await state.options_for(record.rollout_id)
         tried: Set[str] = set()
         last_error: Optional[ProxyError] = None
         while True:
-            deployment = gw.balancer.choose(replicas, record.rollout_id or None, exclude=tried)
+            deployment = state.balancer.choose(replicas, record.rollout_id or None, exclude=tried)
             if deployment is None:
                 assert last_error is not None
                 if len(tried) > 1:
                     last_error.message += f" (tried {len(tried)} replicas of {record.requested_model!r})"
                 raise last_error
             tried.add(deployment.key)
-            gw.balancer.acquire(deployment)
+            state.balancer.acquire(deployment)
             try:
                 if deployment.passthrough:
-                    assert gw.client is not None, "the proxy's app was not started"
-                    await forward(gw.client, deployment, record, body, send, t0, options, receive)
+                    assert state.client is not None, "the proxy's app was not started"
+                    await forward(state.client, deployment, record, body, send, t0, options, receive)
                 else:
                     await complete_with_litellm(deployment, record, body, send, t0, options)
                 if record.status_code < 500:
-                    gw.balancer.mark_ok(deployment)
+                    state.balancer.mark_ok(deployment)
                 return
             except RetryableBackendError as exc:
-                gw.balancer.mark_failed(deployment)
+                state.balancer.mark_failed(deployment)
                 last_error = exc.error
                 logger.warning(
-                    "agl_proxy: %s; replica cooling down for %.0f s", exc.error.message, gw.balancer.cooldown_s
+                    "agl_proxy: %s; replica cooling down for %.0f s", exc.error.message, state.balancer.cooldown_s
                 )
             finally:
-                gw.balancer.release(deployment)
+                state.balancer.release(deployment)

@@ -50,7 +50,7 @@ def add_proxy_commands(subparsers: Any) -> None:
     serve.add_argument("--logprobs", action="store_true", help="ask backends for the sampled tokens' logprobs")
     serve.add_argument(
         "--span-buffer",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_BUFFER,
         help=f"spans of answered calls that may wait for the store before new calls wait (default {DEFAULT_MAX_BUFFER})",
     )
@@ -64,7 +64,8 @@ def add_proxy_commands(subparsers: Any) -> None:
     serve.set_defaults(run=_serve)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -146,7 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]], keys: Keys) -> int:
     from agl_store.cli import db_url
-    from agl_store.urls import open_store
+    from agl_store.opening import open_store
 
     store_url = args.store_url or db_url(args.db)
     store = await open_store(store_url, key=keys.store)
@@ -178,7 +179,7 @@ async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    models = ", ".join(proxy.gateway.registry.model_names)
+    models = ", ".join(proxy.state.registry.model_names)
     where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
     advertised = f"; agents use {proxy.url}" if args.advertise_url else ""
     details = f"models: {models}; {where}; {keys.sources}{advertised}"

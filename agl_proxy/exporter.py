@@ -27,7 +27,7 @@ from agl_store.base import LightningStore
 from agl_store.models import Span
 
 from .sequences import SequenceReserver, is_rejection
-from .spans import CallRecord, build_llm_span
+from .call_record import CallRecord, build_llm_span
 
 logger = logging.getLogger(__name__)
 

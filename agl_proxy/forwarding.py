@@ -21,7 +21,7 @@ from starlette.types import Receive, Send
 from .assembly import StreamAssembler
 from .deployments import Deployment
 from .errors import BackendFailedError, BackendTimeoutError, ProxyError, short_text
-from .spans import CallRecord
+from .call_record import CallRecord
 
 CONNECT_TIMEOUT_S = 10.0
 _PATHS = {"chat": "/chat/completions", "text_completion": "/completions"}

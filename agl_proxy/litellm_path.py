@@ -19,7 +19,7 @@ from .assembly import StreamAssembler
 from .deployments import Deployment
 from .errors import BackendFailedError, BackendTimeoutError, short_text
 from .forwarding import RequestOptions, RetryableBackendError, relay_chunk, request_fields
-from .spans import CallRecord
+from .call_record import CallRecord
 
 
 def import_litellm() -> Any:

@@ -15,7 +15,7 @@ from agl_store.models import ProxyLLM
 from .app import create_app
 from .balancing import DEFAULT_COOLDOWN_S
 from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
-from .gateway import Gateway
+from .state import ProxyState
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class LLMProxy:
         self.key = key
         self.admin_key = key if admin_key is None else admin_key
         self.store = store
-        self.gateway = Gateway(
+        self.state = ProxyState(
             model_list or [],
             store,
             logprobs=logprobs,
@@ -89,7 +89,7 @@ class LLMProxy:
 
     @property
     def model_list(self) -> List[Dict[str, Any]]:
-        return self.gateway.registry.model_list
+        return self.state.registry.model_list
 
     @property
     def bound_url(self) -> str:
@@ -113,12 +113,12 @@ class LLMProxy:
     def create_app(self) -> Any:
         """The ASGI app, for serving it some other way (tests use it with httpx's ASGITransport)."""
         return create_app(
-            self.gateway, key=self.key, admin_key=self.admin_key, store_app=self._store_app, host=self.host
+            self.state, key=self.key, admin_key=self.admin_key, store_app=self._store_app, host=self.host
         )
 
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
         """Replace the backends at run time; calls in flight finish where they started."""
-        self.gateway.update_model_list(model_list)
+        self.state.update_model_list(model_list)
 
     async def start(self, *, handle_signals: bool = False) -> None:
         """Serve until `stop()`. Returns once the port accepts connections.
@@ -157,7 +157,7 @@ class LLMProxy:
                 raise RuntimeError(f"the proxy did not start within {STARTUP_TIMEOUT_S:g} s")
         if self.port == 0:
             self.port = server.servers[0].sockets[0].getsockname()[1]
-        logger.info("agl_proxy serving %s at %s", ", ".join(self.gateway.registry.model_names) or "no models", self.url)
+        logger.info("agl_proxy serving %s at %s", ", ".join(self.state.registry.model_names) or "no models", self.url)
 
     async def stop(self) -> None:
         """Stop serving: calls in flight get uvicorn's grace period, buffered spans a flush."""
@@ -183,7 +183,7 @@ class LLMProxy:
         `model` may be left out when one model is configured. It carries `key`, never `admin_key`.
         """
         if model is None:
-            names = self.gateway.registry.model_names
+            names = self.state.registry.model_names
             if len(names) != 1:
                 raise ValueError(f"as_resource needs model= when the proxy serves {len(names)} models: {names}")
             model = names[0]

@@ -26,8 +26,8 @@ from .models import (
     Worker,
     reward_span,
 )
+from .opening import open_store
 from .sqlite import SQLiteStore
-from .urls import open_store
 
 __all__ = [
     "UNSET",

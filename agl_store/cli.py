@@ -129,7 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(args: argparse.Namespace) -> int:
-    from .urls import open_store
+    from .opening import open_store
 
     try:
         key, key_source = STORE_KEY.read(args)

@@ -3,8 +3,8 @@
 Field names and JSON shapes follow the agent-lightning 0.3 types, so payloads of its
 store server and clients validate here unchanged. Two deliberate differences:
 
-- `Span.attributes` holds any JSON value (SPEC section 4 keeps request, response and
-  token-id arrays as native JSON, not flattened strings).
+- `Span.attributes` holds any JSON value: the LLM-call span keeps request, response and
+  token-id arrays as native JSON, not flattened strings (docs/spans.md).
 - `Span.sequence_id` may be omitted on input; the store then issues one.
 """
 
@@ -199,7 +199,8 @@ class Span(BaseModel):
 
 
 REWARD_SPAN_NAME = "agl.reward"
-"""Name of a reward span; its `attributes["agl.reward.value"]` is a float (SPEC section 4)."""
+"""Name of a reward span; its `attributes["agl.reward.value"]` is a float, and the last one of an attempt
+is the attempt's final reward (docs/spans.md)."""
 REWARD_VALUE_ATTRIBUTE = "agl.reward.value"
 
 

@@ -37,7 +37,7 @@ from pydantic_core import to_json
 
 from .errors import InvalidInputError
 from .models import Span
-from .tokens import fill_packed, pack_attributes, unpack_attributes
+from .packed_attributes import fill_packed, pack_attributes, unpack_attributes
 
 ENCODING_HEADER = "x-agl-span-encoding"
 PACKED = "packed-v1"

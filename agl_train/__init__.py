@@ -35,7 +35,7 @@ _EXPORTS = MappingProxyType(
         **dict.fromkeys(["BREAK_KINDS", "PrefixBreak", "classify_break"], "prefix_break"),
         **dict.fromkeys(
             ["LLMCall", "RolloutTrace", "calls_from_spans", "final_reward", "read_rollout", "trace_from_spans"],
-            "spans",
+            "traces",
         ),
         **dict.fromkeys(["rows_to_non_tensors", "rows_to_tensors"], "tensorize"),
         **dict.fromkeys(

@@ -1,4 +1,4 @@
-"""Rollout-level advantage (SPEC section 5, `algorithm.enable_rollout_level_advantage`).
+"""Rollout-level advantage (`algorithm.enable_rollout_level_advantage`, on in agl's config).
 
 After aggregation one rollout may own any number of rows. Computing GRPO over rows would
 let a rollout that was split into three rows count three times in its group's mean and

@@ -1,4 +1,4 @@
-"""The trace aggregator: a rollout's LLM calls → training rows (SPEC section 5).
+"""The trace aggregator: a rollout's LLM calls → training rows (docs/training.md).
 
 Two levels, chosen by `agentlightning.trace_aggregator.level`:
 
@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .prefix_break import Detokenizer, PrefixBreak, diagnose_break
-from .spans import LLMCall, RolloutTrace
+from .traces import LLMCall, RolloutTrace
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ def aggregate(
     limits: Limits,
     tokenizer: Optional[Detokenizer] = None,
 ) -> Aggregation:
-    """Turn rollouts into training rows at `level`, with the SPEC section 5 metrics.
+    """Turn rollouts into training rows at `level`, with the metrics of what was dropped or cut.
 
     Metrics: `training/n_sample_dropped/marked` (rows whose prompt is over the limit),
     `training/n_truncated_sample` (rows whose response was truncated), plus
@@ -285,7 +285,7 @@ def aggregate(
 
 
 def limits_for_level(level: str, trace_aggregator: Mapping, data: Mapping) -> Limits:
-    """The limits SPEC section 5 assigns to `level`.
+    """The length limits that apply at `level`.
 
     `trajectory` uses `agentlightning.trace_aggregator.trajectory_max_{prompt,response}_length`;
     `transition` uses verl's `data.max_{prompt,response}_length`.

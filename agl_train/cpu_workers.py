@@ -44,7 +44,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import httpx
 import torch
 
-from .gateway import server_root
+from .proxy_control import server_root
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -1,8 +1,8 @@
-"""The training entry point: `run_ppo(config, train_dataset, val_dataset)` (SPEC section 5).
+"""The training entry point: `run_ppo(config, train_dataset, val_dataset)` (docs/trainer.md).
 
 ```python
 from agl_train.entry import run_ppo
-from agl_train.settings import compose_config
+from agl_train.config import compose_config
 
 config = compose_config(["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
                          "agentlightning.local.agent_class=examples.calc_agent.agent:CalcAgent",
@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Sequence
 
 from .attention import resolve_attn_implementation
 from .dataset import check_dataset
-from .settings import trainer_settings
+from .config import trainer_settings
 
 WORKER_SETUP_HOOK = "agl_train.entry.worker_process_setup_hook"
 

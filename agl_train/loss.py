@@ -1,4 +1,4 @@
-"""The `per_rollout_mean` policy loss and its advantage normalisation (SPEC section 5).
+"""The `per_rollout_mean` policy loss and its advantage normalisation (docs/training.md).
 
 A rollout may be split into many rows; averaging the loss per row or per token would give
 it weight in proportion to how many rows or tokens it produced. `per_rollout_mean` gives

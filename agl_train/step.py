@@ -1,4 +1,13 @@
-"""One training step's data path, in the order SPEC section 5 fixes, for the trainer to call.
+"""One training step's data path, from new prompts to the batch that goes to the actor update
+(docs/training.md, "One step").
+
+`rollout_step` runs it on the trainer's background loop, verl-free apart from `DataProto`
+(the tests run it on the CPU with the real store, proxy and a tiny vLLM): enqueue `n`
+rollouts per prompt â runners execute them â wait (`rollout_timeout_seconds`) â read spans â
+rows (trace aggregator) â advantage (rollout-level) â update cap â per-rollout normalisation.
+Failed and timed-out rollouts are dropped from the batch and counted.
+
+Its second half is two functions a trainer can also call on traces it read itself:
 
     traces = [await read_rollout(store, rid, uid=uid, reward_fillna_value=s.reward_fillna_value) ...]
     data, aggregation = build_batch(traces, s, pad_token_id, tokenizer)
@@ -13,20 +22,130 @@ finally normalises the advantage by rollout for `per_rollout_mean`.
 
 from __future__ import annotations
 
+import asyncio
 import random
-from typing import Any, Dict, Optional, Sequence, Tuple
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from agl_store.base import LightningStore
 
 from ._verl import DataProto, compute_advantage
 from .aggregate import Aggregation, aggregate
+from .config import TrainSettings
 from .prefix_break import Detokenizer
-from .settings import TrainSettings
-from .spans import RolloutTrace
+from .proxy_control import ProxyControl
+from .runner.groups import Collected, Group, GroupTracker
+from .traces import RolloutTrace, read_rollout
 from .verl_batch import (
     compute_rollout_level_advantage,
     normalize_batch_advantages,
     select_update_batch,
     to_data_proto,
 )
+
+WAIT_GRACE_S = 30.0
+"""Extra wait past the rollout timeout: the runner kills at the timeout, then records the outcome."""
+
+
+@dataclass(frozen=True)
+class StepData:
+    """What one step's rollouts produced: the update batch (None when no row survived), the
+    metrics of the step, and the groups it trained on."""
+
+    data: Optional[DataProto]
+    metrics: Dict[str, float]
+    collected: Collected
+
+
+def _token_metrics(data: Optional[DataProto]) -> Dict[str, float]:
+    if data is None or len(data) == 0:
+        return {"training/n_update_rows": 0.0, "training/n_response_tokens": 0.0, "training/n_tokens": 0.0}
+    return {
+        "training/n_update_rows": float(len(data)),
+        "training/n_response_tokens": float(data.batch["response_mask"].sum()),
+        "training/n_tokens": float(data.batch["attention_mask"].sum()),
+    }
+
+
+READS_IN_FLIGHT = 8
+"""Rollouts read at once: the store serves one while the trainer decodes another."""
+
+
+async def read_succeeded(
+    store: LightningStore, groups: Sequence[Group], reward_fillna_value: float, *, in_flight: int = READS_IN_FLIGHT
+) -> List[RolloutTrace]:
+    """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid
+    (`in_flight` reads at a time)."""
+    slots = asyncio.Semaphore(in_flight)
+
+    async def read(rollout_id: str, uid: str) -> RolloutTrace:
+        async with slots:
+            return await read_rollout(store, rollout_id, uid=uid, reward_fillna_value=reward_fillna_value)
+
+    return list(
+        await asyncio.gather(*(read(rollout_id, group.uid) for group in groups for rollout_id in group.succeeded()))
+    )
+
+
+async def rollout_step(
+    store: LightningStore,
+    tracker: GroupTracker,
+    inputs: Sequence[Any],
+    settings: TrainSettings,
+    *,
+    rollout_timeout_s: float,
+    pad_token_id: int,
+    rng: random.Random,
+    adv_estimator: Any = "grpo",
+    groups_to_train: Optional[int] = None,
+    resources_id: Optional[str] = None,
+    proxy: Optional[ProxyControl] = None,
+    tokenizer: Optional[Detokenizer] = None,
+    **compute_advantage_kwargs: Any,
+) -> StepData:
+    """One step's data path, from new prompts to the batch that goes to the actor update.
+
+    `inputs` are enqueued as new groups (`tracker.n` rollouts each, under `resources_id`);
+    the step then trains on the first `groups_to_train` groups to complete (default: as many
+    as were submitted; in async mode `data.train_batch_size` while more stay in flight).
+    Without async rollout, groups still unfinished after `rollout_timeout_s` (+ a grace) are
+    cancelled and counted as timed out. `proxy`, when given, is asked to flush its span buffer
+    before spans are read. `compute_advantage_kwargs` go to verl's
+    `compute_advantage` (e.g. `norm_adv_by_std_in_grpo`).
+    """
+    started = time.monotonic()
+    if inputs:
+        await tracker.submit(inputs, resources_id=resources_id)
+    count = groups_to_train if groups_to_train is not None else len(inputs)
+    collected = await tracker.collect(count, timeout_s=rollout_timeout_s + WAIT_GRACE_S)
+    metrics = dict(collected.metrics)
+    if groups_to_train is None and tracker.in_flight:
+        abandoned = await tracker.abandon()
+        metrics["rollout/n_timed_out"] += abandoned["timeout"]
+        metrics["rollout/n_abandoned"] = float(abandoned["timeout"])
+    if proxy is not None:
+        await proxy.wait_spans_exported()
+
+    traces = await read_succeeded(store, collected.groups, settings.reward_fillna_value)
+    data, aggregation = build_batch(traces, settings, pad_token_id, tokenizer)
+    metrics.update({key: float(value) for key, value in aggregation.metrics.items()})
+    if traces:
+        rewards = [trace.reward for trace in traces]
+        metrics["rollout/reward_mean"] = float(np.mean(rewards))
+        metrics["rollout/reward_max"] = float(np.max(rewards))
+        metrics["rollout/reward_min"] = float(np.min(rewards))
+    if data is not None:
+        data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+        data, cap_metrics = prepare_update(
+            data, settings, rng=rng, adv_estimator=adv_estimator, **compute_advantage_kwargs
+        )
+        metrics.update(cap_metrics)
+    metrics.update(_token_metrics(data))
+    metrics["timing_s/agl_rollout_step"] = time.monotonic() - started
+    return StepData(data=data if data is not None and len(data) > 0 else None, metrics=metrics, collected=collected)
 
 
 def build_batch(

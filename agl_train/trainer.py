@@ -1,50 +1,38 @@
-"""The verl trainer: rollouts through agl's proxy and store, updates through verl (SPEC section 5).
+"""`AglTrainer`: verl's PPO trainer with rollouts through agl's proxy and store (docs/trainer.md).
 
-Two layers:
-
-- `rollout_step(...)`: the data path of one step, verl-free apart from `DataProto`, and run on
-  the CPU by the tests with the real store, proxy and a tiny vLLM: enqueue `n` rollouts per
-  prompt → runners execute them → wait (`rollout_timeout_seconds`) → read spans → rows
-  (trace aggregator) → advantage (rollout-level) → update cap → per-rollout normalisation.
-  Failed and timed-out rollouts are dropped from the batch and counted.
-- `AglTrainer`, a `RayPPOTrainer` whose `fit()` runs the steps of `schedule.StepSchedule`
-  and calls `rollout_step` each step between publishing the rollout engine's replicas to the
-  proxy and the actor update, and pauses and drains the proxy around the weight update.
-  Checkpoints (saved before `update_weights`, as verl) carry the prompts drawn but not trained.
+A `RayPPOTrainer` whose `fit()` runs the steps of `schedule.StepSchedule`: each step it publishes
+the rollout engine's replicas to the proxy, runs the data path (`step.rollout_step`), pauses and
+drains the proxy around the weight update (`proxy_control.pause_for_update`), and updates the
+actor through verl. Checkpoints (saved before `update_weights`, as verl) carry the prompts
+drawn but not trained.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import random
-import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-import httpx
 import numpy as np
 
 from agl_store.base import LightningStore
-from agl_store.models import ProxyLLM, RolloutConfig
+from agl_store.models import RolloutConfig
 
 from ._verl import DataProto
 from .attention import resolve_attn_implementation
+from .config import trainer_settings
 from .dataset import INPUT_KEY
-from .gateway import GatewayClient, server_root, vllm_model_list
 from .hooks import run_startup_hooks
-from .prefix_break import Detokenizer
+from .proxy_control import ProxyControl, pause_for_update, publish_replicas
 from .runner.dispatch import RolloutDispatcher
 from .runner.factory import make_runner
-from .runner.groups import Collected, Group, GroupTracker
+from .runner.groups import GroupTracker
 from .runner.loop_thread import LoopThread
 from .schedule import StepPlan, StepSchedule
-from .settings import TrainSettings, trainer_settings
-from .spans import RolloutTrace, read_rollout
-from .step import build_batch, prepare_update
+from .step import WAIT_GRACE_S, StepData, read_succeeded, rollout_step
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -56,157 +44,8 @@ with warnings.catch_warnings():
 
 logger = logging.getLogger(__name__)
 
-WAIT_GRACE_S = 30.0
-"""Extra wait past the rollout timeout: the runner kills at the timeout, then records the outcome."""
-
 CARRIED_FILE = "agl_carried.json"
 """In a checkpoint's `global_step_<k>` folder: the prompts drawn but not yet trained (JSON list)."""
-
-
-@dataclass(frozen=True)
-class StepData:
-    """What one step's rollouts produced: the update batch (None when no row survived), the
-    metrics of the step, and the groups it trained on."""
-
-    data: Optional[DataProto]
-    metrics: Dict[str, float]
-    collected: Collected
-
-
-def _token_metrics(data: Optional[DataProto]) -> Dict[str, float]:
-    if data is None or len(data) == 0:
-        return {"training/n_update_rows": 0.0, "training/n_response_tokens": 0.0, "training/n_tokens": 0.0}
-    return {
-        "training/n_update_rows": float(len(data)),
-        "training/n_response_tokens": float(data.batch["response_mask"].sum()),
-        "training/n_tokens": float(data.batch["attention_mask"].sum()),
-    }
-
-
-READS_IN_FLIGHT = 8
-"""Rollouts read at once: the store serves one while the trainer decodes another."""
-
-
-async def read_succeeded(
-    store: LightningStore, groups: Sequence[Group], reward_fillna_value: float, *, in_flight: int = READS_IN_FLIGHT
-) -> List[RolloutTrace]:
-    """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid
-    (`in_flight` reads at a time)."""
-    slots = asyncio.Semaphore(in_flight)
-
-    async def read(rollout_id: str, uid: str) -> RolloutTrace:
-        async with slots:
-            return await read_rollout(store, rollout_id, uid=uid, reward_fillna_value=reward_fillna_value)
-
-    return list(
-        await asyncio.gather(*(read(rollout_id, group.uid) for group in groups for rollout_id in group.succeeded()))
-    )
-
-
-async def rollout_step(
-    store: LightningStore,
-    tracker: GroupTracker,
-    inputs: Sequence[Any],
-    settings: TrainSettings,
-    *,
-    rollout_timeout_s: float,
-    pad_token_id: int,
-    rng: random.Random,
-    adv_estimator: Any = "grpo",
-    groups_to_train: Optional[int] = None,
-    resources_id: Optional[str] = None,
-    gateway: Optional[GatewayClient] = None,
-    tokenizer: Optional[Detokenizer] = None,
-    **compute_advantage_kwargs: Any,
-) -> StepData:
-    """One step's data path, from new prompts to the batch that goes to the actor update.
-
-    `inputs` are enqueued as new groups (`tracker.n` rollouts each, under `resources_id`);
-    the step then trains on the first `groups_to_train` groups to complete (default: as many
-    as were submitted; in async mode `data.train_batch_size` while more stay in flight).
-    Without async rollout, groups still unfinished after `rollout_timeout_s` (+ a grace) are
-    cancelled and counted as timed out. `gateway`, when given, is asked to flush the proxy's
-    span buffer before spans are read. `compute_advantage_kwargs` go to verl's
-    `compute_advantage` (e.g. `norm_adv_by_std_in_grpo`).
-    """
-    started = time.monotonic()
-    if inputs:
-        await tracker.submit(inputs, resources_id=resources_id)
-    count = groups_to_train if groups_to_train is not None else len(inputs)
-    collected = await tracker.collect(count, timeout_s=rollout_timeout_s + WAIT_GRACE_S)
-    metrics = dict(collected.metrics)
-    if groups_to_train is None and tracker.in_flight:
-        abandoned = await tracker.abandon()
-        metrics["rollout/n_timed_out"] += abandoned["timeout"]
-        metrics["rollout/n_abandoned"] = float(abandoned["timeout"])
-    if gateway is not None:
-        await gateway.wait_spans_exported()
-
-    traces = await read_succeeded(store, collected.groups, settings.reward_fillna_value)
-    data, aggregation = build_batch(traces, settings, pad_token_id, tokenizer)
-    metrics.update({key: float(value) for key, value in aggregation.metrics.items()})
-    if traces:
-        rewards = [trace.reward for trace in traces]
-        metrics["rollout/reward_mean"] = float(np.mean(rewards))
-        metrics["rollout/reward_max"] = float(np.max(rewards))
-        metrics["rollout/reward_min"] = float(np.min(rewards))
-    if data is not None:
-        data.batch["token_level_rewards"] = data.batch["token_level_scores"]
-        data, cap_metrics = prepare_update(
-            data, settings, rng=rng, adv_estimator=adv_estimator, **compute_advantage_kwargs
-        )
-        metrics.update(cap_metrics)
-    metrics.update(_token_metrics(data))
-    metrics["timing_s/agl_rollout_step"] = time.monotonic() - started
-    return StepData(data=data if data is not None and len(data) > 0 else None, metrics=metrics, collected=collected)
-
-
-LLM_RESOURCE_NAME = "main_llm"
-
-
-async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str:
-    """The model id a vLLM replica serves (its `/v1/models`), which is what the proxy must ask for."""
-    async with httpx.AsyncClient(timeout=timeout_s) as http:
-        answer = await http.get(server_root(server_address) + "/v1/models")
-    answer.raise_for_status()
-    return answer.json()["data"][0]["id"]
-
-
-async def publish_replicas(
-    store: LightningStore,
-    gateway: GatewayClient,
-    server_addresses: Sequence[str],
-    *,
-    version: str,
-    api_key: Optional[str] = None,
-    sampling_parameters: Optional[Dict[str, Any]] = None,
-) -> str:
-    """Register the rollout engine's replicas with the proxy (one `model_list` entry each,
-    tagged with the weight `version`) and publish a new resource set whose `main_llm` is the
-    proxy; returns its resources id (a new one per call, so runners never see a stale one)."""
-    if not server_addresses:
-        raise ValueError("the rollout engine has no replica to register")
-    served = await served_model_name(server_addresses[0])
-    await gateway.update_model_list(vllm_model_list(server_addresses, served, version=version))
-    resource = ProxyLLM(
-        endpoint=gateway.openai_base_url,
-        model=served,
-        api_key=api_key,
-        sampling_parameters=dict(sampling_parameters or {}),
-    )
-    update = await store.add_resources({LLM_RESOURCE_NAME: resource})
-    return update.resources_id
-
-
-async def pause_for_update(gateway: GatewayClient) -> Dict[str, float]:
-    """Pause the proxy and wait until its calls in flight are done: the replicas may sleep and
-    take new weights next. New calls get 429 + Retry-After until `gateway.resume()`."""
-    drained = await gateway.pause("weight update", drain=True)
-    state = await gateway.state()
-    return {
-        "rollout/proxy_drained": float(bool(drained.get("drained"))),
-        "rollout/proxy_in_flight_at_update": float(state.get("in_flight", 0)),
-    }
 
 
 class AglTrainer(RayPPOTrainer):
@@ -225,10 +64,10 @@ class AglTrainer(RayPPOTrainer):
         resolve_attn_implementation(config)  # workers read it; a no-op after run_ppo
         with warnings.catch_warnings():
             # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
-            # v0 worker stack (SPEC section 5) and owns the loop, so the warning is noise here.
+            # v0 worker stack (RayPPOTrainer's worker groups) and owns the loop, so the warning is noise here.
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*RayPPOTrainer.*")
             super().__init__(config, *args, **kwargs)
-        self._gateway: Optional[GatewayClient] = None
+        self._proxy: Optional[ProxyControl] = None
         self._loop = LoopThread("agl-trainer-loop")
         self._store: Optional[LightningStore] = None
         self._dispatcher: Optional[RolloutDispatcher] = None
@@ -237,11 +76,11 @@ class AglTrainer(RayPPOTrainer):
         self._rng = random.Random(self.config.data.get("seed", 0) or 0)
 
     @property
-    def gateway(self) -> GatewayClient:
-        """The gateway client, built on first use from `agl_base_url`, `agl_key`, 300 s timeout."""
-        if self._gateway is None:
-            self._gateway = GatewayClient(self.runner_settings.agl_base_url, self.runner_settings.agl_key)
-        return self._gateway
+    def proxy(self) -> ProxyControl:
+        """The proxy's remote control, built on first use from `agl_base_url`, `agl_key`, 300 s timeout."""
+        if self._proxy is None:
+            self._proxy = ProxyControl(self.runner_settings.agl_base_url, self.runner_settings.agl_key)
+        return self._proxy
 
     # --- agl's side, on the background loop -----------------------------------------------
 
@@ -257,7 +96,7 @@ class AglTrainer(RayPPOTrainer):
         self._store = store
         runner = make_runner(settings)
         if runner is not None:
-            self._dispatcher = RolloutDispatcher(store, runner, store_url=self.gateway.base_url)
+            self._dispatcher = RolloutDispatcher(store, runner, store_url=self.proxy.base_url)
             await self._dispatcher.start()
         # The store's own timeout is a backstop for runners that vanish: later than the
         # runner's kill, so the runner's verdict (and message) normally wins.
@@ -269,14 +108,14 @@ class AglTrainer(RayPPOTrainer):
             await self._dispatcher.stop()
         if self._store is not None:
             await self._store.close()
-        if self._gateway is not None:
-            await self._gateway.aclose()
+        if self._proxy is not None:
+            await self._proxy.aclose()
 
     async def _publish_replicas(self) -> str:
         assert self._store is not None
         return await publish_replicas(
             self._store,
-            self.gateway,
+            self.proxy,
             [replica.server_address for replica in self.llm_server_manager.get_replicas()],
             version=str(self.global_steps),
             api_key=self.runner_settings.agent_key or None,
@@ -286,7 +125,7 @@ class AglTrainer(RayPPOTrainer):
     async def _rollouts(self, new_inputs: Sequence[Any]) -> StepData:
         assert self._store is not None and self._tracker is not None
         resources_id = await self._publish_replicas()
-        await self.gateway.resume()
+        await self.proxy.resume()
         if self._dispatcher is not None:
             self._dispatcher.wake()
         settings = self.agl_settings
@@ -304,7 +143,7 @@ class AglTrainer(RayPPOTrainer):
             adv_estimator=self.config.algorithm.adv_estimator,
             groups_to_train=settings.train_batch_size if settings.async_rollout else None,
             resources_id=resources_id,
-            gateway=self.gateway,
+            proxy=self.proxy,
             tokenizer=self.tokenizer,
             norm_adv_by_std_in_grpo=self.config.algorithm.get("norm_adv_by_std_in_grpo", True),
             config=self.config.algorithm,
@@ -341,11 +180,11 @@ class AglTrainer(RayPPOTrainer):
 
         async def run() -> Dict[str, float]:
             resources_id = await self._publish_replicas()
-            await self.gateway.resume()
+            await self.proxy.resume()
             await tracker.submit(tasks, resources_id=resources_id)
             collected = await tracker.collect(len(tasks), self.runner_settings.rollout_timeout_seconds + WAIT_GRACE_S)
             await tracker.abandon()
-            await self.gateway.wait_spans_exported()
+            await self.proxy.wait_spans_exported()
             traces = await read_succeeded(self._store, collected.groups, self.agl_settings.reward_fillna_value)
             rewards = [trace.reward for trace in traces]
             return {
@@ -484,7 +323,7 @@ class AglTrainer(RayPPOTrainer):
             with marked_timer("gen", timing_raw):
                 step = self._loop.run(self._rollouts(new_inputs))
                 metrics.update(step.metrics)
-                metrics.update(self._loop.run(pause_for_update(self.gateway)))
+                metrics.update(self._loop.run(pause_for_update(self.proxy)))
                 self.checkpoint_manager.sleep_replicas()
             batch = step.data
             if batch is not None:
@@ -510,7 +349,7 @@ class AglTrainer(RayPPOTrainer):
                     self._save_checkpoint()
             with marked_timer("update_weights", timing_raw):
                 self.checkpoint_manager.update_weights(self.global_steps)
-            self._loop.run(self.gateway.resume())
+            self._loop.run(self.proxy.resume())
             if batch is not None:
                 self._dump_rollouts(batch, timing_raw)
         metrics["timing_s/agl_step"] = timing_raw["step"]
@@ -520,14 +359,4 @@ class AglTrainer(RayPPOTrainer):
         return metrics
 
 
-__all__: List[str] = [
-    "AglTrainer",
-    "CARRIED_FILE",
-    "StepData",
-    "WAIT_GRACE_S",
-    "pause_for_update",
-    "publish_replicas",
-    "read_succeeded",
-    "rollout_step",
-    "served_model_name",
-]
+__all__: List[str] = ["AglTrainer", "CARRIED_FILE"]

@@ -1,4 +1,4 @@
-"""The `max_ppo_update_times` drop policy (SPEC section 5).
+"""The `max_ppo_update_times` drop policy (docs/training.md).
 
 verl updates the actor once per mini-batch of `ppo_mini_batch_size × rollout.n` rows, and
 the aggregator may produce many more rows than prompts. The batch therefore keeps whole

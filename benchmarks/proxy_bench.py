@@ -465,7 +465,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         print("  " + describe(sustained[-1]), flush=True)
         if args.vllm:
             sys.path.insert(0, str(REPO_ROOT))
-            from tests.support.vllm_server import build_tiny_model, running_vllm_server
+            from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
             print("against the tiny vLLM (starting it):", flush=True)
             with running_vllm_server(build_tiny_model(), log_path=workdir / "vllm.log") as server:

@@ -99,7 +99,7 @@ class AglKit:
 
 def sqlite_store_factory(db_path: Path) -> Callable[[], Any]:
     """Opens the SQLite store on `db_path` for the length of an `async with`."""
-    from agl_store.urls import open_store
+    from agl_store.opening import open_store
 
     @contextlib.asynccontextmanager
     async def factory() -> AsyncIterator[Any]:

@@ -7,7 +7,7 @@
 The rollouts are `aggregate_bench.py`'s tool agents (a context growing to `--tokens` over
 `--turns` calls, logprobs, one rollout in eight breaking its prefix), written to
 `agl store serve` on SQLite in its own process. Then, as the trainer does after each step's
-rollouts (`trainer.read_succeeded` → `step.build_batch`), each a median of `--repeats`:
+rollouts (`step.read_succeeded` → `step.build_batch`), each a median of `--repeats`:
 
 - `read (HTTP)`: every rollout's spans into `RolloutTrace`s through the trainer's store client,
   `LightningStoreClient(token_arrays=True)` (token ids packed on the wire and kept as int32
@@ -52,7 +52,7 @@ from agl_store.client import LightningStoreClient  # noqa: E402
 from agl_store.sqlite import SQLiteStore  # noqa: E402
 from agl_train.aggregate import Limits, aggregate  # noqa: E402
 from agl_train.runner.groups import Group  # noqa: E402
-from agl_train.trainer import read_succeeded  # noqa: E402
+from agl_train.step import read_succeeded  # noqa: E402
 from agl_train.verl_batch import to_data_proto  # noqa: E402
 
 LIMITS = Limits(max_prompt_length=2048, max_response_length=8192)

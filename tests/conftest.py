@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.tiny_model import DEFAULT_DIR
-from tests.support.vllm_server import VLLMServer, build_tiny_model, external_vllm_server, running_vllm_server
+from examples.tiny_vllm.tiny_model import DEFAULT_DIR
+from examples.tiny_vllm.vllm_server import VLLMServer, build_tiny_model, external_vllm_server, running_vllm_server
 
-# Set to the base URL of a tiny vLLM you started yourself (python -m tests.support.vllm_server) to skip the
+# Set to the base URL of a tiny vLLM you started yourself (python -m examples.tiny_vllm.vllm_server) to skip the
 # minute of start-up on every run while iterating.
 EXTERNAL_VLLM_ENV = "AGL_TEST_VLLM_BASE_URL"
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tests.support.conversations import TOOL_RESULT, messages, tool_history, tools
-from tests.support.tiny_model import IM_END, TOOL_CALL_TOKENS, build, is_built
-from tests.support.vllm_server import VLLMServer, build_tiny_model
+from examples.tiny_vllm.tiny_model import IM_END, TOOL_CALL_TOKENS, build, is_built
+from examples.tiny_vllm.vllm_server import VLLMServer, build_tiny_model
 
 def post(server: VLLMServer, path: str, body: dict[str, Any]) -> dict[str, Any]:
     response = httpx.post(f"{server.base_url}{path}", json={"model": server.model, **body}, timeout=120)

@@ -15,7 +15,7 @@ from typing import Any, Sequence, Tuple
 import orjson
 
 from ..models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, RolloutConfig, Span, Worker
-from ..tokens import pack_attributes, unpack_attributes
+from ..packed_attributes import pack_attributes, unpack_attributes
 
 Migration = Tuple[str, Sequence[str]]
 
@@ -67,7 +67,7 @@ MIGRATIONS: Tuple[Migration, ...] = (
             )
             """,
             # Spans have no foreign key: unattributed spans (rollout_id "") have no rollout.
-            # `attributes` is the JSON skeleton and `tokens` the int32 blob of agl_store.tokens.
+            # `attributes` is the JSON skeleton and `tokens` the int32 blob of agl_store.packed_attributes.
             """
             CREATE TABLE spans (
                 pk INTEGER PRIMARY KEY,

@@ -54,9 +54,9 @@ from ..models import (
     new_id,
 )
 from ..otel import span_from_otel
+from ..packed_attributes import check_packed_batch
 from ..pages import Page
 from ..queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
-from ..tokens import check_packed_batch
 from ..transitions import check_attempt_status, check_rollout_status
 from . import attempts, queue, retention, statistics, transactions, watchdog, workers
 from .checks import (

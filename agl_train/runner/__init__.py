@@ -18,7 +18,7 @@ _EXPORTS = MappingProxyType(
         **dict.fromkeys(["Collected", "Group", "GroupTracker"], "groups"),
         "LocalRunner": "local",
         **dict.fromkeys(["RolloutOutcome", "record_outcome"], "outcome"),
-        "RunnerSettings": "settings",
+        "RunnerSettings": "runner_settings",
     }
 )
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 from .dispatch import Runner
 from .local import LocalRunner
-from .settings import RunnerSettings
+from .runner_settings import RunnerSettings
 
 
 def make_runner(settings: RunnerSettings) -> Optional[Runner]:

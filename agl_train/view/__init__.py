@@ -1,15 +1,15 @@
-"""A web view of rollouts, spans and token masks (issue 6).
+"""A web view of rollouts, spans and token masks.
 
 Served by the store server at `/` (through the `agl.store_pages` entry point, see
-`pages.py`) and by `agl view --store URL` on its own (`app.py`, `cli.py`). The token view
-builds rows with the training core's own functions (`tokens.py`), so it shows what the
+`store_plugin.py`) and by `agl view --store URL` on its own (`app.py`, `cli.py`). The token view
+builds rows with the training core's own functions (`token_view.py`), so it shows what the
 trainer trains.
 """
 
 from .app import create_view_app
-from .pages import StorePages, settings_from_env, store_pages
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
-from .tokens import TokenViewOptions, token_view, token_view_of_trace
+from .store_plugin import StorePages, settings_from_env, store_pages
+from .token_view import TokenViewOptions, token_view, token_view_of_trace
 
 __all__ = [
     "OPEN_PATHS",

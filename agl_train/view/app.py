@@ -18,8 +18,8 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from agl_store.opening import open_store
 from agl_store.server.auth import BearerKeyMiddleware
-from agl_store.urls import open_store
 
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
 

@@ -14,7 +14,7 @@ from agl_store.serving import serve_app
 
 from ..aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
 from .routes import ViewSettings
-from .tokens import DEFAULT_LIMITS, TokenViewOptions
+from .token_view import DEFAULT_LIMITS, TokenViewOptions
 
 DEFAULT_PORT = 4748
 

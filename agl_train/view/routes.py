@@ -19,13 +19,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from agl_store import call_span
 from agl_store.errors import InvalidInputError
 from agl_store.models import ROLLOUT_STATUSES, RolloutMode
 from agl_store.server.wire import endpoint, store_of
 
 from ..aggregate import AGGREGATORS, Limits
 from .summaries import MAX_PAGE_SIZE, RolloutFilter, SummaryCache, list_rollouts, rollout_detail, span_detail
-from .tokens import TokenDecoder, TokenViewOptions, load_tokenizer, token_view
+from .token_view import TokenDecoder, TokenViewOptions, load_tokenizer, token_view
 
 API_PREFIX = "/view/api"
 STATIC_FILES = {
@@ -145,6 +146,8 @@ class ViewRoutes:
             "statuses": list(ROLLOUT_STATUSES),
             "modes": list(MODES),
             "max_page_size": MAX_PAGE_SIZE,
+            # The span detail shows these attributes of an LLM-call span on their own.
+            "call_span": {"request": call_span.REQUEST, "response": call_span.RESPONSE, "error": call_span.ERROR},
         }
 
     async def rollouts(self, request: Request) -> Dict[str, Any]:

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from agl_store import call_span
 from agl_store.base import LightningStore
 from agl_store.errors import NotFoundError
 from agl_store.models import (
@@ -24,7 +25,7 @@ from agl_store.models import (
     Span,
 )
 
-from ..spans import LLM_CALL_SPAN_NAME, final_reward
+from ..traces import final_reward
 
 MAX_PAGE_SIZE = 200
 """The most rollouts one list request returns: a page, never the store."""
@@ -55,13 +56,13 @@ def _int(value: Any) -> int:
 def span_tokens(span: Span) -> Dict[str, int]:
     """Tokens in and out of an LLM-call span: usage when recorded, else the token-id arrays."""
     attributes = span.attributes
-    tokens_in = _int(attributes.get("gen_ai.usage.input_tokens"))
-    tokens_out = _int(attributes.get("gen_ai.usage.output_tokens"))
-    if not tokens_in and isinstance(attributes.get("agl.prompt_token_ids"), list):
-        tokens_in = len(attributes["agl.prompt_token_ids"])
-    if not tokens_out and isinstance(attributes.get("agl.choices"), list):
+    tokens_in = _int(attributes.get(call_span.INPUT_TOKENS))
+    tokens_out = _int(attributes.get(call_span.OUTPUT_TOKENS))
+    if not tokens_in and isinstance(attributes.get(call_span.PROMPT_TOKEN_IDS), list):
+        tokens_in = len(attributes[call_span.PROMPT_TOKEN_IDS])
+    if not tokens_out and isinstance(attributes.get(call_span.CHOICES), list):
         tokens_out = sum(
-            len(choice.get("token_ids") or []) for choice in attributes["agl.choices"] if isinstance(choice, dict)
+            len(choice.get("token_ids") or []) for choice in attributes[call_span.CHOICES] if isinstance(choice, dict)
         )
     return {"in": tokens_in, "out": tokens_out}
 
@@ -78,7 +79,7 @@ def summarize_rollout(rollout: Rollout, spans: Sequence[Span], now: float) -> Di
     `spans` are those of the latest attempt: the ones the trainer reads. The reward is the
     trainer's own `final_reward`; None when the attempt recorded none.
     """
-    calls = [span for span in spans if span.name == LLM_CALL_SPAN_NAME]
+    calls = [span for span in spans if span.name == call_span.NAME]
     tokens = [span_tokens(span) for span in calls]
     return {
         "rollout_id": rollout.rollout_id,
@@ -179,10 +180,10 @@ def span_line(span: Span) -> Dict[str, Any]:
         "duration": None if span.start_time is None or span.end_time is None else span.end_time - span.start_time,
         "status": span.status.status_code,
         "status_description": span.status.description,
-        "backend": attributes.get("agl.backend"),
-        "model": attributes.get("gen_ai.response.model") or attributes.get("gen_ai.request.model"),
+        "backend": attributes.get(call_span.BACKEND),
+        "model": attributes.get(call_span.RESPONSE_MODEL) or attributes.get(call_span.REQUEST_MODEL),
     }
-    if span.name == LLM_CALL_SPAN_NAME:
+    if span.name == call_span.NAME:
         tokens = span_tokens(span)
         line.update(tokens_in=tokens["in"], tokens_out=tokens["out"])
     if REWARD_VALUE_ATTRIBUTE in attributes:

@@ -205,7 +205,7 @@ def train(
     import torch
 
     from agl_train.cpu_workers import run_ppo_on_cpu
-    from agl_train.settings import compose_config
+    from agl_train.config import compose_config
 
     # A 345 K-parameter model gains nothing from a second thread, and OpenMP threads spinning
     # against vLLM and the agents for two cores made each update ~10x slower (measured).
@@ -240,8 +240,9 @@ def _environment(name: str, value: str) -> Iterator[None]:
 def rewards_by_version(db_path: Path) -> Dict[int, List[float]]:
     """Per-rollout rewards of the training rollouts in the store at `db_path`, by the weight
     version (`agl.model_version`, the step) of their model call."""
+    from agl_store import call_span
     from agl_store.sqlite import SQLiteStore
-    from agl_train.spans import final_reward
+    from agl_train.traces import final_reward
 
     async def read() -> Dict[int, List[float]]:
         store = await SQLiteStore(str(db_path)).open()
@@ -249,7 +250,7 @@ def rewards_by_version(db_path: Path) -> Dict[int, List[float]]:
             by_version: Dict[int, List[float]] = {}
             for rollout in await store.query_rollouts(mode="train", status_in=["succeeded"]):
                 spans = await store.query_spans(rollout.rollout_id, "latest")
-                versions = {s.attributes.get("agl.model_version") for s in spans if s.name == "agl.llm_call"}
+                versions = {s.attributes.get(call_span.MODEL_VERSION) for s in spans if s.name == call_span.NAME}
                 reward = final_reward(spans)
                 if len(versions) == 1 and reward is not None:
                     by_version.setdefault(int(versions.pop()), []).append(reward)
@@ -322,8 +323,8 @@ def plot_curve(by_version: Dict[int, List[float]], path: Path, title: str = "low
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from tests.support.tiny_model import DEFAULT_DIR
-    from tests.support.vllm_server import build_tiny_model, running_vllm_server
+    from examples.tiny_vllm.tiny_model import DEFAULT_DIR
+    from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16)

@@ -7,6 +7,7 @@
 It starts `agl proxy serve` (embedded SQLite store, one port) unless `--proxy` names a
 running one, creates a rollout, runs the agent on the rollout's base URL, records a
 reward, and prints the rollout's spans: what the model saw and produced, as token ids.
+`agl demo` (examples/quickstart/demo.py) runs the same pieces for several rollouts and keeps serving.
 """
 
 from __future__ import annotations
@@ -14,27 +15,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import AsyncIterator, Iterator, Optional
+from typing import AsyncIterator, Iterator, List, Mapping, Optional
 
-from agl_proxy import LLM_CALL_SPAN_NAME
-from agl_store import ProxyLLM, reward_span
+from agl_store import LightningStore, ProxyLLM, Span, call_span, reward_span
 from agl_store.client import LightningStoreClient
 from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE
 
 from .agent import run_agent
 
 QUESTION = "What is (3 + 4) * 12?"
+ANSWER = "84"
 
 
 @contextlib.contextmanager
 def tiny_vllm() -> Iterator[tuple[str, str]]:
     """The repository's tiny random-weight Qwen2 on vLLM (about a minute to start on a CPU)."""
-    from tests.support.vllm_server import build_tiny_model, running_vllm_server
+    from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
     log = Path(tempfile.gettempdir()) / "agl-quickstart-vllm.log"
     print(f"starting the tiny vLLM (log: {log}) ...", flush=True)
@@ -43,59 +45,95 @@ def tiny_vllm() -> Iterator[tuple[str, str]]:
 
 
 @contextlib.asynccontextmanager
-async def agl_proxy_serve(backend: str, model: str, workdir: Path) -> AsyncIterator[str]:
-    """`agl proxy serve` as a subprocess; yields its URL once it listens."""
+async def agl_proxy_serve(
+    backend: str, model: str, db: Path, *, port: int = 0, env: Optional[Mapping[str, str]] = None
+) -> AsyncIterator[str]:
+    """`agl proxy serve` as a subprocess; yields its URL once it listens, echoing its own lines (start, stop)."""
     agl = shutil.which("agl") or str(Path(sys.executable).parent / "agl")
     process = await asyncio.create_subprocess_exec(
-        agl, "proxy", "serve", "--backend", backend, "--model", model, "--db", str(workdir / "agl.db"), "--port", "0",
-        stdout=asyncio.subprocess.PIPE,
+        agl, "proxy", "serve", "--backend", backend, "--model", model, "--db", str(db), "--port", str(port),
+        stdout=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
     print(line.strip(), flush=True)
     match = re.search(r"listening on (http://\S+)", line)
+    echo = asyncio.create_task(_echo(process.stdout))
     try:
         if match is None:
             raise RuntimeError("agl proxy serve did not start")
         yield match.group(1)
     finally:
-        process.terminate()
+        if process.returncode is None:
+            process.terminate()  # it prints its stop line and exits
         await process.wait()
+        await echo
+
+
+async def _echo(stream: asyncio.StreamReader) -> None:
+    async for line in stream:
+        print(line.decode().rstrip(), flush=True)
+
+
+async def run_rollout(
+    store: LightningStore, proxy_url: str, model: str, question: str, expected: str, *, max_answer_chars: int = 0
+) -> str:
+    """One rollout: the agent answers `question` through the proxy; reward 1 if the reply has the number `expected`.
+
+    Prints the agent's base URL and its answer (its first `max_answer_chars`; 0: all); returns the rollout id.
+    """
+    rollout = await store.start_rollout(input={"question": question})
+    attempt_id = rollout.attempt.attempt_id
+    llm = ProxyLLM(endpoint=proxy_url + "/v1", model=model)
+    base_url = llm.get_base_url(rollout.rollout_id, attempt_id)
+    print(f"\nagent base URL: {base_url}")
+    answer = await run_agent(base_url, model, question)
+    shown = f"{answer[:max_answer_chars]!r} ..." if 0 < max_answer_chars < len(answer) else repr(answer)
+    print(f"agent answer: {shown}")
+    reward = 1.0 if re.search(rf"(?<![\d.]){expected}(?![\d.])", answer) else 0.0
+    await store.add_span(reward_span(rollout.rollout_id, attempt_id, reward))
+    await store.update_attempt(rollout.rollout_id, attempt_id, status="succeeded")
+    return rollout.rollout_id
+
+
+async def rollout_spans(store: LightningStore, rollout_id: str) -> List[Span]:
+    """The rollout's spans once the proxy's background export has written its call spans."""
+    spans: List[Span] = []
+    for _ in range(100):
+        spans = await store.query_spans(rollout_id)
+        if any(s.name == call_span.NAME for s in spans):
+            break
+        await asyncio.sleep(0.05)
+    return spans
+
+
+def print_spans(rollout_id: str, spans: List[Span], *, max_prompt_ids: int = 12, max_response_ids: int = 0) -> None:
+    """What the model saw and produced in each call, as token ids (the first `max_*_ids` of each list; 0: all)."""
+    print(f"\nspans of rollout {rollout_id}:")
+    for span in spans:
+        attrs = span.attributes
+        if span.name == REWARD_SPAN_NAME:
+            print(f"  #{span.sequence_id} reward = {attrs[REWARD_VALUE_ATTRIBUTE]}")
+            continue
+        prompt = attrs[call_span.PROMPT_TOKEN_IDS] or []
+        print(f"  #{span.sequence_id} {span.name} {attrs[call_span.REQUEST_MODEL]} via {attrs[call_span.BACKEND]}"
+              f" ({attrs[call_span.LATENCY_S] * 1000:.0f} ms)")  # fmt: skip
+        print(f"      prompt_token_ids   ({len(prompt)}): {_short(prompt, max_prompt_ids)}")
+        for choice in attrs[call_span.CHOICES]:
+            ids = choice["token_ids"] or []
+            shown = _short(ids, max_response_ids)
+            print(f"      response token_ids ({len(ids)}): {shown}  finish={choice['finish_reason']}")
+
+
+def _short(ids: List[int], count: int) -> str:
+    return f"{ids[:count]} ..." if 0 < count < len(ids) else str(ids)
 
 
 async def show(proxy_url: str, model: str) -> None:
     store = await LightningStoreClient(proxy_url).open()  # the proxy serves its embedded store too
     try:
-        rollout = await store.start_rollout(input={"question": QUESTION})
-        attempt_id = rollout.attempt.attempt_id
-        llm = ProxyLLM(endpoint=proxy_url + "/v1", model=model)
-        base_url = llm.get_base_url(rollout.rollout_id, attempt_id)
-        print(f"\nagent base URL: {base_url}")
-        answer = await run_agent(base_url, model, QUESTION)
-        print(f"agent answer: {answer!r}")
-        await store.add_span(
-            reward_span(rollout.rollout_id, attempt_id, 1.0 if re.search(r"(?<![\d.])84(?![\d.])", answer) else 0.0)
-        )
-        await store.update_attempt(rollout.rollout_id, attempt_id, status="succeeded")
-
-        for _ in range(100):  # the proxy writes spans in the background
-            spans = await store.query_spans(rollout.rollout_id)
-            if any(s.name == LLM_CALL_SPAN_NAME for s in spans):
-                break
-            await asyncio.sleep(0.05)
-        print(f"\nspans of rollout {rollout.rollout_id}:")
-        for span in spans:
-            attrs = span.attributes
-            if span.name == REWARD_SPAN_NAME:
-                print(f"  #{span.sequence_id} reward = {attrs[REWARD_VALUE_ATTRIBUTE]}")
-                continue
-            prompt = attrs["agl.prompt_token_ids"] or []
-            print(f"  #{span.sequence_id} {span.name} {attrs['gen_ai.request.model']} via {attrs['agl.backend']}"
-                  f" ({attrs['agl.latency_s'] * 1000:.0f} ms)")  # fmt: skip
-            print(f"      prompt_token_ids   ({len(prompt)}): {prompt[:12]}{' ...' if len(prompt) > 12 else ''}")
-            for choice in attrs["agl.choices"]:
-                count = len(choice["token_ids"] or [])
-                print(f"      response token_ids ({count}): {choice['token_ids']}  finish={choice['finish_reason']}")
+        rollout_id = await run_rollout(store, proxy_url, model, QUESTION, ANSWER)
+        print_spans(rollout_id, await rollout_spans(store, rollout_id))
     finally:
         await store.close()
 
@@ -107,7 +145,7 @@ async def main_async(args: argparse.Namespace) -> None:
     with contextlib.ExitStack() as stack:
         backend, model = (args.backend, args.model) if args.backend else stack.enter_context(tiny_vllm())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agl-quickstart-")))
-        async with agl_proxy_serve(backend, model, workdir) as proxy_url:
+        async with agl_proxy_serve(backend, model, workdir / "agl.db") as proxy_url:
             await show(proxy_url, model)
 
 

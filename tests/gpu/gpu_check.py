@@ -41,7 +41,7 @@ def overrides(model_path: str, base_url: str, steps: int, out: str) -> List[str]
         "agentlightning.trace_aggregator.trajectory_max_response_length=256",
         f"agentlightning.agl_base_url={base_url}",
         "agentlightning.rollout_timeout_seconds=120",
-        "agentlightning.local.agent_class=tests.trainer.agents:CoinAgent",
+        "agentlightning.local.agent_class=tests.train.agents:CoinAgent",
         "+agentlightning.local.env_map.QUESTION=input.question",
         "trainer.n_gpus_per_node=1",
         "trainer.nnodes=1",
@@ -73,7 +73,7 @@ def main() -> int:
 
     from agl_train.attention import resolve_attn_implementation
     from agl_train.entry import check_inputs, run_ppo
-    from agl_train.settings import compose_config
+    from agl_train.config import compose_config
 
     config = compose_config(overrides(args.model, args.base_url, args.steps, args.out))
     train, val = tasks(4 * args.steps), tasks(4, offset=1000)

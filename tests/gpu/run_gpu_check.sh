@@ -17,7 +17,7 @@ export VERL_FILE_LOGGER_ROOT="$OUT"   # the default `file` logger writes $OUT/ag
 
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU visible'; print('gpu:', torch.cuda.get_device_name(0))"
 "$PY" -c "from agl_train.attention import flash_attn_installed as f; print('attention:', 'flash_attention_2' if f() else 'sdpa')"
-MODEL=$("$PY" -c "from tests.support.tiny_model import build, DEFAULT_DIR; print(build(DEFAULT_DIR))")
+MODEL=$("$PY" -c "from examples.tiny_vllm.tiny_model import build, DEFAULT_DIR; print(build(DEFAULT_DIR))")
 PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 
 # The proxy starts with no backend: the trainer registers verl's vLLM replicas every step.

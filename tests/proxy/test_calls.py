@@ -158,10 +158,10 @@ def test_as_resource_gives_per_rollout_urls(proxy: LLMProxy) -> None:
 
 def test_update_model_list_in_python(proxy: LLMProxy, backend) -> None:
     proxy.update_model_list([model_entry("tiny", backend[1]), model_entry("big", backend[1], backend_model="big-7b")])
-    assert proxy.gateway.registry.model_names == ["tiny", "big"]
+    assert proxy.state.registry.model_names == ["tiny", "big"]
     with pytest.raises(ValueError, match=r"model_list\[0\].litellm_params.model must be a string"):
         proxy.update_model_list([{"model_name": "x", "litellm_params": {}}])
-    assert proxy.gateway.registry.model_names == ["tiny", "big"]  # a bad list changes nothing
+    assert proxy.state.registry.model_names == ["tiny", "big"]  # a bad list changes nothing
     assert parse_deployment(model_entry("big", backend[1], backend_model="big-7b")).model == "big-7b"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from agl_proxy.exporter import SpanExporter
-from agl_proxy.spans import CallRecord
+from agl_proxy.call_record import CallRecord
 
 from .conftest import chat_body
 from .helpers import model_entry, wait_for_spans
@@ -21,15 +21,15 @@ async def test_calls_succeed_while_the_store_is_down_and_spans_arrive_after(new_
     store.down = True
     for _ in range(3):
         assert (await http.post(base + "/chat/completions", json=chat_body())).status_code == 200
-    while proxy.gateway.exporter.failed_attempts == 0:
+    while proxy.state.exporter.failed_attempts == 0:
         await asyncio.sleep(0.02)
-    assert proxy.gateway.exporter.buffered == 3
+    assert proxy.state.exporter.buffered == 3
     store.down = False
 
     spans = await wait_for_spans(store, rollout_id, 4)
     assert len(spans) == 4 and all(s.attempt_id == attempt_id for s in spans)
     assert [s.sequence_id for s in spans] == [1, 2, 3, 4]
-    assert proxy.gateway.exporter.rejected == 0
+    assert proxy.state.exporter.rejected == 0
     metrics = (await http.get(proxy.url + "/metrics")).text
     assert "agl_proxy_spans_exported_total 4" in metrics and "agl_proxy_span_export_failures_total" in metrics
 
@@ -48,7 +48,7 @@ async def test_sustained_load_through_a_small_buffer_loses_no_span(
     new_rollout, proxy_factory, backend, store, http
 ) -> None:
     proxy = await proxy_factory([model_entry("tiny", backend[1])], max_span_buffer=4, backpressure_wait_s=60)
-    exporter = proxy.gateway.exporter
+    exporter = proxy.state.exporter
     rollouts = [await new_rollout() for _ in range(4)]
     answered = {rollout_id: 0 for rollout_id, _ in rollouts}
 
@@ -79,7 +79,7 @@ async def test_a_stalled_store_gets_new_calls_refused_instead_of_spans_dropped(
     new_rollout, proxy_factory, backend, store, http
 ) -> None:
     proxy = await proxy_factory([model_entry("tiny", backend[1])], max_span_buffer=2, backpressure_wait_s=0.1)
-    exporter = proxy.gateway.exporter
+    exporter = proxy.state.exporter
     rollout_id, _ = ids = await new_rollout()
     base = proxy.as_resource().get_base_url(*ids)
     store.writable.clear()

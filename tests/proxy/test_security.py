@@ -120,7 +120,7 @@ async def test_store_routes_on_the_proxy_port_need_the_admin_key(backend, store,
 async def test_deployments_must_use_http(proxy: LLMProxy, http, api_base: str) -> None:
     answer = await http.post(proxy.url + "/proxy/model_list", json={"model_list": [model_entry("x", api_base)]})
     assert answer.status_code == 400 and "model_list[0].litellm_params.api_base" in answer.json()["error"]["message"]
-    assert proxy.gateway.registry.model_names == ["tiny"]
+    assert proxy.state.registry.model_names == ["tiny"]
 
 
 @pytest.mark.parametrize("mode", ["garbage", "internal404"])
@@ -147,7 +147,7 @@ async def test_form_like_writes_are_refused(proxy: LLMProxy, http, path: str, he
     answer = await http.post(proxy.url + path, content=orjson.dumps({"model_list": []}), headers=headers)
     assert answer.status_code == 415 and "application/json" in answer.json()["error"]["message"]
     assert (await http.get(proxy.url + "/proxy/state")).json()["paused"] is False
-    assert proxy.gateway.registry.model_names == ["tiny"]
+    assert proxy.state.registry.model_names == ["tiny"]
 
 
 @pytest.mark.parametrize(
@@ -228,14 +228,14 @@ async def test_bad_model_list_is_400_naming_the_field_and_changes_nothing(
 ) -> None:
     answer = await http.post(proxy.url + "/proxy/model_list", json={"model_list": [entry]})
     assert answer.status_code == 400 and field in answer.json()["error"]["message"], answer.text
-    assert proxy.gateway.registry.model_names == ["tiny"]
+    assert proxy.state.registry.model_names == ["tiny"]
 
 
 @pytest.mark.parametrize("timeout", [math.nan, math.inf])
 def test_model_list_timeouts_must_be_finite(proxy: LLMProxy, timeout: float) -> None:
     with pytest.raises(ValueError, match=r"model_list\[0\].litellm_params.timeout"):
         proxy.update_model_list([_params(api_base="http://127.0.0.1:9/v1", timeout=timeout)])
-    assert proxy.gateway.registry.model_names == ["tiny"]
+    assert proxy.state.registry.model_names == ["tiny"]
 
 
 @pytest.mark.parametrize(

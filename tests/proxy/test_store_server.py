@@ -80,13 +80,13 @@ async def test_store_killed_and_restarted_mid_run(backend, tmp_path: Path, http)
         await store_process.wait()
         for _ in range(3):
             assert (await http.post(base + "/chat/completions", json=chat_body())).status_code == 200
-        while proxy.gateway.exporter.failed_attempts == 0:
+        while proxy.state.exporter.failed_attempts == 0:
             await asyncio.sleep(0.05)
 
         store_process, _ = await _store_server(db, port)
         spans = await wait_for_spans(client, rollout.rollout_id, 4, timeout_s=30)
         assert len(spans) == 4 and len({s.sequence_id for s in spans}) == 4
-        assert proxy.gateway.exporter.rejected == 0
+        assert proxy.state.exporter.rejected == 0
     finally:
         await proxy.stop()
         await client.close()

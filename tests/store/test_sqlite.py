@@ -15,9 +15,9 @@ from typing import List
 import pytest
 
 from agl_store import LLM, ConflictError, InvalidInputError, RolloutConfig, Span, StoreClosedError
+from agl_store.opening import open_store
 from agl_store.sqlite import SQLiteStore, retention, transactions
 from agl_store.sqlite.schema import MIGRATIONS, apply_migrations
-from agl_store.urls import open_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

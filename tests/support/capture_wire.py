@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from .conversations import tool_history, tools
-from .vllm_server import build_tiny_model, running_vllm_server
+from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
 _KEEP = 6  # items kept from a long array
 

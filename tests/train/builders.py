@@ -6,8 +6,8 @@ from typing import List, Optional, Sequence
 
 from agl_store.models import Span, reward_span
 from agl_train.aggregate import Limits
-from agl_train.settings import TrainSettings
-from agl_train.spans import LLMCall, RolloutTrace
+from agl_train.config import TrainSettings
+from agl_train.traces import LLMCall, RolloutTrace
 
 
 def llm_call_span(

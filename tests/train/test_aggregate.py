@@ -18,7 +18,7 @@ from agl_train.aggregate import (
     trajectory_rows,
     transition_rows,
 )
-from agl_train.spans import LLMCall
+from agl_train.traces import LLMCall
 
 from .builders import call, trace
 
@@ -178,7 +178,7 @@ def test_merging_then_unmerging_gives_back_every_generated_token_once(calls: Lis
 def test_token_ids_read_as_int32_arrays_give_the_same_rows_as_lists() -> None:
     from array import array
 
-    from agl_train.spans import LLMCall
+    from agl_train.traces import LLMCall
 
     def as_arrays(call: LLMCall) -> LLMCall:
         # As the trainer's store client reads them: packed arrays, short ones (< 8 ids) still lists.

@@ -11,7 +11,7 @@ import pytest
 
 from agl_store.models import reward_span
 from agl_train.aggregate import Limits, aggregate
-from agl_train.spans import read_rollout
+from agl_train.traces import read_rollout
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""One step's data path: traces → batch → advantage → update batch → per-rollout normalisation."""
+"""One step's data path: succeeded rollouts → traces → batch → advantage → update batch →
+per-rollout normalisation (the whole step with rollouts: test_rollout_step.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import random
 
 import pytest
 
-from agl_train.step import build_batch, prepare_update
+from agl_store import SQLiteStore
+from agl_train.runner.groups import Group
+from agl_train.step import build_batch, prepare_update, read_succeeded
 
-from .builders import call, trace
+from .builders import call, llm_call_span, reward, trace
 from .builders import train_settings as settings
 
 
@@ -64,3 +67,26 @@ def test_no_rows_means_no_batch() -> None:
 
     assert data is None
     assert aggregation.metrics["training/n_rollouts_without_rows"] == 1
+
+
+async def test_reads_in_flight_keep_the_groups_order(tmp_path) -> None:
+    store = await SQLiteStore(str(tmp_path / "agl.db")).open()
+    try:
+        groups = []
+        for g in range(3):
+            rollout_ids = []
+            for k in range(3):
+                rollout = await store.start_rollout(input={"g": g})
+                rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+                span = llm_call_span(range(20), range(10 * k + 1), rollout_id=rid, attempt_id=aid)
+                await store.add_many_spans([span, reward(g + k / 10, rollout_id=rid, attempt_id=aid)])
+                rollout_ids.append(rid)
+            outcomes = {rid: "succeeded" for rid in rollout_ids}
+            groups.append(Group(uid=f"g{g}", input={"g": g}, rollout_ids=rollout_ids, outcomes=outcomes))
+
+        traces = await read_succeeded(store, groups, 0.0, in_flight=4)
+    finally:
+        await store.close()
+    assert [t.rollout_id for t in traces] == [rid for group in groups for rid in group.rollout_ids]
+    assert [t.uid for t in traces] == ["g0"] * 3 + ["g1"] * 3 + ["g2"] * 3
+    assert [t.reward for t in traces] == [g + k / 10 for g in range(3) for k in range(3)]

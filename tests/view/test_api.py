@@ -146,3 +146,9 @@ async def test_the_store_server_lists_the_page_shell_as_open_and_can_leave_the_p
     async with serve(without) as url, httpx.AsyncClient(base_url=url) as http:
         assert (await http.get("/")).status_code == 404
         assert (await http.get("/view/api/rollouts")).status_code == 404
+
+
+async def test_the_page_learns_the_call_span_attribute_names_from_the_server(store_url) -> None:
+    config = await get(store_url, "/view/api/config")
+
+    assert config["call_span"] == {"request": "agl.request", "response": "agl.response", "error": "agl.error"}

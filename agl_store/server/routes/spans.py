@@ -12,7 +12,7 @@ from ...errors import InvalidInputError
 from ...models import LATEST_ATTEMPT, Span
 from ...queries import SpanQuery
 from ...span_wire import ENCODING_HEADER, PACKED, SPAN_LIST, page_json, read_frame
-from ...tokens import check_packed_batch, fill_packed
+from ...packed_attributes import check_packed_batch, fill_packed
 from ..metrics import metrics_of
 from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, check_page, page_of
 from ..wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query

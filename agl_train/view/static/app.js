@@ -307,14 +307,18 @@ function spanBar(span, t0, total) {
 }
 
 async function spanDetail(rolloutId, spanId) {
-  const span = await load(`/rollouts/${encodeURIComponent(rolloutId)}/spans/${encodeURIComponent(spanId)}`);
+  const [span, config] = await Promise.all([
+    load(`/rollouts/${encodeURIComponent(rolloutId)}/spans/${encodeURIComponent(spanId)}`),
+    load("/config"),
+  ]);
+  const names = config.call_span;
   const attributes = span.attributes || {};
   const parts = [];
   const show = (title, value) => parts.push(h("h3", {}, title), h("pre", { class: "json" }, JSON.stringify(value, null, 2)));
-  if ("agl.request" in attributes) show("request", attributes["agl.request"]);
-  if ("agl.response" in attributes) show("response", attributes["agl.response"]);
-  if (attributes["agl.error"]) show("error", attributes["agl.error"]);
-  const rest = { ...span, attributes: Object.fromEntries(Object.entries(attributes).filter(([k]) => k !== "agl.request" && k !== "agl.response")) };
+  if (names.request in attributes) show("request", attributes[names.request]);
+  if (names.response in attributes) show("response", attributes[names.response]);
+  if (attributes[names.error]) show("error", attributes[names.error]);
+  const rest = { ...span, attributes: Object.fromEntries(Object.entries(attributes).filter(([k]) => k !== names.request && k !== names.response)) };
   show("span", rest);
   return h("div", { "data-testid": "span-detail" }, parts);
 }

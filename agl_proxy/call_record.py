@@ -1,0 +1,133 @@
+"""What the proxy records of one LLM call, and the span it becomes.
+
+The span's name and attribute names are `agl_store.call_span` (docs/spans.md describes them);
+this module fills them in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from agl_store import call_span
+from agl_store.call_span import CallChoice, CallError
+from agl_store.models import Span, TraceStatus
+
+from .deployments import Deployment
+from .errors import ProxyError
+
+
+@dataclass
+class CallRecord:
+    """What the proxy learned about one call, filled in as the call goes."""
+
+    operation: str
+    """`chat` or `text_completion`."""
+    rollout_id: str
+    attempt_id: str
+    requested_model: Optional[str]
+    stream: bool
+    start_time: float
+    """Wall-clock seconds since the epoch, when the request arrived."""
+    deployment: Optional[Deployment] = None
+    request: Optional[Dict[str, Any]] = None
+    response: Optional[Dict[str, Any]] = None
+    status_code: int = 0
+    ttft_s: Optional[float] = None
+    latency_s: float = 0.0
+    error: Optional[CallError] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def fail(self, error_type: str, message: str, status_code: int) -> None:
+        self.error = {"type": error_type, "message": message, "status_code": status_code}
+        self.status_code = status_code
+
+    def fail_with(self, error: ProxyError) -> None:
+        """Record a proxy error as the call's outcome."""
+        self.fail(error.code, error.message, error.status_code)
+
+
+def _choice_logprobs(choice: Dict[str, Any]) -> Optional[List[Optional[float]]]:
+    logprobs = choice.get("logprobs")
+    if not logprobs:
+        return None
+    if isinstance(logprobs.get("content"), list):
+        return [entry.get("logprob") for entry in logprobs["content"]]
+    if isinstance(logprobs.get("token_logprobs"), list):
+        return list(logprobs["token_logprobs"])
+    return None
+
+
+def _choices(response: Dict[str, Any]) -> List[CallChoice]:
+    out: List[CallChoice] = []
+    for choice in response.get("choices") or ():
+        entry: CallChoice = {
+            "index": choice.get("index", 0),
+            "token_ids": choice.get("token_ids"),
+            "logprobs": _choice_logprobs(choice),
+            "finish_reason": choice.get("finish_reason"),
+        }
+        if choice.get("prompt_token_ids") is not None:
+            entry["prompt_token_ids"] = choice["prompt_token_ids"]
+        out.append(entry)
+    return out
+
+
+def _prompt_token_ids(response: Dict[str, Any]) -> Optional[List[int]]:
+    # Chat responses carry them at the top level; completions per choice (one prompt each).
+    if response.get("prompt_token_ids") is not None:
+        return response["prompt_token_ids"]
+    for choice in response.get("choices") or ():
+        if choice.get("prompt_token_ids") is not None:
+            return choice["prompt_token_ids"]
+    return None
+
+
+def llm_call_attributes(record: CallRecord) -> Dict[str, Any]:
+    """The attributes of a finished call's span (`agl_store.call_span` names them)."""
+    response = record.response or {}
+    choices = _choices(response)
+    prompt_ids = _prompt_token_ids(response)
+    usage = response.get("usage") or {}
+    input_tokens = usage.get("prompt_tokens")
+    output_tokens = usage.get("completion_tokens")
+    # Streams carry no usage unless the client asked for it; the token ids say the same.
+    if input_tokens is None and prompt_ids is not None:
+        input_tokens = len(prompt_ids)
+    if output_tokens is None and choices and all(c["token_ids"] is not None for c in choices):
+        output_tokens = sum(len(c["token_ids"]) for c in choices)
+    deployment = record.deployment
+    return {
+        call_span.OPERATION: record.operation,
+        call_span.SYSTEM: deployment.system if deployment else None,
+        call_span.REQUEST_MODEL: record.requested_model,
+        call_span.RESPONSE_MODEL: response.get("model"),
+        call_span.INPUT_TOKENS: input_tokens,
+        call_span.OUTPUT_TOKENS: output_tokens,
+        call_span.REQUEST: record.request,
+        call_span.RESPONSE: record.response,
+        call_span.PROMPT_TOKEN_IDS: prompt_ids,
+        call_span.CHOICES: choices,
+        call_span.STREAM: record.stream,
+        call_span.BACKEND: deployment.label if deployment else None,
+        call_span.MODEL_VERSION: deployment.model_version if deployment else None,
+        call_span.LATENCY_S: record.latency_s,
+        call_span.TTFT_S: record.ttft_s,
+        call_span.ERROR: record.error,
+        **record.extra,
+    }
+
+
+def build_llm_span(record: CallRecord, sequence_id: Optional[int] = None) -> Span:
+    """The span of a finished call; `sequence_id` None lets the store issue one."""
+    ok = record.error is None
+    return Span(
+        rollout_id=record.rollout_id,
+        attempt_id=record.attempt_id,
+        sequence_id=sequence_id,
+        name=call_span.NAME,
+        start_time=record.start_time,
+        end_time=record.start_time + record.latency_s,
+        status=TraceStatus(status_code="OK" if ok else "ERROR", description=None if ok else record.error["message"]),
+        attributes=llm_call_attributes(record),
+    )

@@ -1,0 +1,67 @@
+"""The span of one LLM call: its name and attribute names, written once.
+
+The proxy writes these spans (`agl_proxy.call_record`), the trainer reads them
+(`agl_train.traces`) and the web view shows them (`agl_train.view`); all three spell the
+names through this module. docs/spans.md describes each attribute for people. The reward
+span, the other span agl defines, is `agl_store.models.reward_span`.
+
+Import the module rather than its names, so a reader sees where a name comes from:
+`attributes[call_span.PROMPT_TOKEN_IDS]`.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, TypedDict
+
+NAME = "agl.llm_call"
+"""The name of the span of one call to `/v1/chat/completions` or `/v1/completions` (any `n`, streamed or not)."""
+
+# OpenTelemetry's GenAI attributes.
+OPERATION = "gen_ai.operation.name"
+"""`chat` or `text_completion`."""
+SYSTEM = "gen_ai.system"
+"""`vllm` for OpenAI-compatible vLLM deployments, else LiteLLM's provider name."""
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+"""Completion tokens, summed over choices."""
+
+# agl's own: the bodies and the token ids the trainer needs.
+REQUEST = "agl.request"
+"""The request body as sent to the backend (never connection settings or credentials)."""
+RESPONSE = "agl.response"
+"""The response body; for a stream, the assembled non-stream equivalent."""
+PROMPT_TOKEN_IDS = "agl.prompt_token_ids"
+"""The prompt's token ids as the backend tokenized (or received) them: a list of ints."""
+CHOICES = "agl.choices"
+"""One `CallChoice` per generated choice."""
+STREAM = "agl.stream"
+BACKEND = "agl.backend"
+"""The deployment that served the call (its `api_base`, without any `user:password@`)."""
+MODEL_VERSION = "agl.model_version"
+LATENCY_S = "agl.latency_s"
+TTFT_S = "agl.ttft_s"
+ERROR = "agl.error"
+"""A `CallError` on failure (the span's status is then ERROR), else None."""
+
+
+class CallChoice(TypedDict, total=False):
+    """One entry of `CHOICES`."""
+
+    index: int
+    token_ids: Optional[List[int]]
+    """The generated token ids; None when the backend returned none."""
+    logprobs: Optional[List[Optional[float]]]
+    """One per generated token, or None when the call did not ask for them."""
+    finish_reason: Optional[str]
+    prompt_token_ids: List[int]
+    """Completions only, when the backend sent the prompt's ids with the choice."""
+
+
+class CallError(TypedDict):
+    """The value of `ERROR` on a failed call."""
+
+    type: str
+    message: str
+    status_code: int

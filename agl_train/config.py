@@ -1,0 +1,91 @@
+"""agl's Hydra config (agl_train/config.yaml) read into checked settings.
+
+`compose_config(overrides)` composes `agl_train/config.yaml` over verl's `ppo_trainer`;
+`settings_from_config(config)` reads what the training data path needs and raises
+ValueError for settings that cannot run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Tuple
+
+from .aggregate import Limits, get_aggregator, limits_for_level
+from .loss import LOSS_MODE
+from .runner.runner_settings import RunnerSettings, check_async_batch
+from .verl_config import check_verl_config
+
+CONFIG_MODULE = "agl_train"
+CONFIG_NAME = "config"
+
+
+def compose_config(overrides: Sequence[str] = ()) -> Any:
+    """The composed trainer config (an OmegaConf DictConfig) with Hydra `overrides` applied."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+        return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The settings of the training data path, one field per config key it reads."""
+
+    level: str
+    limits: Limits
+    reward_fillna_value: float
+    max_ppo_update_times: Optional[int]
+    enable_rollout_level_advantage: bool
+    per_rollout_mean: bool
+    ppo_mini_batch_size: int
+    rollout_n: int
+    train_batch_size: int
+    async_rollout: bool = False
+    async_train_batch_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        get_aggregator(self.level)
+        if self.max_ppo_update_times is not None and self.max_ppo_update_times <= 0:
+            raise ValueError(
+                f"agentlightning.max_ppo_update_times must be positive or null, got {self.max_ppo_update_times}"
+            )
+        if self.async_rollout:
+            check_async_batch(self.train_batch_size, self.async_train_batch_size)
+
+
+def settings_from_config(config: Any) -> TrainSettings:
+    """Read a composed trainer config into `TrainSettings` (ValueError when it cannot run)."""
+    agl = config["agentlightning"]
+    aggregator = agl["trace_aggregator"]
+    level = str(aggregator["level"])
+    get_aggregator(level)
+    actor = config["actor_rollout_ref"]["actor"]
+    asynchronous = agl.get("async_rollout") or {}
+    cap = agl.get("max_ppo_update_times")
+    size = asynchronous.get("async_train_batch_size")
+    return TrainSettings(
+        level=level,
+        limits=limits_for_level(level, aggregator, config["data"]),
+        reward_fillna_value=float(agl["reward_fillna_value"]),
+        max_ppo_update_times=None if cap is None else int(cap),
+        enable_rollout_level_advantage=bool(config["algorithm"].get("enable_rollout_level_advantage", True)),
+        per_rollout_mean=str(actor["policy_loss"]["loss_mode"]) == LOSS_MODE,
+        ppo_mini_batch_size=int(actor["ppo_mini_batch_size"]),
+        rollout_n=int(config["actor_rollout_ref"]["rollout"].get("n", 1)),
+        train_batch_size=int(config["data"]["train_batch_size"]),
+        async_rollout=bool(asynchronous.get("enabled", False)),
+        async_train_batch_size=None if size is None else int(size),
+    )
+
+
+def trainer_settings(config: Any) -> Tuple[TrainSettings, RunnerSettings]:
+    """Every agl setting of a trainer config, checked: the data path's, the runners', no KL
+    penalty in the reward (agl's trainer does not apply it), and no verl key that agl's loop
+    would not honour (`verl_config.check_verl_config`: critics, GAE, rollout correction, ...).
+    ValueError names the key to change."""
+    settings = settings_from_config(config)
+    runner_settings = RunnerSettings.from_config(config)
+    if config["algorithm"].get("use_kl_in_reward", False):
+        raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
+    check_verl_config(config)
+    return settings, runner_settings

@@ -1,0 +1,190 @@
+"""The trainer's remote control of agl's proxy (the gateway: the proxy, with the store's routes on the same port).
+
+`ProxyControl` is built lazily from `agentlightning.agl_base_url`, `agl_key` and a 300 s
+timeout: constructing it opens nothing, the first call does. Per step the trainer registers
+the rollout engine's replicas with the proxy and publishes the proxy as the rollouts' LLM
+(`publish_replicas`), and around the weight update pauses the proxy, waits for the calls in
+flight to drain and reads its state (`pause_for_update`), then `resume()`s it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import httpx
+
+from agl_store.base import LightningStore
+from agl_store.models import ProxyLLM
+
+from .runner.runner_settings import GATEWAY_TIMEOUT_S
+
+LLM_RESOURCE_NAME = "main_llm"
+"""The proxy's name in each resource set the trainer publishes."""
+
+
+class ProxyControlError(RuntimeError):
+    """The proxy answered with an error status, or could not be reached."""
+
+
+class ProxyControl:
+    """Pause / state / resume / model list of one proxy, over HTTP, with its admin key (`--admin-key`).
+
+    ```python
+    proxy = ProxyControl("http://localhost:8080", key="")
+    await proxy.update_model_list(vllm_model_list(["10.0.0.5:8000"], "Qwen/Qwen2.5-1.5B"))
+    await proxy.pause(drain=True)
+    ... update weights ...
+    await proxy.resume()
+    await proxy.aclose()
+    ```
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        key: str = "",
+        *,
+        timeout_s: float = GATEWAY_TIMEOUT_S,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.base_url = _without_v1(base_url)
+        self.key = key
+        self.timeout_s = timeout_s
+        self._transport = transport
+        self._http: Optional[httpx.AsyncClient] = None
+
+    @property
+    def openai_base_url(self) -> str:
+        """The proxy's OpenAI base URL (what an LLM resource's `endpoint` is)."""
+        return self.base_url + "/v1"
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            headers = {"authorization": f"Bearer {self.key}"} if self.key else {}
+            self._http = httpx.AsyncClient(
+                base_url=self.base_url, headers=headers, timeout=self.timeout_s, transport=self._transport
+            )
+        return self._http
+
+    async def _request(self, method: str, path: str, body: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        try:
+            response = await self._client().request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise ProxyControlError(f"{method} {self.base_url}{path} failed: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise ProxyControlError(
+                f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:500]}"
+            )
+        return response.json()
+
+    async def state(self) -> Dict[str, Any]:
+        """`{"paused", "reason", "paused_at", "in_flight", "models", "spans_buffered"}`."""
+        return await self._request("GET", "/proxy/state")
+
+    async def pause(self, reason: str = "weight update", *, drain: bool = True, timeout_s: Optional[float] = None) -> Dict[str, Any]:
+        """Refuse new calls (429) and, with `drain`, wait until the calls in flight are done."""
+        body: Dict[str, Any] = {"reason": reason, "drain": drain}
+        if timeout_s is not None:
+            body["timeout"] = timeout_s
+        return await self._request("POST", "/proxy/pause", body)
+
+    async def resume(self) -> Dict[str, Any]:
+        return await self._request("POST", "/proxy/resume")
+
+    async def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+        """Replace the proxy's backends (LiteLLM `model_list` entries); returns the list it serves."""
+        answer = await self._request("POST", "/proxy/model_list", {"model_list": [dict(e) for e in model_list]})
+        return answer["model_list"]
+
+    async def wait_spans_exported(self, timeout_s: float = 60.0, poll_s: float = 0.05) -> bool:
+        """Wait until the proxy has no span left to write (so a finished rollout's spans are
+        all in the store); False if `timeout_s` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if (await self.state()).get("spans_buffered", 0) == 0:
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(poll_s)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+
+async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str:
+    """The model id a vLLM replica serves (its `/v1/models`), which is what the proxy must ask for."""
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+        answer = await http.get(server_root(server_address) + "/v1/models")
+    answer.raise_for_status()
+    return answer.json()["data"][0]["id"]
+
+
+async def publish_replicas(
+    store: LightningStore,
+    proxy: ProxyControl,
+    server_addresses: Sequence[str],
+    *,
+    version: str,
+    api_key: Optional[str] = None,
+    sampling_parameters: Optional[Dict[str, Any]] = None,
+) -> str:
+    """Register the rollout engine's replicas with the proxy (one `model_list` entry each,
+    tagged with the weight `version`) and publish a new resource set whose `main_llm` is the
+    proxy; returns its resources id (a new one per call, so runners never see a stale one)."""
+    if not server_addresses:
+        raise ValueError("the rollout engine has no replica to register")
+    served = await served_model_name(server_addresses[0])
+    await proxy.update_model_list(vllm_model_list(server_addresses, served, version=version))
+    resource = ProxyLLM(
+        endpoint=proxy.openai_base_url,
+        model=served,
+        api_key=api_key,
+        sampling_parameters=dict(sampling_parameters or {}),
+    )
+    update = await store.add_resources({LLM_RESOURCE_NAME: resource})
+    return update.resources_id
+
+
+async def pause_for_update(proxy: ProxyControl) -> Dict[str, float]:
+    """Pause the proxy and wait until its calls in flight are done: the replicas may sleep and
+    take new weights next. New calls get 429 + Retry-After until `proxy.resume()`."""
+    drained = await proxy.pause("weight update", drain=True)
+    state = await proxy.state()
+    return {
+        "rollout/proxy_drained": float(bool(drained.get("drained"))),
+        "rollout/proxy_in_flight_at_update": float(state.get("in_flight", 0)),
+    }
+
+
+def vllm_model_list(
+    server_addresses: Sequence[str], model_name: str, *, served_model: Optional[str] = None, version: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    """LiteLLM `model_list` entries for vLLM replicas (`host:port` or URLs), one per replica,
+    all under `model_name`; `served_model` is the name vLLM serves (default `model_name`),
+    `version` the weight version recorded in every span they serve."""
+    entries = []
+    for address in server_addresses:
+        url = server_root(address) + "/v1"
+        entry: Dict[str, Any] = {
+            "model_name": model_name,
+            "litellm_params": {"model": f"hosted_vllm/{served_model or model_name}", "api_base": url},
+        }
+        if version is not None:
+            entry["model_info"] = {"agl_model_version": str(version)}
+        entries.append(entry)
+    return entries
+
+
+def server_root(address: str) -> str:
+    """A server's root URL from `host:port` or a URL (`http://` when no scheme is given),
+    without a trailing slash or `/v1`."""
+    return _without_v1(address if "://" in address else f"http://{address}")
+
+
+def _without_v1(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url

@@ -1,0 +1,220 @@
+"""Reading a finished rollout: spans of its latest attempt → LLM calls and a final reward.
+
+The input is the span schema of `agl_store.call_span` and `agl_store.models.reward_span`
+(docs/spans.md): `agl.llm_call` spans carry `agl.prompt_token_ids` and per choice
+`agl.choices[i].token_ids` / `.logprobs`; `agl.reward` spans carry `agl.reward.value`, and the
+last one of an attempt is the final reward.
+
+Calls that cannot become training data (the backend failed, or no token ids were recorded)
+are skipped and counted by reason, never turned into empty rows: an empty row would still
+carry the rollout's reward and shift its advantage.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from agl_store import call_span
+from agl_store.base import LightningStore
+from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE, Span
+
+AGL_03_PRIMARY_REWARD = "agentlightning.reward.0.value"
+"""Where agent-lightning 0.3's `emit_reward` puts the primary reward (flattened OTLP attribute)."""
+
+SKIP_ERROR = "error"
+"""The call's span has status ERROR: the backend did not answer it."""
+SKIP_NO_PROMPT_IDS = "no_prompt_token_ids"
+"""The span has no `agl.prompt_token_ids` (e.g. a provider that does not return token ids)."""
+SKIP_NO_RESPONSE_IDS = "no_response_token_ids"
+"""A choice has no (or empty) `token_ids`: nothing was generated that could be trained."""
+
+
+@dataclass(frozen=True)
+class LLMCall:
+    """One generated choice of one LLM call, in token ids.
+
+    Token ids are lists, or `array('i')` when the store client read them packed
+    (`LightningStoreClient(token_arrays=True)`, what the trainer uses: no Python int per id).
+    `logprobs` has one entry per response token, or is None when the call did not record them.
+    A call with `n` choices becomes `n` LLMCalls sharing `sequence_id`.
+    """
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    logprobs: Optional[List[float]] = None
+    sequence_id: Optional[int] = None
+    span_id: str = ""
+    choice_index: int = 0
+    finish_reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RolloutTrace:
+    """What the trainer needs from one finished rollout.
+
+    `uid` is the prompt group the rollout belongs to (GRPO groups rollouts by it).
+    `has_reward` is False when no reward span was found and `reward` is the fill value.
+    `skipped` counts unusable calls by reason (`SKIP_*`).
+    """
+
+    rollout_id: str
+    uid: str
+    calls: List[LLMCall]
+    reward: float
+    has_reward: bool = True
+    attempt_id: str = ""
+    skipped: Mapping[str, int] = field(default_factory=dict)
+
+
+def _sorted_by_sequence(spans: Iterable[Span]) -> List[Span]:
+    # Spans from the store are already sorted; hand-built lists may not be. Spans without a
+    # sequence number keep their relative order after the numbered ones.
+    return sorted(spans, key=lambda s: (s.sequence_id is None, s.sequence_id or 0))
+
+
+def _int_list(value: Any) -> Optional[Sequence[int]]:
+    if type(value) is array and value.typecode == "i":
+        return value if value else None  # decoded from the store's int32 blobs: ints by construction
+    if not isinstance(value, list) or not value:
+        return None
+    # `map(type, ...)` runs in C: the check costs little next to reading an 8k-token span.
+    if not set(map(type, value)) <= {int}:
+        return None
+    return value
+
+
+def _logprob_list(value: Any, n_tokens: int) -> Optional[List[float]]:
+    # A logprob list that does not line up with the tokens cannot be trusted position by
+    # position, so it is dropped rather than padded.
+    if not isinstance(value, list) or len(value) != n_tokens:
+        return None
+    types = set(map(type, value))
+    if types <= {float}:
+        return value
+    if not types <= {float, int}:
+        return None
+    return list(map(float, value))
+
+
+def calls_from_spans(spans: Iterable[Span]) -> Tuple[List[LLMCall], Dict[str, int]]:
+    """The trainable LLM calls among `spans`, in sequence order, and the skipped-call counts.
+
+    Every choice of an `agl.llm_call` span with prompt and response token ids becomes one
+    `LLMCall`. Spans with status ERROR and choices without token ids are counted under the
+    `SKIP_*` reasons instead. Spans of other names are ignored.
+    """
+    calls: List[LLMCall] = []
+    skipped: Counter[str] = Counter()
+    for span in _sorted_by_sequence(spans):
+        if span.name != call_span.NAME:
+            continue
+        if span.status.status_code == "ERROR":
+            skipped[SKIP_ERROR] += 1
+            continue
+        attributes = span.attributes
+        prompt_ids = _int_list(attributes.get(call_span.PROMPT_TOKEN_IDS))
+        if prompt_ids is None:
+            skipped[SKIP_NO_PROMPT_IDS] += 1
+            continue
+        choices = attributes.get(call_span.CHOICES)
+        if not isinstance(choices, list) or not choices:
+            skipped[SKIP_NO_RESPONSE_IDS] += 1
+            continue
+        for position, choice in enumerate(choices):
+            choice = choice if isinstance(choice, dict) else {}
+            response_ids = _int_list(choice.get("token_ids"))
+            if response_ids is None:
+                skipped[SKIP_NO_RESPONSE_IDS] += 1
+                continue
+            calls.append(
+                LLMCall(
+                    prompt_ids=prompt_ids,
+                    response_ids=response_ids,
+                    logprobs=_logprob_list(choice.get("logprobs"), len(response_ids)),
+                    sequence_id=span.sequence_id,
+                    span_id=span.span_id,
+                    choice_index=choice["index"] if isinstance(choice.get("index"), int) else position,
+                    finish_reason=choice.get("finish_reason"),
+                )
+            )
+    return calls, dict(skipped)
+
+
+def reward_value(span: Span) -> Optional[float]:
+    """The reward a span records, or None: `agl.reward` spans (`agl.reward.value`), and spans
+    of agent-lightning 0.3's `emit_reward` (`agentlightning.reward.0.value`, the primary reward).
+
+    A value that is not a finite number does not count (it cannot be trained on).
+    """
+    if span.name == REWARD_SPAN_NAME:
+        value = span.attributes.get(REWARD_VALUE_ATTRIBUTE)
+    else:
+        value = span.attributes.get(AGL_03_PRIMARY_REWARD)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def final_reward(spans: Iterable[Span]) -> Optional[float]:
+    """The last reward (see `reward_value`) in sequence order, or None if there is none."""
+    reward: Optional[float] = None
+    for span in _sorted_by_sequence(spans):
+        value = reward_value(span)
+        if value is not None:
+            reward = value
+    return reward
+
+
+def trace_from_spans(
+    rollout_id: str,
+    spans: Sequence[Span],
+    *,
+    uid: Optional[str] = None,
+    reward_fillna_value: float = 0.0,
+    attempt_id: str = "",
+) -> RolloutTrace:
+    """Build a `RolloutTrace` from the spans of one attempt.
+
+    `uid` defaults to the rollout id (each rollout its own group). A rollout without a reward
+    span gets `reward_fillna_value`.
+    """
+    calls, skipped = calls_from_spans(spans)
+    reward = final_reward(spans)
+    return RolloutTrace(
+        rollout_id=rollout_id,
+        uid=uid if uid is not None else rollout_id,
+        calls=calls,
+        reward=reward if reward is not None else float(reward_fillna_value),
+        has_reward=reward is not None,
+        attempt_id=attempt_id,
+        skipped=skipped,
+    )
+
+
+async def read_rollout(
+    store: LightningStore,
+    rollout_id: str,
+    *,
+    uid: Optional[str] = None,
+    reward_fillna_value: float = 0.0,
+) -> RolloutTrace:
+    """Read the spans of a rollout's latest attempt from `store` into a `RolloutTrace`.
+
+    A rollout without attempts gives a trace with no calls (and the fill reward), so the
+    trainer can still count it. Unknown rollouts raise the store's `NotFoundError`.
+    """
+    attempt = await store.get_latest_attempt(rollout_id)
+    if attempt is None:
+        return trace_from_spans(rollout_id, [], uid=uid, reward_fillna_value=reward_fillna_value)
+    spans = await store.query_spans(rollout_id, attempt.attempt_id)
+    return trace_from_spans(
+        rollout_id,
+        spans,
+        uid=uid,
+        reward_fillna_value=reward_fillna_value,
+        attempt_id=attempt.attempt_id,
+    )

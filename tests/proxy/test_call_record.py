@@ -1,0 +1,22 @@
+"""agl_proxy.call_record: a finished call becomes a span with exactly the attributes of agl_store.call_span."""
+
+from __future__ import annotations
+
+from agl_proxy.call_record import CallRecord, build_llm_span
+from agl_store import call_span
+
+
+def test_the_span_of_a_call_carries_every_attribute_of_the_call_span_schema() -> None:
+    record = CallRecord(
+        operation="chat", rollout_id="ro-1", attempt_id="at-1", requested_model="tiny", stream=False, start_time=1.0
+    )
+    record.response = {"model": "tiny", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": [3]}]}
+    record.latency_s = 0.5
+
+    span = build_llm_span(record)
+
+    schema = {value for name, value in vars(call_span).items() if name.isupper() and name != "NAME"}
+    assert span.name == call_span.NAME and set(span.attributes) == schema
+    assert span.attributes[call_span.PROMPT_TOKEN_IDS] == [1, 2]
+    assert span.attributes[call_span.CHOICES] == [{"index": 0, "token_ids": [3], "logprobs": None, "finish_reason": None}]
+    assert span.attributes[call_span.OUTPUT_TOKENS] == 1 and span.end_time == 1.5

@@ -1,0 +1,270 @@
+"""`AglTrainer` is built like verl's `RayPPOTrainer` (no Ray needed to construct it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agl_train.config import compose_config
+from agl_train.dataset import InMemoryDataset, collate_inputs
+
+# torchdata's StatefulDataLoader (built by verl's constructor) warns about its own use of a
+# deprecated torch call; that is library noise, not something this test checks.
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+
+TASKS = [{"question": f"q{i}"} for i in range(6)]
+
+
+def build(tokenizer, overrides):
+    from agl_train.trainer import AglTrainer  # first: it imports verl with its import-time warnings silenced
+    from verl.trainer.ppo.ray_trainer import ResourcePoolManager, Role
+
+    config = compose_config(["data.train_batch_size=2", "data.dataloader_num_workers=0", "trainer.total_epochs=1", *overrides])
+    pool = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"})
+    return AglTrainer(
+        config=config,
+        tokenizer=tokenizer,
+        role_worker_mapping={Role.ActorRollout: object},
+        resource_pool_manager=pool,
+        train_dataset=InMemoryDataset(TASKS),
+        val_dataset=InMemoryDataset(TASKS[:2]),
+        collate_fn=collate_inputs,
+    )
+
+
+def test_the_trainer_reads_batches_of_tasks_and_its_proxy_control_is_lazy(tokenizer) -> None:
+    trainer = build(tokenizer, ["agentlightning.agl_base_url=http://127.0.0.1:9/", "agentlightning.agl_key=k"])
+
+    assert trainer.total_training_steps == 3
+    batch = next(iter(trainer.train_dataloader))
+    assert len(batch["input"]) == 2 and all(task in TASKS for task in batch["input"])
+    assert trainer._proxy is None
+    assert (trainer.proxy.base_url, trainer.proxy.key, trainer.proxy.timeout_s) == ("http://127.0.0.1:9", "k", 300.0)
+
+
+def test_an_async_batch_not_larger_than_the_train_batch_is_refused_by_the_constructor(tokenizer) -> None:
+    with pytest.raises(ValueError, match="strictly greater than data.train_batch_size"):
+        build(tokenizer, ["agentlightning.async_rollout.enabled=true", "agentlightning.async_rollout.async_train_batch_size=2"])
+    trainer = build(tokenizer, ["agentlightning.async_rollout.enabled=true", "agentlightning.async_rollout.async_train_batch_size=3"])
+    assert trainer.runner_settings.groups_in_flight == 3
+
+
+def test_kl_in_the_reward_is_refused(tokenizer) -> None:
+    with pytest.raises(ValueError, match="use_kl_in_reward"):
+        build(tokenizer, ["algorithm.use_kl_in_reward=true"])
+
+
+def test_the_constructor_refuses_a_critic_config_before_verl_builds_anything(tokenizer) -> None:
+    with pytest.raises(ValueError, match=r"algorithm.adv_estimator=gae .*set algorithm.adv_estimator=grpo"):
+        build(tokenizer, ["algorithm.adv_estimator=gae"])
+    with pytest.raises(ValueError, match=r"trainer.critic_warmup=1 .*set trainer.critic_warmup=0"):
+        build(tokenizer, ["trainer.critic_warmup=1"])
+    with pytest.raises(ValueError, match=r"algorithm.rollout_correction.rollout_is=token"):
+        build(tokenizer, ["algorithm.rollout_correction.rollout_is=token"])
+
+
+def test_the_constructor_chooses_the_attention_the_workers_will_load(tokenizer) -> None:
+    from agl_train.attention import flash_attn_installed
+
+    trainer = build(tokenizer, [])
+    chosen = trainer.config.actor_rollout_ref.model.override_config.attn_implementation
+    assert chosen == ("flash_attention_2" if flash_attn_installed() else "sdpa")
+
+
+# --- the update half of a step, with verl's own batch code ----------------------------------
+
+
+class WorkerGroup:
+    """Stands in for the actor's Ray worker group where a step only needs its shape (two
+    data-parallel ranks) and its checkpoint calls, which it records."""
+
+    def __init__(self, calls=None):
+        self._dispatch_info = {"actor": [0, 1]}
+        self.calls = calls if calls is not None else []
+
+    def save_checkpoint(self, local_path, *args, **kwargs):
+        self.calls.append("save_checkpoint")
+
+    def load_checkpoint(self, local_path, *args, **kwargs):
+        self.calls.append("load_checkpoint")
+
+
+def update_batch(tokenizer):
+    """Four rows of different lengths, two groups, as the step's data path hands them to the update."""
+    import random
+
+    from agl_train.aggregate import Limits
+    from agl_train.step import build_batch, prepare_update
+
+    from .builders import call, trace, train_settings
+
+    traces = [
+        trace(f"ro-{i}", [call([1, 2, 3], [5] * (1 + 3 * i))], reward_value=float(i % 2), uid=f"g{i // 2}")
+        for i in range(4)
+    ]
+    settings = train_settings(limits=Limits(8, 16))
+    data, _ = build_batch(traces, settings, tokenizer.pad_token_id)
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+    data, _ = prepare_update(data, settings, rng=random.Random(0), adv_estimator="grpo")
+    return data
+
+
+def test_balance_batch_reorders_rows_across_data_parallel_ranks_as_verl_does(tokenizer) -> None:
+    trainer = build(tokenizer, [])
+    trainer.actor_rollout_wg = WorkerGroup()
+    batch, metrics = update_batch(tokenizer), {}
+    before = batch.non_tensor_batch["rollout_id"].tolist()
+
+    trainer._prepare_batch(batch, metrics)
+
+    after = batch.non_tensor_batch["rollout_id"].tolist()
+    assert sorted(after) == sorted(before) and after != before
+    tokens = batch.batch["attention_mask"].sum(-1).tolist()
+    assert sum(tokens[:2]) == sum(tokens[2:])  # each rank gets the same number of tokens here
+    assert batch.meta_info["global_token_num"] == tokens
+    assert "global_seqlen/balanced_max" in metrics
+
+    unbalanced = build(tokenizer, ["trainer.balance_batch=false"])
+    batch, metrics = update_batch(tokenizer), {}
+    unbalanced._prepare_batch(batch, metrics)
+    assert batch.non_tensor_batch["rollout_id"].tolist() == before and metrics == {}
+
+
+def test_rollout_data_dir_gets_each_steps_rows(tokenizer, tmp_path) -> None:
+    import json
+
+    trainer = build(tokenizer, [f"trainer.rollout_data_dir={tmp_path}"])
+    trainer.global_steps = 3
+    batch = update_batch(tokenizer)
+
+    trainer._dump_rollouts(batch, {})
+    trainer._shutdown_dump_executor()
+
+    rows = [json.loads(line) for line in (tmp_path / "3.jsonl").read_text().splitlines()]
+    assert [row["rollout_id"] for row in rows] == [f"ro-{i}" for i in range(4)]
+    assert [row["score"] for row in rows] == [0.0, 1.0, 0.0, 1.0] and all(row["step"] == 3 for row in rows)
+
+
+def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(tokenizer, monkeypatch) -> None:
+    import agl_train.trainer as trainer_module
+    from agl_train.runner.groups import Collected
+    from agl_train.step import StepData
+    from verl import DataProto
+
+    calls = []
+    trainer = build(tokenizer, ["trainer.balance_batch=false"])
+    trainer.actor_rollout_wg = WorkerGroup(calls)
+    batch = update_batch(tokenizer)
+
+    async def rollouts(new_inputs):
+        calls.append("rollouts")
+        return StepData(data=batch, metrics={}, collected=Collected(groups=[], counts={}, carried_over=0))
+
+    async def pause(proxy):
+        calls.append("pause")
+        return {}
+
+    class Proxy:
+        async def resume(self):
+            calls.append("resume")
+
+    class CheckpointManager:
+        def sleep_replicas(self):
+            calls.append("sleep_replicas")
+
+        def update_weights(self, step):
+            calls.append("update_weights")
+
+    def old_log_prob(data):
+        calls.append("old_log_prob")
+        zeros = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+        return DataProto.from_dict({"old_log_probs": zeros}), 0.0
+
+    def update_actor(data):
+        calls.append("update_actor")
+        return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.0]}})
+
+    monkeypatch.setattr(trainer_module, "pause_for_update", pause)
+    monkeypatch.setattr(trainer, "_rollouts", rollouts)
+    monkeypatch.setattr(trainer, "_compute_old_log_prob", old_log_prob)
+    monkeypatch.setattr(trainer, "_update_actor", update_actor)
+    monkeypatch.setattr(trainer, "_save_checkpoint", lambda: calls.append("save_checkpoint"))
+    trainer._proxy, trainer.checkpoint_manager, trainer.global_steps = Proxy(), CheckpointManager(), 1
+    trainer._loop.start()
+    try:
+        trainer._train_step([{"question": "q"}], save=True)
+    finally:
+        trainer._loop.stop()
+
+    assert calls == [
+        "rollouts", "pause", "sleep_replicas", "old_log_prob", "update_actor",
+        "save_checkpoint", "update_weights", "resume",
+    ]
+
+
+# --- checkpoint and resume of the step schedule ------------------------------------------------
+
+ASYNC = ["agentlightning.async_rollout.enabled=true", "agentlightning.async_rollout.async_train_batch_size=3"]
+
+
+def run_steps(trainer, until):
+    """fit()'s data side from the trainer's current step to `until`: draw as the schedule says;
+    the groups complete in submission order, so a step trains the first 2 prompts in line."""
+    schedule = trainer._schedule()
+    batches = trainer._batches(schedule.resume_position(trainer.global_steps)[0])
+    trained = []
+    for step in range(trainer.global_steps + 1, until + 1):
+        plan = schedule.plan(step)
+        trainer.global_steps = step
+        for _ in range(plan.draw):
+            trainer._pending += next(batches, [])
+        trained.append(trainer._pending[:2])
+        trainer._pending = trainer._pending[2:]
+    return trained
+
+
+@pytest.mark.parametrize("rollout, saved_at", [(ASYNC, 2), (ASYNC, 3), (ASYNC, 4), ([], 2), ([], 4)])
+def test_a_resumed_run_trains_the_same_prompts_as_one_that_never_stopped(
+    tokenizer, tmp_path, rollout, saved_at
+) -> None:
+    overrides = [*rollout, f"trainer.default_local_dir={tmp_path}", "data.shuffle=false", "trainer.total_epochs=2"]
+    whole = build(tokenizer, overrides)
+    whole.global_steps = 0
+    assert whole._schedule().last_step == 6  # 3 batches × 2 epochs (async: the groups in flight drained at the end)
+    expected = run_steps(whole, 6)
+    assert sorted(q["question"] for pair in expected for q in pair) == sorted(2 * [t["question"] for t in TASKS])
+
+    first = build(tokenizer, overrides)
+    first.actor_rollout_wg, first.global_steps = WorkerGroup(), 0
+    before = run_steps(first, saved_at)
+    first._save_checkpoint()
+
+    resumed = build(tokenizer, overrides)
+    resumed.actor_rollout_wg = WorkerGroup()
+    resumed.global_steps = 0
+    resumed._load_checkpoint()
+    assert resumed.global_steps == saved_at and resumed._pending == first._pending
+    assert before + run_steps(resumed, 6) == expected
+
+
+async def test_groups_left_in_flight_by_the_last_step_are_cancelled_and_reported(tokenizer, tmp_path, caplog) -> None:
+    from agl_store.sqlite import SQLiteStore
+    from agl_train.runner.groups import GroupTracker
+
+    trainer = build(tokenizer, [*ASYNC, "trainer.total_training_steps=1"])
+    trainer.global_steps = 1
+    store = await SQLiteStore(str(tmp_path / "agl.db")).open()
+    try:
+        trainer._tracker = GroupTracker(store, 1)
+        groups = await trainer._tracker.submit([{"question": "late"}])
+        trainer._pending = [{"question": "never submitted"}]
+
+        with caplog.at_level("WARNING", logger="agl_train.trainer"):
+            metrics = await trainer._cancel_leftovers()
+
+        assert metrics == {"rollout/n_groups_cancelled_at_end": 1.0, "rollout/n_prompts_not_trained": 1.0}
+        assert (await store.get_rollout_by_id(groups[0].rollout_ids[0])).status == "cancelled"
+        assert trainer._tracker.in_flight == [] and trainer._pending == []
+        assert "1 groups in flight cancelled and 1 drawn prompts not submitted" in caplog.text
+    finally:
+        await store.close()
