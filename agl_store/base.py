@@ -20,6 +20,10 @@ Status rules, enforced by the backends:
   agent-lightning 0.3: `update_rollout(status="requeuing")` puts it back in the queue and
   `start_attempt` gives it a new attempt; it is then unfinished and follows that attempt.
 - `attempt_id="latest"` names the rollout's latest attempt wherever an attempt id is taken.
+
+The `query_*` methods take their filters, sorting and paging as keyword arguments and hand
+them to the backend's `find_*` as one model of `agl_store.queries`, where each query's fields
+are written once.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from .models import (
     Worker,
     WorkerStatus,
 )
+from .queries import AttemptQuery, FilterLogic, ResourcesQuery, RolloutQuery, SortOrder, SpanQuery, WorkerQuery
 
 
 class _Unset:
@@ -63,8 +68,6 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
-SortOrder = Literal["asc", "desc"]
-FilterLogic = Literal["and", "or"]
 
 
 class LightningStore:
@@ -198,6 +201,10 @@ class LightningStore:
         `limit=-1` means no limit. The returned sequence has a `total` attribute with the
         number of matches before paging.
         """
+        return await self.find_rollouts(RolloutQuery.of_call(locals()))
+
+    async def find_rollouts(self, query: RolloutQuery) -> Sequence[Rollout]:
+        """`query_rollouts`, its arguments as one model."""
         raise NotImplementedError
 
     async def query_attempts(
@@ -209,6 +216,10 @@ class LightningStore:
         limit: int = -1,
         offset: int = 0,
     ) -> Sequence[Attempt]:
+        return await self.find_attempts(rollout_id, AttemptQuery.of_call(locals()))
+
+    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Sequence[Attempt]:
+        """`query_attempts`, its sorting and paging as one model."""
         raise NotImplementedError
 
     async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
@@ -275,6 +286,10 @@ class LightningStore:
         sort_order: SortOrder = "asc",
     ) -> Sequence[Span]:
         """Spans of a rollout (all attempts, one attempt, or the latest), in sequence order."""
+        return await self.find_spans(SpanQuery.of_call(locals()))
+
+    async def find_spans(self, query: SpanQuery) -> Sequence[Span]:
+        """`query_spans`, its arguments as one model."""
         raise NotImplementedError
 
     # --- resources ----------------------------------------------------------------------
@@ -304,6 +319,10 @@ class LightningStore:
         limit: int = -1,
         offset: int = 0,
     ) -> Sequence[ResourcesUpdate]:
+        return await self.find_resources(ResourcesQuery.of_call(locals()))
+
+    async def find_resources(self, query: ResourcesQuery) -> Sequence[ResourcesUpdate]:
+        """`query_resources`, its arguments as one model."""
         raise NotImplementedError
 
     # --- workers ------------------------------------------------------------------------
@@ -323,6 +342,10 @@ class LightningStore:
         limit: int = -1,
         offset: int = 0,
     ) -> Sequence[Worker]:
+        return await self.find_workers(WorkerQuery.of_call(locals()))
+
+    async def find_workers(self, query: WorkerQuery) -> Sequence[Worker]:
+        """`query_workers`, its arguments as one model."""
         raise NotImplementedError
 
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:

@@ -19,7 +19,7 @@ import orjson
 from pydantic import TypeAdapter
 from pydantic_core import PydanticSerializationError, to_json
 
-from .base import UNSET, FilterLogic, LightningStore, SortOrder
+from .base import UNSET, LightningStore
 from .errors import ERRORS_BY_CODE, InvalidInputError, StoreClosedError, StoreError, StoreUnavailableError
 from .http_transport import AiohttpTransport
 from .models import (
@@ -37,10 +37,10 @@ from .models import (
     StoreStatistics,
     TaskInput,
     Worker,
-    WorkerStatus,
 )
 from .otel import span_from_otel
 from .pages import Page
+from .queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
 from .span_wire import ENCODING_HEADER, PACKED, PACKED_MEDIA_TYPE, packed_batch, spans_from_page
 
 logger = logging.getLogger("agl_store.client")
@@ -359,50 +359,12 @@ class LightningStoreClient(LightningStore):
         data = await self._json("GET", f"/rollouts/{rollout_id}/attempts/latest")
         return None if data is None else Attempt.model_validate(data)
 
-    async def query_rollouts(
-        self,
-        *,
-        status_in: Optional[Sequence[RolloutStatus]] = None,
-        rollout_id_in: Optional[Sequence[str]] = None,
-        rollout_id_contains: Optional[str] = None,
-        mode: Optional[RolloutMode] = None,
-        start_time_after: Optional[float] = None,
-        start_time_before: Optional[float] = None,
-        filter_logic: FilterLogic = "and",
-        sort_by: Optional[str] = None,
-        sort_order: SortOrder = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Rollout]:
-        body: Dict[str, Any] = {
-            "rollout_id_contains": rollout_id_contains,
-            "mode": mode,
-            "start_time_after": start_time_after,
-            "start_time_before": start_time_before,
-            "filter_logic": filter_logic,
-            "sort_by": sort_by,
-            "sort_order": sort_order,
-            "limit": limit,
-            "offset": offset,
-        }
-        # Absent means "no filter"; an empty list means "match nothing".
-        if status_in is not None:
-            body["status_in"] = list(status_in)
-        if rollout_id_in is not None:
-            body["rollout_id_in"] = list(rollout_id_in)
-        return await self._page("/rollouts/search", body, _rollout)
+    async def find_rollouts(self, query: RolloutQuery) -> Sequence[Rollout]:
+        return await self._page("/rollouts/search", query.request_fields(), _rollout)
 
-    async def query_attempts(
-        self,
-        rollout_id: str,
-        *,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: SortOrder = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Attempt]:
-        body = {"sort_by": sort_by, "sort_order": sort_order, "limit": limit, "offset": offset}
-        return await self._page(f"/rollouts/{rollout_id}/attempts/search", body, Attempt.model_validate)
+    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Sequence[Attempt]:
+        path = f"/rollouts/{rollout_id}/attempts/search"
+        return await self._page(path, query.request_fields(), Attempt.model_validate)
 
     async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
         """Long-polls the server; waits longer than its cap are several polls."""
@@ -482,42 +444,8 @@ class LightningStoreClient(LightningStore):
         body = {"rollout_attempt_ids": [list(pair) for pair in rollout_attempt_ids]}
         return list((await self._json("POST", "/spans/next/many", body=body))["sequence_ids"])
 
-    async def query_spans(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        trace_id: Optional[str] = None,
-        trace_id_contains: Optional[str] = None,
-        span_id: Optional[str] = None,
-        span_id_contains: Optional[str] = None,
-        parent_id: Optional[str] = None,
-        parent_id_contains: Optional[str] = None,
-        name: Optional[str] = None,
-        name_contains: Optional[str] = None,
-        filter_logic: FilterLogic = "and",
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: Optional[str] = "sequence_id",
-        sort_order: SortOrder = "asc",
-    ) -> Sequence[Span]:
-        body = {
-            "rollout_id": rollout_id,
-            "attempt_id": attempt_id,
-            "trace_id": trace_id,
-            "trace_id_contains": trace_id_contains,
-            "span_id": span_id,
-            "span_id_contains": span_id_contains,
-            "parent_id": parent_id,
-            "parent_id_contains": parent_id_contains,
-            "name": name,
-            "name_contains": name_contains,
-            "filter_logic": filter_logic,
-            "limit": limit,
-            "offset": offset,
-            "sort_by": sort_by,
-            "sort_order": sort_order,
-        }
+    async def find_spans(self, query: SpanQuery) -> Sequence[Span]:
+        body = query.request_fields()
         # Token ids travel packed (see agl_store.span_wire) when the server supports it.
         response = await self._send("POST", AGL_PREFIX + "/spans/search", body=body, headers=_PACKED_SPANS)
         packed = response.headers.get(ENCODING_HEADER) == PACKED
@@ -542,24 +470,13 @@ class LightningStoreClient(LightningStore):
         data = await self._json("GET", "/resources/latest")
         return None if data is None else ResourcesUpdate.model_validate(data)
 
-    async def query_resources(
-        self,
-        *,
-        resources_id: Optional[str] = None,
-        resources_id_contains: Optional[str] = None,
-        sort_by: Optional[str] = None,
-        sort_order: SortOrder = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[ResourcesUpdate]:
-        params: Dict[str, Any] = {"limit": limit, "offset": offset, "sort_order": sort_order}
-        for field, value in (
-            ("resources_id", resources_id),
-            ("resources_id_contains", resources_id_contains),
-            ("sort_by", sort_by),
-        ):
-            if value is not None:
-                params[field] = value
+    async def find_resources(self, query: ResourcesQuery) -> Sequence[ResourcesUpdate]:
+        # A query string has no null: a filter left at None is left out.
+        params = {
+            name: value
+            for name, value in query.request_fields().items()
+            if value is not None or ResourcesQuery.model_fields[name].default is not None
+        }
         data = await self._json("GET", "/resources", params=params)
         items = [ResourcesUpdate.model_validate(item) for item in data["items"]]
         return Page(items, total=data["total"])
@@ -570,28 +487,8 @@ class LightningStoreClient(LightningStore):
         body = {} if heartbeat_stats is UNSET else {"heartbeat_stats": heartbeat_stats}
         return Worker.model_validate(await self._json("POST", f"/workers/{worker_id}", body=body))
 
-    async def query_workers(
-        self,
-        *,
-        status_in: Optional[Sequence[WorkerStatus]] = None,
-        worker_id_contains: Optional[str] = None,
-        filter_logic: FilterLogic = "and",
-        sort_by: Optional[str] = None,
-        sort_order: SortOrder = "asc",
-        limit: int = -1,
-        offset: int = 0,
-    ) -> Sequence[Worker]:
-        body: Dict[str, Any] = {
-            "worker_id_contains": worker_id_contains,
-            "filter_logic": filter_logic,
-            "sort_by": sort_by,
-            "sort_order": sort_order,
-            "limit": limit,
-            "offset": offset,
-        }
-        if status_in is not None:
-            body["status_in"] = list(status_in)
-        return await self._page("/workers/search", body, Worker.model_validate)
+    async def find_workers(self, query: WorkerQuery) -> Sequence[Worker]:
+        return await self._page("/workers/search", query.request_fields(), Worker.model_validate)
 
     async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
         data = await self._json("GET", f"/workers/{worker_id}")

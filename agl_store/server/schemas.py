@@ -1,4 +1,4 @@
-"""Request bodies and query strings of the store routes.
+"""Request bodies of the store routes; queries' bodies and query strings are `agl_store.queries`.
 
 Names, fields and defaults match the agent-lightning 0.3 store server, so the bodies its
 client sends validate here unchanged; the models after `# --- agl additions` are ours.
@@ -6,26 +6,15 @@ client sends validate here unchanged; the models after `# --- agl additions` are
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Tuple, Type
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 from pydantic import BaseModel, Field
 
 from ..base import UNSET
 from ..bounds import check_integer
 from ..errors import InvalidInputError, invalid_sort_by
-from ..models import (
-    AttemptStatus,
-    EnqueueRolloutRequest,
-    RolloutConfig,
-    RolloutMode,
-    RolloutStatus,
-    TaskInput,
-    WorkerStatus,
-)
-
-SortOrder = Literal["asc", "desc"]
-FilterLogic = Literal["and", "or"]
-
+from ..models import AttemptStatus, EnqueueRolloutRequest, RolloutConfig, RolloutMode, RolloutStatus, TaskInput
+from ..queries import Paging
 
 class StartRolloutBody(BaseModel):
     input: TaskInput
@@ -47,57 +36,6 @@ class EnqueueManyBody(BaseModel):
 class DequeueManyBody(BaseModel):
     limit: int = 1
     worker_id: Optional[str] = None
-
-
-class Page(BaseModel):
-    limit: int = -1
-    offset: int = 0
-    sort_by: Optional[str] = None
-    sort_order: SortOrder = "asc"
-
-    def arguments(self, *exclude: str) -> Dict[str, Any]:
-        """The query as keyword arguments of the store's `query_*` method."""
-        return {name: getattr(self, name) for name in type(self).model_fields if name not in exclude}
-
-
-class RolloutQuery(Page):
-    status_in: Optional[List[RolloutStatus]] = None
-    rollout_id_in: Optional[List[str]] = None
-    rollout_id_contains: Optional[str] = None
-    mode: Optional[RolloutMode] = None
-    start_time_after: Optional[float] = None
-    start_time_before: Optional[float] = None
-    filter_logic: FilterLogic = "and"
-
-
-class AttemptQuery(Page):
-    sort_by: Optional[str] = "sequence_id"
-
-
-class ResourcesQuery(Page):
-    resources_id: Optional[str] = None
-    resources_id_contains: Optional[str] = None
-
-
-class WorkerQuery(Page):
-    status_in: Optional[List[WorkerStatus]] = None
-    worker_id_contains: Optional[str] = None
-    filter_logic: FilterLogic = "and"
-
-
-class SpanQuery(Page):
-    rollout_id: str
-    attempt_id: Optional[str] = None
-    trace_id: Optional[str] = None
-    trace_id_contains: Optional[str] = None
-    span_id: Optional[str] = None
-    span_id_contains: Optional[str] = None
-    parent_id: Optional[str] = None
-    parent_id_contains: Optional[str] = None
-    name: Optional[str] = None
-    name_contains: Optional[str] = None
-    filter_logic: FilterLogic = "and"
-    sort_by: Optional[str] = "sequence_id"
 
 
 class WaitBody(BaseModel):
@@ -145,7 +83,7 @@ class ExpireRolloutsBody(BaseModel):
     older_than_seconds: float = Field(ge=0)
 
 
-def check_page(query: Page, item_model: Type[BaseModel]) -> None:
+def check_page(query: Paging, item_model: Type[BaseModel]) -> None:
     """Reject paging that agent-lightning 0.3 rejects, naming the field."""
     if query.sort_by is not None and query.sort_by not in item_model.model_fields:
         raise invalid_sort_by(query.sort_by, item_model.model_fields)
@@ -157,7 +95,7 @@ def check_page(query: Page, item_model: Type[BaseModel]) -> None:
     check_integer(query.offset, "offset")
 
 
-def page_of(items: Any, query: Page) -> Dict[str, Any]:
+def page_of(items: Any, query: Paging) -> Dict[str, Any]:
     """The PaginatedResult wire shape: items, limit, offset, total (matches before paging)."""
     total = getattr(items, "total", None)
     return {

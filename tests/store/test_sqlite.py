@@ -15,10 +15,9 @@ from typing import List
 import pytest
 
 from agl_store import LLM, ConflictError, InvalidInputError, RolloutConfig, Span, StoreClosedError
-from agl_store import sqlite_ops as ops
 from agl_store.opening import open_store
-from agl_store.sqlite import SQLiteStore
-from agl_store.sqlite_schema import MIGRATIONS, apply_migrations
+from agl_store.sqlite import SQLiteStore, retention, transactions
+from agl_store.sqlite.schema import MIGRATIONS, apply_migrations
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,7 +115,6 @@ async def test_lifecycle_errors_and_urls(tmp_path: Path) -> None:
 WORKER_SCRIPT = """
 import asyncio, json, sys
 from agl_store import Span
-from agl_store import sqlite_ops as ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path, rollout_id, attempt_id, rounds):
@@ -175,7 +173,6 @@ async def test_two_processes_share_sequence_ids_and_the_queue(tmp_path: Path) ->
 
 OPENER_SCRIPT = """
 import asyncio, sys
-from agl_store import sqlite_ops as ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path):
@@ -206,7 +203,6 @@ async def test_processes_opening_a_new_file_at_once_migrate_it_once(tmp_path: Pa
 
 KILLED_WRITER_SCRIPT = """
 import asyncio, sys
-from agl_store import sqlite_ops as ops
 from agl_store.sqlite import SQLiteStore
 
 async def main(path):
@@ -377,7 +373,7 @@ async def test_expire_with_nothing_to_expire_reads_the_end_time_index(tmp_path: 
         pass
     conn = sqlite3.connect(tmp_path / "plan.db")
     try:
-        plan = " / ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + ops.EXPIRED_ROLLOUTS_SQL, (1.0, 10)))
+        plan = " / ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + retention.EXPIRED_ROLLOUTS_SQL, (1.0, 10)))
     finally:
         conn.close()
     assert plan == "SEARCH rollouts USING INDEX rollouts_end_time (end_time<?)"
@@ -430,8 +426,8 @@ async def test_a_deletion_interrupted_between_chunks_is_finished_by_the_next(tmp
         # The first chunk of a deletion, then the process dies.
         conn = sqlite3.connect(path, isolation_level=None)
         try:
-            with ops.atomic(conn):
-                assert ops.delete_finished(ops.Txn(conn), [rollout_id], 3) == (0, 0)
+            with transactions.atomic(conn):
+                assert retention.delete_finished(transactions.Txn(conn), [rollout_id], 3) == (0, 0)
         finally:
             conn.close()
 

@@ -11,8 +11,8 @@ import pytest
 
 from agl_store.models import Rollout
 from agl_store.sqlite import SQLiteStore
-from agl_store.sqlite_rollout_pages import rollout_page_query
-from agl_store.sqlite_schema import apply_migrations
+from agl_store.sqlite.rollout_pages import rollout_page_query
+from agl_store.sqlite.schema import apply_migrations
 
 
 def page_plan(**query: Any) -> List[str]:

@@ -8,7 +8,8 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ...models import Attempt
-from ..schemas import AttemptQuery, UpdateAttemptBody, WorkerIdBody, check_page, page_of, set_or_unset
+from ...queries import AttemptQuery
+from ..schemas import UpdateAttemptBody, WorkerIdBody, check_page, page_of, set_or_unset
 from ..wire import endpoint, store_of, validate_model, validate_query
 
 
@@ -19,8 +20,7 @@ async def start_attempt(request: Request) -> Any:
 
 async def _query(request: Request, query: AttemptQuery) -> Any:
     check_page(query, Attempt)
-    items = await store_of(request).query_attempts(request.path_params["rollout_id"], **query.arguments())
-    return page_of(items, query)
+    return page_of(await store_of(request).find_attempts(request.path_params["rollout_id"], query), query)
 
 
 async def query_attempts(request: Request) -> Any:

@@ -9,7 +9,8 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ...models import NamedResources, ResourcesUpdate
-from ..schemas import ResourcesQuery, check_page, page_of
+from ...queries import ResourcesQuery
+from ..schemas import check_page, page_of
 from ..wire import endpoint, store_of, validate_json, validate_query
 
 NAMED_RESOURCES = TypeAdapter(NamedResources)
@@ -34,7 +35,7 @@ async def latest_resources(request: Request) -> Any:
 
 async def _query(request: Request, query: ResourcesQuery) -> Any:
     check_page(query, ResourcesUpdate)
-    return page_of(await store_of(request).query_resources(**query.arguments()), query)
+    return page_of(await store_of(request).find_resources(query), query)
 
 
 async def query_resources(request: Request) -> Any:

@@ -8,10 +8,10 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ...models import Rollout
+from ...queries import RolloutQuery
 from ..schemas import (
     DeleteRolloutsBody,
     ExpireRolloutsBody,
-    RolloutQuery,
     StartRolloutBody,
     UpdateRolloutBody,
     check_page,
@@ -35,11 +35,11 @@ async def start_rollout(request: Request) -> Any:
 
 async def _query(request: Request, query: RolloutQuery) -> Any:
     check_page(query, Rollout)
-    return page_of(await store_of(request).query_rollouts(**query.arguments()), query)
+    return page_of(await store_of(request).find_rollouts(query), query)
 
 
 async def query_rollouts(request: Request) -> Any:
-    query = validate_query(RolloutQuery, request, list_fields=("status_in", "rollout_id_in"))
+    query = validate_query(RolloutQuery, request, list_fields=RolloutQuery.list_fields)
     return await _query(request, query)
 
 

@@ -10,10 +10,11 @@ from starlette.routing import Route
 
 from ...errors import InvalidInputError
 from ...models import LATEST_ATTEMPT, Span
+from ...queries import SpanQuery
 from ...span_wire import ENCODING_HEADER, PACKED, SPAN_LIST, page_json, read_frame
 from ...packed_attributes import check_packed_batch, fill_packed
 from ..metrics import metrics_of
-from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, SpanQuery, check_page, page_of
+from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, check_page, page_of
 from ..wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
 
 
@@ -86,14 +87,13 @@ def _same_span(sent: Span, stored: Span) -> bool:
 
 async def _query(request: Request, query: SpanQuery) -> Any:
     check_page(query, Span)
-    arguments = query.arguments("rollout_id", "attempt_id")
     store = store_of(request)
-    query_rows = getattr(store, "query_span_rows", None)
-    if query_rows is None:  # a store without stored rows (say, a client of another server)
-        return page_of(await store.query_spans(query.rollout_id, query.attempt_id, **arguments), query)
+    find_rows = getattr(store, "find_span_rows", None)
+    if find_rows is None:  # a store without stored rows (say, a client of another server)
+        return page_of(await store.find_spans(query), query)
     # Rows go straight to JSON: no Span models, token ids left packed when the client asks.
     packed = request.headers.get(ENCODING_HEADER) == PACKED
-    rows = await query_rows(query.rollout_id, query.attempt_id, decode=tuple, **arguments)
+    rows = await find_rows(query, tuple)
     body = page_json(rows, packed=packed, limit=query.limit, offset=query.offset, total=rows.total)
     headers = {ENCODING_HEADER: PACKED} if packed else None
     return Response(body, media_type=JSON_MEDIA_TYPE, headers=headers)

@@ -8,17 +8,18 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ...models import Worker
-from ..schemas import UpdateWorkerBody, WorkerQuery, check_page, page_of, set_or_unset
+from ...queries import WorkerQuery
+from ..schemas import UpdateWorkerBody, check_page, page_of, set_or_unset
 from ..wire import endpoint, store_of, validate_model, validate_query
 
 
 async def _query(request: Request, query: WorkerQuery) -> Any:
     check_page(query, Worker)
-    return page_of(await store_of(request).query_workers(**query.arguments()), query)
+    return page_of(await store_of(request).find_workers(query), query)
 
 
 async def query_workers(request: Request) -> Any:
-    return await _query(request, validate_query(WorkerQuery, request, list_fields=("status_in",)))
+    return await _query(request, validate_query(WorkerQuery, request, list_fields=WorkerQuery.list_fields))
 
 
 async def search_workers(request: Request) -> Any:

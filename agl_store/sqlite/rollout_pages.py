@@ -18,9 +18,9 @@ from typing import Any, List, Optional, Sequence
 
 import orjson
 
-from .models import ROLLOUT_STATUSES, Rollout
-from .pages import Page, page_total
-from .sqlite_schema import (
+from ..models import ROLLOUT_STATUSES, Rollout
+from ..pages import Page, page_total
+from .schema import (
     ATTEMPT_COLUMNS,
     LATEST_ATTEMPT_JOIN,
     ROLLOUT_COLUMNS,

@@ -14,8 +14,8 @@ from typing import Any, Sequence, Tuple
 
 import orjson
 
-from .models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, RolloutConfig, Span, Worker
-from .packed_attributes import pack_attributes, unpack_attributes
+from ..models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, RolloutConfig, Span, Worker
+from ..packed_attributes import pack_attributes, unpack_attributes
 
 Migration = Tuple[str, Sequence[str]]
 

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
-from .errors import StoreClosedError
+from ..errors import StoreClosedError
 
 T = TypeVar("T")
 

@@ -1,0 +1,147 @@
+"""Input checks of the SQLiteStore, run on the event loop before any transaction, so bad input
+never takes the write lock: each names the field, and encodes what it checked for the row."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Tuple, TypeVar
+
+import orjson
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from ..bounds import check_field_depths, check_integer, check_json_depth
+from ..errors import InvalidInputError, invalid_sort_by
+from ..models import ROLLOUT_MODES, NamedResources, Rollout, RolloutConfig, Span, new_id
+from .queue import NewRollout
+from .schema import span_to_row
+from .spans import EncodedSpan
+
+T = TypeVar("T")
+
+_RESOURCES = TypeAdapter(NamedResources)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(value: Any, field: str) -> bytes:
+    check_json_depth(value, field)
+    try:
+        return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError as exc:
+        raise InvalidInputError(f"{field} is not JSON: {exc}") from exc
+
+
+def validate(model: type[T], value: Any, field: str) -> T:
+    try:
+        return model.model_validate(value)  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        raise InvalidInputError(f"{field}: {exc.errors()[0]['msg']} ({exc.error_count()} error(s))") from exc
+
+
+def check_mode(mode: Any) -> Optional[str]:
+    if mode is not None and mode not in ROLLOUT_MODES:
+        raise InvalidInputError(f"mode: unknown rollout mode {mode!r}; expected one of {list(ROLLOUT_MODES)} or None")
+    return mode
+
+
+def check_config(config: Any) -> RolloutConfig:
+    if isinstance(config, RolloutConfig):
+        return config
+    return validate(RolloutConfig, config, "config")
+
+
+def check_metadata(metadata: Any, field: str = "metadata") -> Any:
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidInputError(f"{field} must be an object or null, got {type(metadata).__name__}")
+    return metadata
+
+
+def check_number(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(f"{field} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except OverflowError:  # an int past the largest double
+        raise InvalidInputError(f"{field} is out of range, got {value!r}") from None
+
+
+def check_logic(filter_logic: Any) -> str:
+    if filter_logic not in ("and", "or"):
+        raise InvalidInputError(f"filter_logic must be 'and' or 'or', got {filter_logic!r}")
+    return filter_logic
+
+
+def as_list(values: Any, field: str) -> list:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, set, frozenset)):
+        raise InvalidInputError(f"{field} must be a list, got {type(values).__name__}")
+    return list(values)
+
+
+def check_sort(sort_by: Optional[str], allowed: frozenset[str], sort_order: Any) -> None:
+    if sort_order not in ("asc", "desc"):
+        raise InvalidInputError(f"sort_order must be 'asc' or 'desc', got {sort_order!r}")
+    if sort_by is not None and sort_by not in allowed:
+        raise invalid_sort_by(sort_by, sorted(allowed))
+
+
+def check_paging(limit: Any, offset: Any) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < -1:
+        raise InvalidInputError(f"limit must be -1 (no limit) or an int >= 0, got {limit!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidInputError(f"offset must be an int >= 0, got {offset!r}")
+    check_integer(limit, "limit")
+    check_integer(offset, "offset")
+
+
+def new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any, metadata: Any) -> NewRollout:
+    rollout = Rollout(
+        rollout_id=new_id("ro"),
+        input=input,
+        start_time=time.time(),
+        mode=check_mode(mode),
+        resources_id=resources_id,
+        status="queuing",
+        config=RolloutConfig() if config is None else check_config(config).model_copy(deep=True),
+        metadata=dict(check_metadata(metadata) or {}),
+    )
+    return NewRollout(
+        rollout,
+        dumps(rollout.input, "input"),
+        orjson.dumps(rollout.config.model_dump()),
+        dumps(rollout.metadata, "metadata"),
+    )
+
+
+def encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> EncodedSpan:
+    if not isinstance(span, Span):
+        span = validate(Span, span, f"spans[{index}]")
+    # 0 is agent-lightning 0.3's "no particular order" (its `Span.from_attributes` default).
+    if span.sequence_id is not None and (isinstance(span.sequence_id, bool) or span.sequence_id < 0):
+        raise InvalidInputError(f"spans[{index}].sequence_id must be >= 0, got {span.sequence_id!r}")
+    if span.sequence_id is not None:
+        check_integer(span.sequence_id, f"spans[{index}].sequence_id")
+    # Token-bearing attributes get their depth checked on the packing walk (span_to_row).
+    check_field_depths(span, f"spans[{index}]", skip="attributes" if packed is None else "")
+    try:
+        return EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
+    except TypeError as exc:
+        raise InvalidInputError(f"spans[{index}] is not JSON: {exc}") from exc
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"spans[{index}].{exc.message}") from None
+
+
+def encode_resources(resources: Any) -> Tuple[NamedResources, bytes]:
+    try:
+        validated = _RESOURCES.validate_python(resources)
+    except ValidationError as exc:
+        raise InvalidInputError(f"resources: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from exc
+    check_json_depth(validated, "resources")
+    try:
+        return validated, _RESOURCES.dump_json(validated)
+    except PydanticSerializationError as exc:
+        raise InvalidInputError(f"resources are not JSON: {exc}") from exc

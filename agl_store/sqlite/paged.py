@@ -1,0 +1,32 @@
+"""A checked, paged SELECT, run in one snapshot: its rows, and the count of matches before paging."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Callable, List, TypeVar
+
+from ..pages import Page, page_total
+
+T = TypeVar("T")
+
+
+class PagedQuery:
+    """A checked, paged SELECT: its rows, and the count of matches before paging."""
+
+    __slots__ = ("select", "count", "where", "params", "order", "limit", "offset")
+
+    def __init__(
+        self, *, select: str, count: str, where: str, params: List[Any], order: str, limit: int, offset: int
+    ) -> None:
+        self.select, self.count, self.where, self.params = select, count, where, params
+        self.order, self.limit, self.offset = order, limit, offset
+
+
+def run_paged(conn: sqlite3.Connection, query: PagedQuery, decode: Callable[[Any], T]) -> Page[T]:
+    rows = conn.execute(
+        query.select + query.where + query.order + " LIMIT ? OFFSET ?", (*query.params, query.limit, query.offset)
+    ).fetchall()
+    total = page_total(len(rows), query.limit, query.offset)
+    if total is None:
+        total = conn.execute(query.count + query.where, query.params).fetchone()[0]
+    return Page([decode(row) for row in rows], total)

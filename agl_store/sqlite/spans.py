@@ -1,0 +1,222 @@
+"""Spans and their sequence ids: numbers issued per rollout, batched inserts, and the heartbeat
+each span gives its attempt.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, cast
+
+from ..bounds import MAX_INTEGER
+from ..errors import ConflictError, NotFoundError
+from ..models import LATEST_ATTEMPT, Span
+from ..pages import Page
+from .attempts import resolve_attempt_id
+from .paged import PagedQuery, run_paged
+from .rollouts import move_rollout, rollout_columns
+from .schema import SPAN_COLUMNS, span_from_row
+from .transactions import Txn, fetchone
+
+T = TypeVar("T")
+
+
+UNATTRIBUTED_ROLLOUT_ID = ""
+"""Spans of calls made without rollout ids: stored without a rollout or attempt row."""
+
+
+class EncodedSpan:
+    """A validated span and its `SPAN_COLUMNS` row."""
+
+    __slots__ = ("span", "row")
+
+    def __init__(self, span: Span, row: tuple) -> None:
+        self.span = span
+        self.row = row
+
+
+def read_span_page(
+    conn: sqlite3.Connection, query: PagedQuery, latest: bool, decode: Callable[[Any], T] = span_from_row
+) -> Page[T]:
+    """The matching spans, each row through `decode` (the server passes a row-to-JSON one)."""
+    if latest:
+        row = fetchone(conn, "SELECT latest_attempt_id FROM rollouts WHERE rollout_id = ?", (query.params[0],))
+        if row is None or row[0] is None:
+            return Page([], 0)
+        query.params[1] = row[0]
+    return run_paged(conn, query, decode)
+
+
+def _attempt_states(txn: Txn, pairs: Sequence[Tuple[str, str]]) -> Dict[Tuple[str, str], Tuple[str, str, bool]]:
+    """(attempt status, rollout status, is latest) of each attributed pair; NotFoundError
+    for an unknown rollout or attempt. Unattributed pairs (rollout "") are skipped."""
+    states = {}
+    for rollout_id, attempt_id in dict.fromkeys(pairs):
+        if rollout_id == UNATTRIBUTED_ROLLOUT_ID:
+            continue
+        row = fetchone(
+            txn.conn,
+            "SELECT a.status, r.status, r.latest_attempt_id = a.attempt_id FROM attempts a "
+            "JOIN rollouts r ON r.rollout_id = a.rollout_id WHERE a.rollout_id = ? AND a.attempt_id = ?",
+            (rollout_id, attempt_id),
+        )
+        if row is None:
+            if fetchone(txn.conn, "SELECT 1 FROM rollouts WHERE rollout_id = ?", (rollout_id,)) is None:
+                raise NotFoundError(f"rollout {rollout_id!r} not found")
+            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+        states[(rollout_id, attempt_id)] = (row[0], row[1], bool(row[2]))
+    return states
+
+
+def _advance_sequence(conn: sqlite3.Connection, rollout_id: str, floor: int, count: int) -> int:
+    """Push the rollout's counter to at least `floor`, then issue `count` numbers after it;
+    returns the counter's new value (the last number issued).
+
+    Like a PostgreSQL sequence at its maximum, a counter never issues past `MAX_INTEGER`:
+    the caller's transaction fails instead (a span may have brought the largest id)."""
+    value = conn.execute(
+        "INSERT INTO span_counters (rollout_id, value) VALUES (?, ?) "
+        "ON CONFLICT (rollout_id) DO UPDATE SET value = max(value, ?) + ? RETURNING value",
+        (rollout_id, floor + count, floor, count),
+    ).fetchall()[0][0]
+    if count and value > MAX_INTEGER:
+        raise ConflictError(
+            f"rollout {rollout_id!r} has no sequence ids left: its spans reached {MAX_INTEGER}, the largest one"
+        )
+    return value
+
+
+def issue_sequence_ids(txn: Txn, pairs: List[Tuple[str, str]]) -> List[int]:
+    # The rollout must exist; its attempt is not checked, as in agent-lightning 0.3: the
+    # numbers are per rollout, and callers ask with "latest" or before the attempt is known.
+    for rollout_id in dict.fromkeys(rollout_id for rollout_id, _ in pairs):
+        if rollout_id != UNATTRIBUTED_ROLLOUT_ID:
+            rollout_columns(txn.conn, rollout_id, "1")
+    # Every entry asks for an id, so every entry gets one.
+    return cast(List[int], _issue_sequence_ids(txn.conn, [(rollout_id, None) for rollout_id, _ in pairs]))
+
+
+def _issue_sequence_ids(conn: sqlite3.Connection, wanted: List[Tuple[str, Optional[int]]]) -> List[Optional[int]]:
+    """Per `(rollout_id, sequence_id brought or None)`: the id issued for a None, else None.
+
+    Each rollout's counter is first pushed past the ids the spans bring, then advanced once
+    by the number of ids it issues, which are handed out in order.
+    """
+    floors: Dict[str, int] = {}
+    missing: Dict[str, int] = {}
+    for rid, seq in wanted:
+        if seq is None:
+            missing[rid] = missing.get(rid, 0) + 1
+        else:
+            floors[rid] = max(floors.get(rid, 0), seq)
+    next_ids = {}
+    for rid in floors.keys() | missing.keys():
+        count = missing.get(rid, 0)
+        next_ids[rid] = _advance_sequence(conn, rid, floors.get(rid, 0), count) - count + 1
+    issued: List[Optional[int]] = []
+    for rid, seq in wanted:
+        if seq is None:
+            issued.append(next_ids[rid])
+            next_ids[rid] += 1
+        else:
+            issued.append(None)
+    return issued
+
+
+_SPAN_ROW_SQL = "(" + ", ".join("?" * len(SPAN_COLUMNS.split(","))) + ")"
+
+
+_INSERT_SPANS = f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES "
+
+
+ROWS_PER_INSERT = 256
+"""Span rows per INSERT statement (13 parameters each, well under SQLite's 32,766)."""
+
+
+def _insert_rows(conn: sqlite3.Connection, rows: List[tuple]) -> int:
+    """Insert span rows, many per statement; how many went in (duplicates are ignored).
+
+    One statement per chunk rather than `executemany` (a step per row): each step releases
+    the GIL and has to take it back, and while the event loop thread is busy (a loaded
+    proxy with an embedded store) each take-back can wait up to the interpreter's switch
+    interval (5 ms).
+    """
+    inserted = 0
+    for start in range(0, len(rows), ROWS_PER_INSERT):
+        chunk = rows[start : start + ROWS_PER_INSERT]
+        sql = _INSERT_SPANS + ", ".join([_SPAN_ROW_SQL] * len(chunk))
+        inserted += conn.execute(sql, [value for row in chunk for value in row]).rowcount
+    return inserted
+
+
+def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
+    conn = txn.conn
+    _resolve_latest_attempts(conn, encoded)
+    pairs = [(e.span.rollout_id, e.span.attempt_id) for e in encoded]
+    states = _attempt_states(txn, pairs)
+
+    issued = _issue_sequence_ids(conn, [(e.span.rollout_id, e.span.sequence_id) for e in encoded])
+    rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued)]
+
+    if len(rows) == 1:
+        keep = [_insert_rows(conn, rows) == 1]
+    else:
+        keep = _insert_many(conn, rows)
+
+    stored = []
+    touched = set()
+    for e, seq, ok in zip(encoded, issued, keep, strict=True):
+        if not ok:
+            continue
+        stored.append(e.span if seq is None else e.span.model_copy(update={"sequence_id": seq}))
+        touched.add((e.span.rollout_id, e.span.attempt_id))
+    for pair in touched:
+        if pair in states:
+            _on_heartbeat(txn, pair, states[pair])
+    return stored
+
+
+def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: List[EncodedSpan]) -> None:
+    """Spans sent with attempt id "latest" belong to their rollout's latest attempt: stored
+    (and returned) under its id."""
+    for e in encoded:
+        if e.span.attempt_id == LATEST_ATTEMPT and e.span.rollout_id != UNATTRIBUTED_ROLLOUT_ID:
+            (latest_id,) = rollout_columns(conn, e.span.rollout_id, "latest_attempt_id")
+            attempt_id = resolve_attempt_id(e.span.rollout_id, LATEST_ATTEMPT, latest_id)
+            e.span = e.span.model_copy(update={"attempt_id": attempt_id})
+            e.row = e.row[:1] + (attempt_id,) + e.row[2:]
+
+
+def _insert_many(conn: sqlite3.Connection, rows: List[tuple]) -> List[bool]:
+    """Insert span rows; which of them went in (duplicates are ignored)."""
+    before = conn.execute("SELECT coalesce(max(pk), 0) FROM spans").fetchone()[0]
+    if _insert_rows(conn, rows) == len(rows):
+        return [True] * len(rows)
+    # Some were duplicates: the rows that went in are exactly those past `before`, as we
+    # hold the write lock.
+    new_keys = set(conn.execute("SELECT rollout_id, attempt_id, span_id FROM spans WHERE pk > ?", (before,)))
+    keep, seen = [], set()
+    for row in rows:
+        key = (row[0], row[1], row[4])
+        keep.append(key in new_keys and key not in seen)
+        seen.add(key)
+    return keep
+
+
+def _on_heartbeat(txn: Txn, pair: Tuple[str, str], state: Tuple[str, str, bool]) -> None:
+    """A span arrived for an attempt: it is alive; a preparing (or unresponsive) attempt and
+    its rollout, if this is its latest attempt, are now running."""
+    rollout_id, attempt_id = pair
+    attempt_status, rollout_status, is_latest = state
+    if attempt_status in ("preparing", "unresponsive"):
+        txn.conn.execute(
+            "UPDATE attempts SET last_heartbeat_time = ?, status = 'running', end_time = NULL "
+            "WHERE rollout_id = ? AND attempt_id = ?",
+            (txn.now, rollout_id, attempt_id),
+        )
+        if is_latest and rollout_status in ("preparing", "queuing", "requeuing"):
+            move_rollout(txn, rollout_id, rollout_status, "running")
+    else:
+        txn.conn.execute(
+            "UPDATE attempts SET last_heartbeat_time = ? WHERE rollout_id = ? AND attempt_id = ?",
+            (txn.now, rollout_id, attempt_id),
+        )
