@@ -47,7 +47,7 @@ def check_json_depth(value: Any, field: str) -> None:
 
     Walks dicts, lists, tuples, pydantic models (an object each, extra fields included) and
     dataclasses; a list of scalars is passed over at C speed, yet that is most of the cost
-    on token ids, so span attributes are checked on `tokens.pack_attributes`' walk instead.
+    on token ids, so span attributes are checked on `packed_attributes.pack_attributes`' walk instead.
     """
     if type(value) not in _SCALARS and _nests_deeper(value, MAX_JSON_DEPTH):
         raise too_deep(field)

@@ -313,7 +313,7 @@ def span_from_row(row: Sequence[Any]) -> Span:
 def span_to_row(span: Span, sequence_id: int | None, packed: bytes | None = None) -> tuple[Any, ...]:
     """The `SPAN_COLUMNS` values of a span. Raises TypeError for attributes that are not JSON.
 
-    `packed` is a token blob the client already made (`tokens.pack_attributes`, checked by
+    `packed` is a token blob the client already made (`packed_attributes.pack_attributes`, checked by
     `tokens.check_packed`): the span's attributes are then its skeleton and stored as is.
     """
     if packed is None:

@@ -429,7 +429,7 @@ class SQLiteStore(LightningStore):
     async def add_packed_spans(self, spans: Sequence[Span], packed: Sequence[Optional[bytes]]) -> Sequence[Span]:
         """`add_many_spans` for spans whose token arrays the client packed already.
 
-        `packed[i]` is span i's blob (`tokens.pack_attributes`) or None; the span's
+        `packed[i]` is span i's blob (`packed_attributes.pack_attributes`) or None; the span's
         attributes hold `null` where the blob's arrays go. Each blob is checked against
         its span before anything is stored. Returns the stored spans as sent (token arrays
         still `null`) with their sequence ids: the HTTP server only reports positions.
