@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from .errors import StoreError
 from .server import DEFAULT_MAX_BODY_BYTES, create_app
-from .serving import serve_app
+from .web.serving import serve_app
 
 ENTRY_POINT_GROUP = "agl.commands"
 DEFAULT_PORT = 4747

@@ -15,13 +15,13 @@ from starlette.routing import BaseRoute
 from ..base import LightningStore
 from ..span_wire import PACKED_MEDIA_TYPE
 from . import otlp
-from .auth import BearerKeyMiddleware
-from .cross_site import CrossSiteGuard, is_loopback
+from ..web.auth import BearerKeyMiddleware
+from ..web.cross_site import CrossSiteGuard, is_loopback
 from .limits import BodySizeLimitMiddleware
 from .metrics import MetricsMiddleware, ServerMetrics
 from .routes import all_routes
 from .routes.system import HEALTH_PATHS
-from .wire import http_error_response
+from ..web.wire import http_error_response
 
 logger = logging.getLogger("agl_store.server")
 
@@ -74,7 +74,7 @@ def create_app(
     the `agl.store_pages` entry points (the web view at `/`) are served too; their shells
     are open without the key, listed in `app.state.open_paths` for apps that mount this one.
     `host` is the address the app is served on: without a key on a loopback address, only
-    loopback `Host` names are answered (`cross_site.py` has every check against web pages).
+    loopback `Host` names are answered (`agl_store.web.cross_site` has every check against web pages).
     """
     metrics = ServerMetrics()
 
