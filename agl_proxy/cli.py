@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from agl_store.cli import KeyOption
+from agl_store.web.key_option import KeyOption
 
 from .deployments import ModelRegistry
 from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
@@ -146,8 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]], keys: Keys) -> int:
-    from agl_store.cli import db_url
-    from agl_store.opening import open_store
+    from agl_store.opening import db_url, open_store
 
     store_url = args.store_url or db_url(args.db)
     store = await open_store(store_url, key=keys.store)
