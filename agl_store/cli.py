@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import StoreError
 from .opening import db_url
-from .server import DEFAULT_MAX_BODY_BYTES, create_app
+from .server import DEFAULT_MAX_BODY_BYTES, PAGE_SETTING_HELP, create_app, parse_page_settings
 from .web.key_option import KeyOption
 from .web.serving import serve_app
 
@@ -48,6 +48,9 @@ def add_store_commands(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     STORE_KEY.add_to(serve)
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument(
+        "--page-setting", action="append", default=[], metavar="NAME.KEY=VALUE", help=PAGE_SETTING_HELP
+    )
     serve.set_defaults(run=_serve)
 
 
@@ -140,6 +143,7 @@ async def _serve_async(args: argparse.Namespace) -> int:
 
     try:
         key, key_source = STORE_KEY.read(args)
+        page_settings = parse_page_settings(args.page_setting)
     except ValueError as exc:
         print(f"agl store serve: {exc}", file=sys.stderr)
         return 2
@@ -151,9 +155,15 @@ async def _serve_async(args: argparse.Namespace) -> int:
         return 2
     # Opened here so a bad URL fails before the port is taken; the app's lifespan owns it
     # from then on (its open() is a no-op, its close() runs at shutdown).
-    app = create_app(store, key=key, max_body_bytes=args.max_body_bytes, host=args.host)
     auth = f"bearer key required (from {key_source})" if key else "no key"
     try:
+        try:
+            app = create_app(
+                store, key=key, max_body_bytes=args.max_body_bytes, page_settings=page_settings, host=args.host
+            )
+        except ValueError as exc:  # a pages plug-in refused its settings
+            print(f"agl store serve: {exc}", file=sys.stderr)
+            return 2
         return await serve_app(
             app, name="agl store serve", host=args.host, port=args.port, describe=f"store {url}, {auth}"
         )
