@@ -24,7 +24,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
-from agl_store.server.cross_site import CrossSiteGuard, is_loopback
+from agl_store.web.cross_site import CrossSiteGuard, is_loopback
 
 from .auth import BearerKeyMiddleware
 from .calls import LLMCallEndpoint, json_object
@@ -160,7 +160,7 @@ def create_app(
     `key` is required on the LLM routes (the admin key works there too), `admin_key` on the
     admin routes and the store's; a group without its key is open. `/health` is always open.
     `host` is the address served on: routes without a key on a loopback address answer only
-    loopback `Host` names (`agl_store.server.cross_site` has every check against web pages).
+    loopback `Host` names (`agl_store.web.cross_site` has every check against web pages).
     """
     loopback = is_loopback(host)
 

@@ -6,7 +6,7 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp
 
-from agl_store.server import auth as store_auth
+from agl_store.web import auth as store_auth
 
 from .errors import AuthenticationError
 

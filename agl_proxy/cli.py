@@ -14,7 +14,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from agl_store.cli import KeyOption
+from agl_store.server import PAGE_SETTING_HELP, PageSettings, parse_page_settings
+from agl_store.server import create_app as create_store_app
+from agl_store.web.key_option import KeyOption
 
 from .deployments import ModelRegistry
 from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
@@ -60,6 +62,9 @@ def add_proxy_commands(subparsers: Any) -> None:
         default=DEFAULT_BACKPRESSURE_WAIT_S,
         metavar="SECONDS",
         help=f"how long a new call waits for room in the span buffer before a 503 (default {DEFAULT_BACKPRESSURE_WAIT_S:g})",
+    )
+    serve.add_argument(
+        "--page-setting", action="append", default=[], metavar="NAME.KEY=VALUE", help=PAGE_SETTING_HELP
     )
     serve.set_defaults(run=_serve)
 
@@ -135,27 +140,34 @@ def _serve(args: argparse.Namespace) -> int:
         model_list = model_list_from_args(args)
         ModelRegistry(model_list)  # a bad entry fails here, before the store is opened
         keys = Keys.from_args(args)
+        page_settings = parse_page_settings(args.page_setting)
     except (OSError, ValueError) as exc:
         print(f"agl proxy serve: {exc}", file=sys.stderr)
         return 2
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(_serve_async(args, model_list, keys))
-    return uvloop.run(_serve_async(args, model_list, keys))
+        return asyncio.run(_serve_async(args, model_list, keys, page_settings))
+    return uvloop.run(_serve_async(args, model_list, keys, page_settings))
 
 
-async def _serve_async(args: argparse.Namespace, model_list: List[Dict[str, Any]], keys: Keys) -> int:
-    from agl_store.cli import db_url
-    from agl_store.opening import open_store
+async def _serve_async(
+    args: argparse.Namespace, model_list: List[Dict[str, Any]], keys: Keys, page_settings: PageSettings
+) -> int:
+    from agl_store.opening import db_url, open_store
 
     store_url = args.store_url or db_url(args.db)
     store = await open_store(store_url, key=keys.store)
     store_app: Optional[Any] = None
     if not args.store_url:
-        from agl_store.server import create_app as create_store_app
-
-        store_app = create_store_app(store, key=keys.admin, manage_store=False, host=args.host)
+        try:
+            store_app = create_store_app(
+                store, key=keys.admin, manage_store=False, page_settings=page_settings, host=args.host
+            )
+        except ValueError as exc:  # a pages plug-in refused its settings
+            await store.close()
+            print(f"agl proxy serve: {exc}", file=sys.stderr)
+            return 2
     proxy = LLMProxy(
         model_list,
         store,

@@ -1,6 +1,6 @@
 """The HTTP client the proxy forwards with: httpx's API over aiohttp's C-parsed connections.
 
-The transport is the store client's (`agl_store.http_transport`), in streaming mode so
+The transport is the store client's (`agl_store.web.http_transport`), in streaming mode so
 that completions reach the agent as the backend produces them.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from agl_store.http_transport import AiohttpTransport
+from agl_store.web.http_transport import AiohttpTransport
 
 
 def make_client() -> httpx.AsyncClient:

@@ -1,8 +1,11 @@
 """The `agl` command line.
 
-Subcommand groups are plugins: each entry point of the `agl.commands` group is a function
-that adds its parsers to the top-level subparsers (`agl_proxy` adds `agl proxy ...`), so
-this module knows only its own `agl store ...` commands.
+Subcommand groups are plug-ins: each entry point of the `agl.commands` group names a function
+that receives the top-level argparse subparsers and adds its group to them (`agl_proxy` adds
+`agl proxy ...`), so this module knows only its own `agl store ...` commands. Only the group
+the user typed is imported: `agl store serve` runs without the proxy's or the trainer's
+dependencies, and a group that fails to import fails with its error and what to install.
+`agl --help` lists the groups by their entry-point names without importing them.
 """
 
 from __future__ import annotations
@@ -10,68 +13,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
+import re
 import sys
-from dataclasses import dataclass
-from importlib.metadata import entry_points
-from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, requires
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import StoreError
-from .server import DEFAULT_MAX_BODY_BYTES, create_app
-from .serving import serve_app
+from .opening import db_url
+from .server import DEFAULT_MAX_BODY_BYTES, PAGE_SETTING_HELP, create_app, parse_page_settings
+from .web.key_option import KeyOption
+from .web.serving import serve_app
 
 ENTRY_POINT_GROUP = "agl.commands"
 DEFAULT_PORT = 4747
+DISTRIBUTION = "agl"
 AddCommands = Callable[[Any], None]
+"""What an `agl.commands` entry point names: called with the top-level subparsers."""
 
 
-def db_url(db: str) -> str:
-    """`--db` as a store URL: URLs pass through, a plain path becomes `sqlite:///path`."""
-    if "://" in db:
-        return db
-    return f"sqlite:///{db}"
-
-
-@dataclass(frozen=True)
-class KeyOption:
-    """A bearer key given as `--NAME KEY`, `--NAME-file PATH` or the environment variable `env`.
-
-    The flag is visible in the process list; the file and the variable are not.
-    """
-
-    flag: str
-    """`--key`, `--admin-key`, ..."""
-    env: str
-    help: str
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
-
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_mutually_exclusive_group()
-        group.add_argument(self.flag, dest=self.dest, metavar="KEY", help=f"{self.help} (default: ${self.env})")
-        group.add_argument(
-            self.flag + "-file", dest=self.dest + "_file", metavar="PATH", help=f"read {self.flag} from a file"
-        )
-
-    def read(self, args: argparse.Namespace) -> tuple[Optional[str], str]:
-        """(the key or None, where it came from); ValueError for an unreadable or empty file."""
-        given = getattr(args, self.dest)
-        if given:
-            return given, self.flag
-        path = getattr(args, self.dest + "_file")
-        if path:
-            try:
-                key = Path(path).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ValueError(f"{self.flag}-file {path}: {exc.strerror or exc}") from exc
-            if not key:
-                raise ValueError(f"{self.flag}-file {path} is empty")
-            return key, f"{self.flag}-file"
-        key = os.environ.get(self.env, "").strip()
-        return (key, f"${self.env}") if key else (None, "")
+class CommandGroupError(Exception):
+    """A command group's plug-in failed to import; the message says what to install."""
 
 
 STORE_KEY = KeyOption("--key", "AGL_STORE_KEY", "require 'Authorization: Bearer KEY' (health checks stay open)")
@@ -87,34 +48,83 @@ def add_store_commands(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     STORE_KEY.add_to(serve)
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument(
+        "--page-setting", action="append", default=[], metavar="NAME.KEY=VALUE", help=PAGE_SETTING_HELP
+    )
     serve.set_defaults(run=_serve)
 
 
-def _command_groups() -> List[AddCommands]:
-    groups: List[AddCommands] = [add_store_commands]
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            add = entry.load()
-        except Exception as exc:
-            print(f"agl: skipping command group {entry.name!r}: {exc}", file=sys.stderr)
-            continue
-        if add not in groups:
-            groups.append(add)
-    return groups
+def _plugins() -> Dict[str, EntryPoint]:
+    """The `agl.commands` entry points by group name, not loaded; `store` is built in."""
+    return {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP) if entry.name != "store"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `agl` parser with every discovered command group."""
+def load_command_group(entry: EntryPoint) -> AddCommands:
+    """Import one group's plug-in; CommandGroupError names the missing package and the extra that provides it."""
+    try:
+        return entry.load()
+    except ImportError as exc:
+        raise CommandGroupError(f"agl {entry.name}: cannot import {entry.value}: {exc}{_install_hint(exc)}") from exc
+
+
+def _install_hint(exc: ImportError) -> str:
+    """`; install it with: pip install 'agl[EXTRA]'` when an extra of agl requires the missing module."""
+    missing = (exc.name or "").split(".")[0]
+    if not missing:
+        return ""
+    try:
+        requirements = requires(DISTRIBUTION) or []
+    except PackageNotFoundError:
+        return ""
+    for requirement in requirements:
+        name = re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", requirement)
+        if extra and name.replace("-", "_").lower() == missing.lower():
+            return f"; install it with: pip install '{DISTRIBUTION}[{extra.group(1)}]'"
+    return ""
+
+
+def _parser() -> tuple[argparse.ArgumentParser, Any]:
     parser = argparse.ArgumentParser(prog="agl", description="agl: train LLM agents with RL without rewriting them")
     subparsers = parser.add_subparsers(dest="group", required=True, metavar="GROUP")
-    for add in _command_groups():
-        add(subparsers)
+    add_store_commands(subparsers)
+    return parser, subparsers
+
+
+def build_parser(group: Optional[str] = None) -> argparse.ArgumentParser:
+    """The `agl` parser with the store commands and the plug-in `group`, or every plug-in when None.
+
+    Raises CommandGroupError when a plug-in it loads fails to import.
+    """
+    parser, subparsers = _parser()
+    for name, entry in _plugins().items():
+        if group is None or name == group:
+            load_command_group(entry)(subparsers)
+    return parser
+
+
+def _listing_parser(plugins: Dict[str, EntryPoint]) -> argparse.ArgumentParser:
+    """A parser that lists every group for `--help` and usage errors, importing none of the plug-ins."""
+    parser, subparsers = _parser()
+    for name, entry in plugins.items():
+        subparsers.add_parser(name, help=f"plug-in {entry.module}; `agl {name} --help` says more")
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the `agl` script."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plugins = _plugins()
+    group = next((arg for arg in argv if not arg.startswith("-")), None)
+    if group is None or (group != "store" and group not in plugins):
+        _listing_parser(plugins).parse_args(argv)  # prints help or a usage error and exits
+        return 2
+    try:
+        parser = build_parser(group)
+    except CommandGroupError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     result = args.run(args)
     return int(result or 0)
@@ -133,6 +143,7 @@ async def _serve_async(args: argparse.Namespace) -> int:
 
     try:
         key, key_source = STORE_KEY.read(args)
+        page_settings = parse_page_settings(args.page_setting)
     except ValueError as exc:
         print(f"agl store serve: {exc}", file=sys.stderr)
         return 2
@@ -144,9 +155,15 @@ async def _serve_async(args: argparse.Namespace) -> int:
         return 2
     # Opened here so a bad URL fails before the port is taken; the app's lifespan owns it
     # from then on (its open() is a no-op, its close() runs at shutdown).
-    app = create_app(store, key=key, max_body_bytes=args.max_body_bytes, host=args.host)
     auth = f"bearer key required (from {key_source})" if key else "no key"
     try:
+        try:
+            app = create_app(
+                store, key=key, max_body_bytes=args.max_body_bytes, page_settings=page_settings, host=args.host
+            )
+        except ValueError as exc:  # a pages plug-in refused its settings
+            print(f"agl store serve: {exc}", file=sys.stderr)
+            return 2
         return await serve_app(
             app, name="agl store serve", host=args.host, port=args.port, describe=f"store {url}, {auth}"
         )

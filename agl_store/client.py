@@ -21,7 +21,7 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from .base import UNSET, LightningStore
 from .errors import ERRORS_BY_CODE, InvalidInputError, StoreClosedError, StoreError, StoreUnavailableError
-from .http_transport import AiohttpTransport
+from .web.http_transport import AiohttpTransport
 from .models import (
     Attempt,
     AttemptedRollout,

@@ -44,3 +44,10 @@ async def open_store(url: str, *, key: str | None = None) -> LightningStore:
     raise InvalidInputError(
         f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///path.db, memory:// or http://host:port"
     )
+
+
+def db_url(db: str) -> str:
+    """`--db` as a store URL: URLs pass through, a plain path becomes `sqlite:///path`."""
+    if "://" in db:
+        return db
+    return f"sqlite:///{db}"

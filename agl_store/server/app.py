@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 from importlib.metadata import entry_points
-from typing import Any, AsyncIterator, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -15,13 +15,13 @@ from starlette.routing import BaseRoute
 from ..base import LightningStore
 from ..span_wire import PACKED_MEDIA_TYPE
 from . import otlp
-from .auth import BearerKeyMiddleware
-from .cross_site import CrossSiteGuard, is_loopback
+from ..web.auth import BearerKeyMiddleware
+from ..web.cross_site import CrossSiteGuard, is_loopback
 from .limits import BodySizeLimitMiddleware
 from .metrics import MetricsMiddleware, ServerMetrics
 from .routes import all_routes
 from .routes.system import HEALTH_PATHS
-from .wire import http_error_response
+from ..web.wire import http_error_response
 
 logger = logging.getLogger("agl_store.server")
 
@@ -30,8 +30,20 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 PAGES_ENTRY_POINT_GROUP = "agl.store_pages"
 """Entry points that add pages (agl_train's web view) to the store server, so agl_store never
-imports them by name. Each names a callable returning an object with `routes` (Starlette
-routes) and `open_paths` (paths served without the bearer key: page shells, never data)."""
+imports them by name. Each names a callable that receives its settings as one argument, a
+`Mapping[str, str]` (the `--page-setting NAME.KEY=VALUE` options addressed to its entry-point
+NAME, without the prefix; empty when none), and returns an object with `routes` (Starlette
+routes) and `open_paths` (paths served without the bearer key: page shells, never data).
+It raises ValueError for a setting it does not know or cannot use."""
+
+PAGE_SETTING_HELP = (
+    "a setting of a store-pages plug-in, repeatable; the web view takes view.tokenizer=DIR, view.level, "
+    "view.max_prompt_length, view.max_response_length"
+)
+"""The help of the `--page-setting NAME.KEY=VALUE` option of the commands that serve a store."""
+
+PageSettings = Mapping[str, Mapping[str, str]]
+"""Settings of the pages plug-ins: entry-point name -> {setting: value}."""
 
 
 OWN_MEDIA_TYPES = {
@@ -42,18 +54,41 @@ OWN_MEDIA_TYPES = {
 """Write routes whose bodies are not JSON (or not only): the types they take instead."""
 
 
-def discover_pages() -> Tuple[List[BaseRoute], FrozenSet[str]]:
-    """The routes and keyless paths of every installed `agl.store_pages` entry point."""
+def parse_page_settings(options: Sequence[str]) -> Dict[str, Dict[str, str]]:
+    """`--page-setting NAME.KEY=VALUE` options as PageSettings; ValueError names a malformed one."""
+    settings: Dict[str, Dict[str, str]] = {}
+    for option in options:
+        target, equals, value = option.partition("=")
+        name, dot, key = target.partition(".")
+        if not (equals and dot and name and key):
+            raise ValueError(f"--page-setting {option!r}: expected NAME.KEY=VALUE, e.g. view.tokenizer=/models/qwen")
+        settings.setdefault(name, {})[key] = value
+    return settings
+
+
+def discover_pages(settings: Optional[PageSettings] = None) -> Tuple[List[BaseRoute], FrozenSet[str]]:
+    """The routes and keyless paths of every installed `agl.store_pages` entry point.
+
+    A plug-in that fails to import is logged and skipped (the store serves without it); settings
+    addressed to a plug-in that is not installed, or refused by it, raise ValueError.
+    """
+    settings = settings or {}
     routes: List[BaseRoute] = []
     open_paths: set[str] = set()
+    found: set[str] = set()
     for entry in entry_points(group=PAGES_ENTRY_POINT_GROUP):
+        found.add(entry.name)
         try:
-            pages = entry.load()()
+            make_pages = entry.load()
         except Exception as exc:
             logger.warning("store pages %r skipped: %s", entry.name, exc)
             continue
+        pages = make_pages(dict(settings.get(entry.name, {})))
         routes += pages.routes
         open_paths |= set(pages.open_paths)
+    unknown = sorted(set(settings) - found)
+    if unknown:
+        raise ValueError(f"page settings for {unknown}, but the installed store pages are {sorted(found)}")
     return routes, frozenset(open_paths)
 
 
@@ -64,6 +99,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     manage_store: bool = True,
     pages: bool = True,
+    page_settings: Optional[PageSettings] = None,
     host: str = "127.0.0.1",
 ) -> Starlette:
     """An ASGI app serving `store` at the agent-lightning 0.3 routes plus agl's additions.
@@ -72,9 +108,10 @@ def create_app(
     closes it at shutdown. `key` turns on bearer-key auth for everything but the health
     checks. Bodies over `max_body_bytes` are refused with 413. With `pages`, the routes of
     the `agl.store_pages` entry points (the web view at `/`) are served too; their shells
-    are open without the key, listed in `app.state.open_paths` for apps that mount this one.
+    are open without the key, listed in `app.state.open_paths` for apps that mount this one;
+    each plug-in receives its entry of `page_settings` (ValueError when one refuses them).
     `host` is the address the app is served on: without a key on a loopback address, only
-    loopback `Host` names are answered (`cross_site.py` has every check against web pages).
+    loopback `Host` names are answered (`agl_store.web.cross_site` has every check against web pages).
     """
     metrics = ServerMetrics()
 
@@ -93,7 +130,7 @@ def create_app(
                 await store.close()
             logger.info("store server stopped")
 
-    page_routes, page_paths = discover_pages() if pages else ([], frozenset())
+    page_routes, page_paths = discover_pages(page_settings) if pages else ([], frozenset())
     open_paths = frozenset(HEALTH_PATHS) | page_paths
     middleware = [
         Middleware(MetricsMiddleware, metrics=metrics),  # outermost: also counts 401, 403, 413 and 415

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import PayloadTooLargeError
-from .wire import error_response
+from ..web.wire import error_response
 
 
 class BodySizeLimitMiddleware:

@@ -31,7 +31,7 @@ from ..bounds import check_integer, check_json_depth
 from ..errors import InvalidInputError, PayloadTooLargeError
 from ..models import Event, Link, OtelResource, Span, SpanContext, TraceStatus
 from .metrics import metrics_of
-from .wire import endpoint, store_of
+from ..web.wire import endpoint, store_of
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

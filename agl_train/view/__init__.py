@@ -8,7 +8,7 @@ trainer trains.
 
 from .app import create_view_app
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
-from .store_plugin import StorePages, settings_from_env, store_pages
+from .store_plugin import StorePages, store_pages, view_settings
 from .token_view import TokenViewOptions, token_view, token_view_of_trace
 
 __all__ = [
@@ -18,8 +18,8 @@ __all__ = [
     "ViewRoutes",
     "ViewSettings",
     "create_view_app",
-    "settings_from_env",
     "store_pages",
     "token_view",
     "token_view_of_trace",
+    "view_settings",
 ]

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agl_store.opening import open_store
-from agl_store.server.auth import BearerKeyMiddleware
+from agl_store.web.auth import BearerKeyMiddleware
 
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
 

@@ -10,7 +10,7 @@ import asyncio
 import sys
 from typing import Any
 
-from agl_store.serving import serve_app
+from agl_store.web.serving import serve_app
 
 from ..aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
 from .routes import ViewSettings

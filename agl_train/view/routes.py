@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Route
 from agl_store import call_span
 from agl_store.errors import InvalidInputError
 from agl_store.models import ROLLOUT_STATUSES, RolloutMode
-from agl_store.server.wire import endpoint, store_of
+from agl_store.web.wire import endpoint, store_of
 
 from ..aggregate import AGGREGATORS, Limits
 from .summaries import MAX_PAGE_SIZE, RolloutFilter, SummaryCache, list_rollouts, rollout_detail, span_detail

@@ -1,26 +1,27 @@
 """The view as a plug-in of the store server: the `agl.store_pages` entry point.
 
 `agl store serve` (and the store embedded in `agl proxy serve`) look up this entry-point
-group, so agl_store serves the view at `/` without importing agl_train by name. The
-embedded view takes its settings from the environment, since the store's command line
-knows nothing of tokenizers:
+group, so agl_store serves the view at `/` without importing agl_train by name. The store
+server calls `store_pages(settings)` with the `--page-setting view.KEY=VALUE` options of its
+command line (`create_app(..., page_settings={"view": {...}})` in Python):
 
-- `AGL_VIEW_TOKENIZER`: a local tokenizer (model) directory; unset shows raw token ids;
-- `AGL_VIEW_LEVEL`: `trajectory` (default) or `transition`;
-- `AGL_VIEW_MAX_PROMPT_LENGTH`, `AGL_VIEW_MAX_RESPONSE_LENGTH`: the limits (default 2048 / 8192).
+- `tokenizer`: a local tokenizer (model) directory; unset shows raw token ids;
+- `level`: `trajectory` (default) or `transition`;
+- `max_prompt_length`, `max_response_length`: the aggregator's limits (default 2048 / 8192).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import FrozenSet, List, Mapping, Optional
+from typing import FrozenSet, List, Mapping
 
 from starlette.routing import BaseRoute
 
-from ..aggregate import LEVEL_TRAJECTORY, Limits
+from ..aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
 from .token_view import DEFAULT_LIMITS, TokenViewOptions
+
+SETTINGS = ("tokenizer", "level", "max_prompt_length", "max_response_length")
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,32 @@ class StorePages:
     open_paths: FrozenSet[str]
 
 
-def settings_from_env(env: Optional[Mapping[str, str]] = None) -> ViewSettings:
-    """`ViewSettings` from the `AGL_VIEW_*` variables (see the module docstring)."""
-    env = os.environ if env is None else env
+def view_settings(settings: Mapping[str, str]) -> ViewSettings:
+    """`ViewSettings` from the plug-in's settings (see the module docstring); ValueError names a bad one."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown view setting(s) {unknown}; the view takes {list(SETTINGS)}")
+    level = settings.get("level") or LEVEL_TRAJECTORY
+    if level not in AGGREGATORS:
+        raise ValueError(f"view.level {level!r}: expected one of {sorted(AGGREGATORS)}")
     limits = Limits(
-        int(env.get("AGL_VIEW_MAX_PROMPT_LENGTH") or DEFAULT_LIMITS.max_prompt_length),
-        int(env.get("AGL_VIEW_MAX_RESPONSE_LENGTH") or DEFAULT_LIMITS.max_response_length),
+        _length(settings, "max_prompt_length", DEFAULT_LIMITS.max_prompt_length),
+        _length(settings, "max_response_length", DEFAULT_LIMITS.max_response_length),
     )
-    options = TokenViewOptions(level=env.get("AGL_VIEW_LEVEL") or LEVEL_TRAJECTORY, limits=limits)
-    return ViewSettings(tokenizer=env.get("AGL_VIEW_TOKENIZER") or None, options=options)
+    options = TokenViewOptions(level=level, limits=limits)
+    return ViewSettings(tokenizer=settings.get("tokenizer") or None, options=options)
 
 
-def store_pages() -> StorePages:
+def _length(settings: Mapping[str, str], name: str, default: int) -> int:
+    text = settings.get(name)
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"view.{name} {text!r}: expected a whole number of tokens") from None
+
+
+def store_pages(settings: Mapping[str, str]) -> StorePages:
     """The `agl.store_pages` entry point: the view's routes for the store server."""
-    return StorePages(routes=ViewRoutes(settings_from_env()).routes(), open_paths=OPEN_PATHS)
+    return StorePages(routes=ViewRoutes(view_settings(settings)).routes(), open_paths=OPEN_PATHS)

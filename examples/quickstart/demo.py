@@ -93,9 +93,10 @@ async def _serve(args: argparse.Namespace, backend: str, model: str, db: Path, t
     assert task is not None
     for stop_signal in STOP_SIGNALS:  # cancel the rollouts and the wait: the proxy stops on the way out
         asyncio.get_running_loop().add_signal_handler(stop_signal, task.cancel)
-    env = {**OFFLINE_ENV, **({"AGL_VIEW_TOKENIZER": tokenizer} if tokenizer else {})}
+    view_options = ["--page-setting", f"view.tokenizer={tokenizer}"] if tokenizer else []
     say(f"agl proxy serve: starting (embedded SQLite store {db})")
-    async with agl_proxy_serve(backend, model, db, port=args.port, env=env) as proxy_url:  # prints its own lines
+    serving = agl_proxy_serve(backend, model, db, port=args.port, env=OFFLINE_ENV, extra_args=view_options)
+    async with serving as proxy_url:  # prints its own lines
         store = await LightningStoreClient(proxy_url).open()  # the proxy serves its embedded store too
         try:
             for number in range(args.rollouts):

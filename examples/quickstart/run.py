@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import AsyncIterator, Iterator, List, Mapping, Optional
+from typing import AsyncIterator, Iterator, List, Mapping, Optional, Sequence
 
 from agl_store import LightningStore, ProxyLLM, Span, call_span, reward_span
 from agl_store.client import LightningStoreClient
@@ -46,13 +46,19 @@ def tiny_vllm() -> Iterator[tuple[str, str]]:
 
 @contextlib.asynccontextmanager
 async def agl_proxy_serve(
-    backend: str, model: str, db: Path, *, port: int = 0, env: Optional[Mapping[str, str]] = None
+    backend: str,
+    model: str,
+    db: Path,
+    *,
+    port: int = 0,
+    env: Optional[Mapping[str, str]] = None,
+    extra_args: Sequence[str] = (),
 ) -> AsyncIterator[str]:
-    """`agl proxy serve` as a subprocess; yields its URL once it listens, echoing its own lines (start, stop)."""
+    """`agl proxy serve [extra_args]` as a subprocess; yields its URL once it listens, echoing its own lines."""
     agl = shutil.which("agl") or str(Path(sys.executable).parent / "agl")
     process = await asyncio.create_subprocess_exec(
         agl, "proxy", "serve", "--backend", backend, "--model", model, "--db", str(db), "--port", str(port),
-        stdout=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})},
+        *extra_args, stdout=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()

@@ -13,14 +13,15 @@ import pytest
 
 from agl_store import cli
 from agl_store.client import LightningStoreClient
+from agl_store.opening import db_url
 
 from .http_server import REPO_ROOT, StoreServerProcess
 
 
 def test_db_paths_become_sqlite_urls_and_urls_pass_through() -> None:
-    assert cli.db_url("runs/agl.db") == "sqlite:///runs/agl.db"
-    assert cli.db_url("/abs/agl.db") == "sqlite:////abs/agl.db"
-    assert cli.db_url("memory://") == "memory://"
+    assert db_url("runs/agl.db") == "sqlite:///runs/agl.db"
+    assert db_url("/abs/agl.db") == "sqlite:////abs/agl.db"
+    assert db_url("memory://") == "memory://"
 
 
 def test_store_serve_defaults() -> None:
@@ -44,6 +45,46 @@ def test_command_groups_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(cli, "entry_points", lambda group: [FakeEntryPoint()] if group == "agl.commands" else [])
     assert cli.main(["demo"]) == 0
     assert seen == ["ran"]
+
+
+class BrokenEntryPoint:
+    """A plug-in whose dependency is not installed: importing it raises like a missing `litellm` would."""
+
+    name = "proxy"
+    value = "agl_proxy.cli:add_proxy_commands"
+
+    def load(self) -> object:
+        raise ModuleNotFoundError("No module named 'litellm'", name="litellm")
+
+
+def test_a_group_that_fails_to_import_is_an_error_saying_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "entry_points", lambda group: [BrokenEntryPoint()])
+    assert cli.main(["proxy", "serve"]) == 2
+    err = capsys.readouterr().err
+    assert "agl proxy: cannot import agl_proxy.cli:add_proxy_commands: No module named 'litellm'" in err
+    assert "pip install 'agl[proxy]'" in err
+
+
+def test_store_commands_work_when_another_group_cannot_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "entry_points", lambda group: [BrokenEntryPoint()])
+    args = cli.build_parser("store").parse_args(["store", "serve", "--port", "0"])
+    assert args.port == 0
+    with pytest.raises(cli.CommandGroupError):
+        cli.build_parser()  # every group: the broken one is not skipped silently
+
+
+def test_agl_help_lists_the_groups_without_importing_them() -> None:
+    script = (
+        "import sys\n"
+        "from agl_store.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('agl_proxy', 'agl_train')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert "proxy" in done.stdout and "view" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_agl_help_lists_store(tmp_path: Path) -> None:

@@ -152,3 +152,23 @@ async def test_the_page_learns_the_call_span_attribute_names_from_the_server(sto
     config = await get(store_url, "/view/api/config")
 
     assert config["call_span"] == {"request": "agl.request", "response": "agl.response", "error": "agl.error"}
+
+
+async def test_the_embedded_view_takes_its_settings_as_arguments(store) -> None:
+    settings = {"view": {"level": "transition", "max_prompt_length": "100", "max_response_length": "50"}}
+    async with serve(create_app(store, manage_store=False, page_settings=settings)) as url:
+        config = await get(url, "/view/api/config")
+    assert (config["level"], config["limits"], config["tokenizer"]) == (
+        "transition",
+        {"max_prompt_length": 100, "max_response_length": 50},
+        False,
+    )
+
+
+def test_settings_the_view_cannot_use_are_refused_by_name(store) -> None:
+    with pytest.raises(ValueError, match=r"unknown view setting\(s\) \['colour'\]"):
+        create_app(store, manage_store=False, page_settings={"view": {"colour": "red"}})
+    with pytest.raises(ValueError, match=r"view.level 'episode'"):
+        create_app(store, manage_store=False, page_settings={"view": {"level": "episode"}})
+    with pytest.raises(ValueError, match=r"page settings for \['viewer'\]"):
+        create_app(store, manage_store=False, page_settings={"viewer": {"level": "transition"}})

@@ -164,12 +164,12 @@ async def test_a_running_rollouts_spans_appear_as_they_are_recorded(store, store
 
 
 async def test_the_token_view_colours_a_known_rollout(
-    store, page, monkeypatch, tiny_model_path, encode, tmp_path
+    store, page, tiny_model_path, encode, tmp_path
 ) -> None:
-    monkeypatch.setenv("AGL_VIEW_TOKENIZER", str(tiny_model_path))
     known = await write_known_rollout(store, encode)
     limits = known_limits(known_calls(encode))
-    async with serve(create_app(store, manage_store=False)) as url:
+    view = {"view": {"tokenizer": str(tiny_model_path)}}  # what --page-setting view.tokenizer=DIR gives
+    async with serve(create_app(store, manage_store=False, page_settings=view)) as url:
         query = f"max_prompt_length={limits.max_prompt_length}&max_response_length={limits.max_response_length}"
         await page.goto(f"{url}/#/rollouts/{known.rollout_id}/tokens?{query}")
         rows = page.locator("[data-testid=token-row]")
@@ -202,11 +202,11 @@ async def test_the_token_view_colours_a_known_rollout(
         assert screenshot.stat().st_size > 0
 
 
-async def test_agent_output_is_shown_as_text_and_never_runs(store, page, monkeypatch, tiny_model_path, encode) -> None:
-    monkeypatch.setenv("AGL_VIEW_TOKENIZER", str(tiny_model_path))
+async def test_agent_output_is_shown_as_text_and_never_runs(store, page, tiny_model_path, encode) -> None:
     calls = [{"prompt": encode("<|im_start|>user\nhi<|im_end|>\n"), "response": encode(INJECTION)}]
     known = await write_rollout(store, calls, content=INJECTION, input={"question": INJECTION})
-    async with serve(create_app(store, manage_store=False)) as url:
+    view = {"view": {"tokenizer": str(tiny_model_path)}}  # what --page-setting view.tokenizer=DIR gives
+    async with serve(create_app(store, manage_store=False, page_settings=view)) as url:
         await page.goto(f"{url}/#/rollouts/{known.rollout_id}")
         await expect(page.locator("[data-testid=input]")).to_contain_text(INJECTION.replace('"', '\\"'))
         await page.locator("[data-testid=spans] tr.span-row").first.click()

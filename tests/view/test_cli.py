@@ -143,3 +143,17 @@ async def test_agl_proxy_serve_with_a_key_serves_the_page_shell_but_not_the_data
         assert (await http.get("/view/api/rollouts")).status_code == 401
         authorized = await http.get("/view/api/rollouts", headers={"Authorization": "Bearer k1"})
         assert authorized.json()["total"] == 0
+
+
+def test_store_serve_hands_page_settings_to_the_view_and_names_a_bad_one(tmp_path, capsys) -> None:
+    from agl_store.cli import main
+    from agl_store.server import parse_page_settings
+
+    assert parse_page_settings(["view.tokenizer=/models/q", "view.level=transition"]) == {
+        "view": {"tokenizer": "/models/q", "level": "transition"}
+    }
+    db = str(tmp_path / "agl.db")
+    assert main(["store", "serve", "--db", db, "--port", "0", "--page-setting", "tokenizer=/models/q"]) == 2
+    assert "--page-setting 'tokenizer=/models/q': expected NAME.KEY=VALUE" in capsys.readouterr().err
+    assert main(["store", "serve", "--db", db, "--port", "0", "--page-setting", "view.max_prompt_length=x"]) == 2
+    assert "view.max_prompt_length 'x': expected a whole number of tokens" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from starlette.routing import Route
 from ...models import Attempt
 from ...queries import AttemptQuery
 from ..schemas import UpdateAttemptBody, WorkerIdBody, check_page, page_of, set_or_unset
-from ..wire import endpoint, store_of, validate_model, validate_query
+from ...web.wire import endpoint, store_of, validate_model, validate_query
 
 
 async def start_attempt(request: Request) -> Any:

@@ -9,7 +9,7 @@ from starlette.routing import Route
 
 from ...bounds import check_integer
 from ..schemas import DequeueManyBody, EnqueueManyBody, WaitBody
-from ..wire import endpoint, store_of, validate_model
+from ...web.wire import endpoint, store_of, validate_model
 
 WAIT_CAP_SECONDS = 300.0
 """Longest a single wait request is held open; clients poll again for longer waits."""

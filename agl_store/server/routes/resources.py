@@ -11,7 +11,7 @@ from starlette.routing import Route
 from ...models import NamedResources, ResourcesUpdate
 from ...queries import ResourcesQuery
 from ..schemas import check_page, page_of
-from ..wire import endpoint, store_of, validate_json, validate_query
+from ...web.wire import endpoint, store_of, validate_json, validate_query
 
 NAMED_RESOURCES = TypeAdapter(NamedResources)
 

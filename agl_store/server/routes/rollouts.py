@@ -18,7 +18,7 @@ from ..schemas import (
     page_of,
     set_or_unset,
 )
-from ..wire import endpoint, store_of, validate_model, validate_query
+from ...web.wire import endpoint, store_of, validate_model, validate_query
 
 
 async def start_rollout(request: Request) -> Any:

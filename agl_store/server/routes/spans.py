@@ -15,7 +15,7 @@ from ...span_wire import ENCODING_HEADER, PACKED, SPAN_LIST, page_json, read_fra
 from ...packed_attributes import check_packed_batch, fill_packed
 from ..metrics import metrics_of
 from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, check_page, page_of
-from ..wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
+from ...web.wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
 
 
 async def add_span(request: Request) -> Any:

@@ -9,7 +9,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..metrics import PROMETHEUS_MEDIA_TYPE, metrics_of
-from ..wire import endpoint, store_of
+from ...web.wire import endpoint, store_of
 
 HEALTH_PATHS = ("/health", "/v1/agl/health")
 """Open even when a bearer key is set, so probes and load balancers need no secret."""

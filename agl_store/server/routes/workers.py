@@ -10,7 +10,7 @@ from starlette.routing import Route
 from ...models import Worker
 from ...queries import WorkerQuery
 from ..schemas import UpdateWorkerBody, check_page, page_of, set_or_unset
-from ..wire import endpoint, store_of, validate_model, validate_query
+from ...web.wire import endpoint, store_of, validate_model, validate_query
 
 
 async def _query(request: Request, query: WorkerQuery) -> Any:
