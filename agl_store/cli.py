@@ -55,8 +55,8 @@ def add_store_commands(subparsers: Any) -> None:
 
 
 def _plugins() -> Dict[str, EntryPoint]:
-    """The `agl.commands` entry points by group name, not loaded; `store` is built in."""
-    return {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP) if entry.name != "store"}
+    """The `agl.commands` entry points by group name, not loaded (`store` is built in, not one of them)."""
+    return {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def load_command_group(entry: EntryPoint) -> AddCommands:
