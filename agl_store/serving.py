@@ -40,7 +40,8 @@ async def start_uvicorn(server: Any, sock: socket.socket, *, timeout_s: Optional
     """Run `server.serve(sockets=[sock])` (a `uvicorn.Server`) as a task; returns it once the server listens.
 
     The SIGINT / SIGTERM handlers the caller had are put back once uvicorn has installed its
-    own. Raises RuntimeError when the server stops before listening (the cause attached) or
+    own; install yours before calling this, since uvicorn puts back the ones it found when the
+    server stops (a signal caught while starting stops the server and is re-raised then). Raises RuntimeError when the server stops before listening (the cause attached) or
     does not listen within `timeout_s`; stop it with `server.should_exit = True` and await the task.
     """
     callers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
