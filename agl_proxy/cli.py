@@ -181,16 +181,17 @@ async def _serve_async(
         store_app=store_app,
         advertise_url=args.advertise_url,
     )
+    # Before the proxy starts, so that these stay the handlers while it serves and after it stops.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
         await proxy.start()
     except (RuntimeError, OSError) as exc:
         await store.close()
         print(f"agl proxy serve: cannot listen on {args.host}:{args.port}: {exc.__cause__ or exc}", file=sys.stderr)
         return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     models = ", ".join(proxy.state.registry.model_names)
     where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
     advertised = f"; agents use {proxy.url}" if args.advertise_url else ""

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import socket
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import uvicorn
 
 from agl_store.base import LightningStore
 from agl_store.models import ProxyLLM
+from agl_store.serving import bind_socket, start_uvicorn
 
 from .app import create_app
 from .balancing import DEFAULT_COOLDOWN_S
@@ -86,6 +87,7 @@ class LLMProxy:
         self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         self._server: Optional[uvicorn.Server] = None
         self._task: Optional["asyncio.Task[None]"] = None
+        self._socket: Optional[socket.socket] = None
 
     @property
     def model_list(self) -> List[Dict[str, Any]]:
@@ -120,18 +122,18 @@ class LLMProxy:
         """Replace the backends at run time; calls in flight finish where they started."""
         self.state.update_model_list(model_list)
 
-    async def start(self, *, handle_signals: bool = False) -> None:
+    async def start(self) -> None:
         """Serve until `stop()`. Returns once the port accepts connections.
 
-        `handle_signals=True` lets uvicorn's own SIGINT / SIGTERM handlers stop the server
-        (the CLI installs its own instead, to stop the store too).
+        Raises OSError when the port is taken and RuntimeError when the server does not start.
+        SIGINT / SIGTERM stay with the caller's handlers (the CLI installs its own, to stop the store too).
         """
         if self.is_running():
             raise RuntimeError(f"the proxy is already running at {self.url}")
+        sock = bind_socket(self.host, self.port)
+        self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.create_app(),
-            host=self.host,
-            port=self.port,
             log_level="warning",
             lifespan="on",
             access_log=False,
@@ -139,24 +141,13 @@ class LLMProxy:
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
         server = uvicorn.Server(config)
-        if not handle_signals:
-            # The caller owns signal handling; uvicorn's would take Ctrl-C from notebooks and tests.
-            server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        try:
+            self._task = await start_uvicorn(server, sock, timeout_s=STARTUP_TIMEOUT_S)
+        except RuntimeError as exc:
+            sock.close()
+            raise RuntimeError(f"the proxy could not start on {self.host}:{self.port}") from (exc.__cause__ or exc)
         self._server = server
-        self._task = asyncio.create_task(server.serve(), name="agl-proxy-uvicorn")
-        waited = 0.0
-        while not server.started:
-            if self._task.done():
-                error = self._task.exception()
-                self._task = None
-                raise RuntimeError(f"the proxy could not start on {self.host}:{self.port}") from error
-            await asyncio.sleep(0.01)
-            waited += 0.01
-            if waited > STARTUP_TIMEOUT_S:
-                await self.stop()
-                raise RuntimeError(f"the proxy did not start within {STARTUP_TIMEOUT_S:g} s")
-        if self.port == 0:
-            self.port = server.servers[0].sockets[0].getsockname()[1]
+        self._socket = sock
         logger.info("agl_proxy serving %s at %s", ", ".join(self.state.registry.model_names) or "no models", self.url)
 
     async def stop(self) -> None:
@@ -170,7 +161,10 @@ class LLMProxy:
             pass
         except Exception:  # noqa: BLE001 - a failed shutdown must not hide the caller's own error
             logger.exception("agl_proxy: error while stopping")
+        if self._socket is not None:
+            self._socket.close()
         self._server = None
+        self._socket = None
         self._task = None
 
     def as_resource(

@@ -257,8 +257,10 @@ class AglTrainer(RayPPOTrainer):
         from omegaconf import OmegaConf
         from verl.utils.tracking import Tracking
 
-        if self._dump_executor._shutdown:
-            self._init_dump_executor()
+        # A fresh dump executor, as verl's fit has (a previous fit shut its own down); shutting
+        # down first is idempotent and avoids reading the executor's private `_shutdown` flag.
+        self._shutdown_dump_executor()
+        self._init_dump_executor()
         tracking = Tracking(
             project_name=self.config.trainer.project_name,
             experiment_name=self.config.trainer.experiment_name,

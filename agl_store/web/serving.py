@@ -1,20 +1,66 @@
-"""Serving an ASGI app from a command line (`agl store serve`, `agl view`).
+"""Serving an ASGI app with uvicorn through its public API only (`agl store serve`, `agl view`, the proxy).
 
 The socket is bound before the server starts, so a taken port fails at once with a clear
-line; the command prints one line when it listens and one when it stops; SIGINT / SIGTERM
-stop it gracefully and a second signal skips the graceful wait.
+line and port 0 reads the chosen port from the socket; the command prints one line when it
+listens and one when it stops; SIGINT / SIGTERM stop it gracefully and a second signal skips
+the graceful wait.
+
+uvicorn installs its own SIGINT / SIGTERM handlers while it serves from the main thread (and
+re-raises a caught signal when it is done). `start_uvicorn` gives the signals back to the
+handlers the caller had as soon as the server listens, so a caller's `loop.add_signal_handler`
+(or a notebook's Ctrl-C) keeps its meaning while the server runs in the background.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import socket
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Optional
 
 from starlette.types import ASGIApp
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (0 picks a free port); raises OSError when it is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def start_uvicorn(server: Any, sock: socket.socket, *, timeout_s: Optional[float] = None) -> "asyncio.Task[None]":
+    """Run `server.serve(sockets=[sock])` (a `uvicorn.Server`) as a task; returns it once the server listens.
+
+    The SIGINT / SIGTERM handlers the caller had are put back once uvicorn has installed its
+    own; install yours before calling this, since uvicorn puts back the ones it found when the
+    server stops (a signal caught while starting stops the server and is re-raised then). Raises RuntimeError when the server stops before listening (the cause attached) or
+    does not listen within `timeout_s`; stop it with `server.should_exit = True` and await the task.
+    """
+    callers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="agl-uvicorn")
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    while not server.started:
+        if task.done():
+            error = None if task.cancelled() else task.exception()
+            raise RuntimeError("the server stopped before it listened") from error
+        if deadline is not None and loop.time() > deadline:
+            server.should_exit = True
+            await asyncio.gather(task, return_exceptions=True)
+            raise RuntimeError(f"the server did not listen within {timeout_s:g} s")
+        await asyncio.sleep(0.01)
+    for sig, handler in callers.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+    return task
 
 
 async def serve_app(app: ASGIApp, *, name: str, host: str, port: int, describe: str) -> int:
@@ -25,54 +71,41 @@ async def serve_app(app: ASGIApp, *, name: str, host: str, port: int, describe: 
     """
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock = bind_socket(host, port)
     except OSError as exc:
-        sock.close()
         print(f"{name}: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
     bound_host, bound_port = sock.getsockname()[:2]
     config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning", timeout_graceful_shutdown=5)
-    server = _server_class()(config)
+    server = uvicorn.Server(config)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, server.request_exit)
-    announce = asyncio.create_task(
-        _announce_when_started(server, f"{name}: listening on http://{bound_host}:{bound_port} ({describe})")
-    )
+    # Installed before uvicorn starts, so that these are the handlers it gives back and the
+    # signal it re-raises when done lands here instead of killing the command before its clean-up.
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, _exit_requester(server))
     try:
-        await server.serve(sockets=[sock])
+        try:
+            task = await start_uvicorn(server, sock)
+        except RuntimeError as exc:
+            print(f"{name}: cannot start: {exc.__cause__ or exc}", file=sys.stderr)
+            return 1
+        print(f"{name}: listening on http://{bound_host}:{bound_port} ({describe})", flush=True)
+        await task
     finally:
-        announce.cancel()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in _STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+        sock.close()
     print(f"{name}: stopped", flush=True)
-    return 0 if server.started else 1
+    return 0
 
 
-def _server_class() -> Any:
-    import uvicorn
+def _exit_requester(server: Any) -> Callable[[], None]:
+    """A signal callback: the first signal stops `server` gracefully, the next skips the graceful wait."""
 
-    class Server(uvicorn.Server):
-        """uvicorn's server, minus its signal handling: uvicorn re-raises the signal after
-        shutting down, which would end the command killed, before its own clean-up ran."""
+    def request_exit() -> None:
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
 
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-        def request_exit(self) -> None:
-            # A second signal while draining skips the graceful wait.
-            if self.should_exit:
-                self.force_exit = True
-            self.should_exit = True
-
-    return Server
-
-
-async def _announce_when_started(server: Any, line: str) -> None:
-    while not server.started:
-        await asyncio.sleep(0.01)
-    print(line, flush=True)
+    return request_exit

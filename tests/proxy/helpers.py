@@ -11,24 +11,21 @@ import uvicorn
 from agl_store.base import LightningStore
 from agl_store.errors import StoreUnavailableError
 from agl_store.models import Span
+from agl_store.serving import bind_socket, start_uvicorn
 
 
 @contextlib.asynccontextmanager
 async def serve(app: Any, port: int = 0) -> AsyncIterator[str]:
-    """Serve `app` with uvicorn on 127.0.0.1; yields `http://127.0.0.1:PORT`."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    """Serve `app` with uvicorn on 127.0.0.1, the way the proxy serves itself; yields `http://127.0.0.1:PORT`."""
+    sock = bind_socket("127.0.0.1", port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    task = await start_uvicorn(server, sock)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         await task
+        sock.close()
 
 
 class FlakyStore(LightningStore):

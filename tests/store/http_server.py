@@ -81,6 +81,10 @@ class StoreServerProcess:
         """Stop gracefully (SIGTERM) and return the exit code."""
         return await self._end(signal.SIGTERM)
 
+    async def interrupt(self) -> int:
+        """SIGINT, as Ctrl-C in a terminal sends; returns the exit code."""
+        return await self._end(signal.SIGINT)
+
     async def kill(self) -> int:
         """SIGKILL: the server gets no chance to flush or close anything."""
         return await self._end(signal.SIGKILL)

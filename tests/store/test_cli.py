@@ -147,6 +147,14 @@ async def test_serve_prints_one_line_at_start_and_stop_and_keeps_data(tmp_path: 
     await again.stop()
 
 
+async def test_ctrl_c_stops_the_server_as_gracefully_as_sigterm(tmp_path: Path) -> None:
+    server = StoreServerProcess(tmp_path / "agl.db")
+    async with LightningStoreClient(await server.start()) as store:
+        await store.enqueue_rollout(input={"hello": "world"})
+    assert await server.interrupt() == 0
+    assert server.output[-1] == "agl store serve: stopped"
+
+
 async def test_serve_in_memory(tmp_path: Path) -> None:
     server = StoreServerProcess("memory://", key="k")
     async with LightningStoreClient(await server.start(), key="k") as store:

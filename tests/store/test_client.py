@@ -8,12 +8,12 @@ so retries can be counted.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, List, Tuple
 
-import httpx
 import orjson
 import pytest
 import uvicorn
@@ -144,32 +144,36 @@ async def test_a_server_that_does_not_answer_in_time_is_retried_then_unavailable
     assert len(app.requests) == 2
 
 
-class CountingTransport(httpx.AsyncHTTPTransport):
-    """Real transport that signals when a connection attempt has failed."""
+class FirstFailedAttempt(logging.Handler):
+    """Sets `seen` when the store client logs a failed attempt (it then backs off and retries)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.failed = asyncio.Event()
+        super().__init__(logging.INFO)
+        self.seen = asyncio.Event()
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return await super().handle_async_request(request)
-        except httpx.ConnectError:
-            self.failed.set()
-            raise
+    def emit(self, record: logging.LogRecord) -> None:
+        if "failed" in record.getMessage():
+            self.seen.set()
 
 
 async def test_a_server_that_comes_up_during_the_retries_is_reached() -> None:
+    # The client's own transport (aiohttp), as in production: its refused connection must read as retryable.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = "http://127.0.0.1:%d" % sock.getsockname()[1]
-    transport = CountingTransport()
-    client = LightningStoreClient(url, retries=1000, backoff_base=0.001, backoff_max=0.02, transport=transport)
-    async with client:
-        call = asyncio.create_task(client.statistics())
-        await transport.failed.wait()
-        async with serving(FaultServer([(200, orjson.dumps(STATISTICS))]), sock):
-            assert (await call).name == "fault"
+    client_log = logging.getLogger("agl_store.client")
+    failed, level = FirstFailedAttempt(), client_log.level
+    client_log.addHandler(failed)
+    client_log.setLevel(logging.INFO)
+    try:
+        async with LightningStoreClient(url, retries=1000, backoff_base=0.001, backoff_max=0.02) as client:
+            call = asyncio.create_task(client.statistics())
+            await failed.seen.wait()
+            async with serving(FaultServer([(200, orjson.dumps(STATISTICS))]), sock):
+                assert (await call).name == "fault"
+    finally:
+        client_log.removeHandler(failed)
+        client_log.setLevel(level)
 
 
 async def test_a_closed_client_refuses_work() -> None:

@@ -1,0 +1,130 @@
+"""The store client over each HTTP client stack, side by side in one run.
+
+    .venv/bin/python benchmarks/http_client_bench.py            # 5 interleaved rounds
+    .venv/bin/python benchmarks/http_client_bench.py --quick    # 2 rounds, fewer calls
+
+One `agl store serve` (SQLite, own process) answers three `LightningStoreClient`s that differ
+only in how they send:
+
+- `aiohttp direct`: the default, what production runs (`AiohttpTransport.fetch`, no httpx request objects);
+- `httpx+aiohttp`: httpx's client over `AiohttpTransport` (the proxy's forwarding stack, unstreamed);
+- `httpx only`: httpx's own transport (h11 over anyio), the one-stack alternative.
+
+Per round and stack: `add_span` one span per call (c=1 and c=16), `add_many_spans` batches of 100,
+`query_spans` of a 100-span rollout. The table shows medians over rounds of the client's CPU per call
+(this process; the noise-robust number) and the wall-clock rate, and each stack's CPU relative to
+`aiohttp direct`. The rounds interleave the stacks so machine noise hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(1, str(BENCH_DIR.parent))
+
+import httpx  # noqa: E402
+
+import _workload as wl  # noqa: E402
+from store_bench import AglKit, agl_server  # noqa: E402
+
+from agl_store.client import LightningStoreClient  # noqa: E402
+from agl_store.http_transport import AiohttpTransport  # noqa: E402
+
+STACKS: Dict[str, Callable[[], Optional[httpx.AsyncBaseTransport]]] = {
+    "aiohttp direct": lambda: None,
+    "httpx+aiohttp": lambda: AiohttpTransport(max_connections=100),
+    "httpx only": lambda: httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=100)),
+}
+
+
+async def _timed(calls: int, run: Callable[[], Any]) -> Dict[str, float]:
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    await run()
+    return {"cpu_ms": (time.process_time() - cpu0) * 1000.0 / calls, "rate": calls / (time.perf_counter() - t0)}
+
+
+async def one_round(url: str, stack: str, n_spans: int, n_queries: int) -> Dict[str, Dict[str, float]]:
+    kit, payloads = AglKit(), wl.payload_pool()
+    async with LightningStoreClient(url, retries=0, transport=STACKS[stack]()) as store:
+
+        async def spans(n: int) -> List[Any]:
+            rollout = await store.start_rollout(input={"stack": stack})
+            attempt = rollout.attempt.attempt_id
+            return [kit.span(wl.span_fields(payloads[i % len(payloads)], rollout.rollout_id, attempt, i + 1))
+                    for i in range(n)]
+
+        async def pooled(items: List[Any], concurrency: int, fn: Callable[[Any], Any]) -> None:
+            it = iter(items)
+
+            async def worker() -> None:
+                for item in it:
+                    await fn(item)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+        out: Dict[str, Dict[str, float]] = {}
+        await store.add_span((await spans(1))[0])  # warm the connection pool
+        single = await spans(n_spans)
+        out["add_span c=1"] = await _timed(n_spans, lambda: pooled(single, 1, store.add_span))
+        single16 = await spans(n_spans)
+        out["add_span c=16"] = await _timed(n_spans, lambda: pooled(single16, 16, store.add_span))
+        batch = await spans(n_spans)
+        batches = [batch[i : i + 100] for i in range(0, len(batch), 100)]
+        out["add_many_spans x100"] = await _timed(len(batches), lambda: pooled(batches, 1, store.add_many_spans))
+        rollout_id = batch[0].rollout_id
+
+        async def queries() -> None:
+            for _ in range(n_queries):
+                await store.query_spans(rollout_id)
+
+        out["query_spans 100 spans"] = await _timed(n_queries, queries)
+        return out
+
+
+async def run(url: str, rounds: int, n_spans: int, n_queries: int) -> Dict[str, Dict[str, List[Dict[str, float]]]]:
+    results: Dict[str, Dict[str, List[Dict[str, float]]]] = {s: {} for s in STACKS}
+    for r in range(rounds):
+        for stack in STACKS:
+            for line, numbers in (await one_round(url, stack, n_spans, n_queries)).items():
+                results[stack].setdefault(line, []).append(numbers)
+        print(f"round {r + 1}/{rounds} done", flush=True)
+    return results
+
+
+def table(results: Dict[str, Dict[str, List[Dict[str, float]]]]) -> str:
+    def med(stack: str, line: str, key: str) -> float:
+        return statistics.median(n[key] for n in results[stack][line])
+
+    lines = ["| call | stack | client CPU ms/call | x direct | calls/s |", "| --- | --- | --- | --- | --- |"]
+    for line in results["aiohttp direct"]:
+        base = med("aiohttp direct", line, "cpu_ms")
+        for stack in STACKS:
+            cpu = med(stack, line, "cpu_ms")
+            lines.append(f"| {line} | {stack} | {cpu:.3f} | {cpu / base:.2f} | {med(stack, line, 'rate'):.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2 rounds, 100 spans and 30 queries per call kind")
+    parser.add_argument("--rounds", type=int, default=None)
+    args = parser.parse_args()
+    rounds = args.rounds or (2 if args.quick else 5)
+    n_spans, n_queries = (100, 30) if args.quick else (400, 100)
+    with tempfile.TemporaryDirectory(prefix="agl-http-bench-") as tmp:
+        with agl_server(Path(tmp) / "store.db", Path(tmp) / "server.log") as (url, _pid):
+            results = asyncio.run(run(url, rounds, n_spans, n_queries))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
