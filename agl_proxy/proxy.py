@@ -11,7 +11,7 @@ import uvicorn
 
 from agl_store.base import LightningStore
 from agl_store.models import ProxyLLM
-from agl_store.serving import bind_socket, start_uvicorn
+from agl_store.web.serving import bind_socket, start_uvicorn
 
 from .app import create_app
 from .balancing import DEFAULT_COOLDOWN_S

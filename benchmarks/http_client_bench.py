@@ -37,7 +37,7 @@ import _workload as wl  # noqa: E402
 from store_bench import AglKit, agl_server  # noqa: E402
 
 from agl_store.client import LightningStoreClient  # noqa: E402
-from agl_store.http_transport import AiohttpTransport  # noqa: E402
+from agl_store.web.http_transport import AiohttpTransport  # noqa: E402
 
 STACKS: Dict[str, Callable[[], Optional[httpx.AsyncBaseTransport]]] = {
     "aiohttp direct": lambda: None,

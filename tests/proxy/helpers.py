@@ -11,7 +11,7 @@ import uvicorn
 from agl_store.base import LightningStore
 from agl_store.errors import StoreUnavailableError
 from agl_store.models import Span
-from agl_store.serving import bind_socket, start_uvicorn
+from agl_store.web.serving import bind_socket, start_uvicorn
 
 
 @contextlib.asynccontextmanager

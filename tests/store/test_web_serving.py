@@ -9,7 +9,7 @@ import httpx
 import pytest
 import uvicorn
 
-from agl_store.serving import bind_socket, start_uvicorn
+from agl_store.web.serving import bind_socket, start_uvicorn
 
 
 async def hello(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
