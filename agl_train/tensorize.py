@@ -7,12 +7,24 @@ The reward sits on the last valid response token of `token_level_scores`.
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from array import array
+from typing import Dict, Sequence, Union
 
 import numpy as np
 import torch
 
 from .aggregate import Limits, Row
+
+
+_NUMPY_TYPES = {"i": np.int32, "b": np.int8}
+
+
+def _values(values: Sequence[int]) -> Union[np.ndarray, Sequence[int]]:
+    """An `array('i')`/`array('b')` as a numpy view of its memory (no Python int per id);
+    anything else as it is, for numpy to convert."""
+    if type(values) is array:
+        return np.frombuffer(values, dtype=_NUMPY_TYPES[values.typecode])
+    return values
 
 
 def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> Dict[str, torch.Tensor]:
@@ -29,7 +41,7 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> D
         raise ValueError("cannot build a training batch from zero rows")
     n, p_len, r_len = len(rows), limits.max_prompt_length, limits.max_response_length
     # Filled row by row through numpy slices: converting nested Python lists with
-    # torch.tensor costs ~10x more on 8k-token rows.
+    # torch.tensor costs ~10x more on 8k-token rows; rows of arrays copy as memory.
     prompts = np.full((n, p_len), pad_token_id, dtype=np.int64)
     responses = np.full((n, r_len), pad_token_id, dtype=np.int64)
     attention = np.zeros((n, p_len + r_len), dtype=np.int64)
@@ -40,12 +52,12 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> D
     for b, row in enumerate(rows):
         if not row.response_ids:
             raise ValueError(f"row {row.rollout_id}/{row.turn_index} has no response tokens")
-        prompt = row.prompt_ids[-p_len:]
+        prompt = _values(row.prompt_ids)[-p_len:]
         n_response = min(len(row.response_ids), r_len)
         prompts[b, p_len - len(prompt) :] = prompt
-        responses[b, :n_response] = row.response_ids[:n_response]
+        responses[b, :n_response] = _values(row.response_ids)[:n_response]
         attention[b, p_len - len(prompt) : p_len + n_response] = 1
-        response_mask[b, :n_response] = row.response_mask[:n_response]
+        response_mask[b, :n_response] = _values(row.response_mask)[:n_response]
         scores[b, n_response - 1] = row.reward
         if logprobs is not None:
             logprobs[b, :n_response] = row.logprobs[:n_response]
