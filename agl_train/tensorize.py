@@ -45,6 +45,10 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> D
     prompts = np.full((n, p_len), pad_token_id, dtype=np.int64)
     responses = np.full((n, r_len), pad_token_id, dtype=np.int64)
     attention = np.zeros((n, p_len + r_len), dtype=np.int64)
+    # Written per row rather than as cumsum/clamp over the whole batch (three passes over
+    # [B, P + R]): 0 before the prompt, then 0, 1, ... over prompt and response, then flat.
+    positions = np.zeros((n, p_len + r_len), dtype=np.int64)
+    counting = np.arange(p_len + r_len, dtype=np.int64)
     response_mask = np.zeros((n, r_len), dtype=np.int64)
     scores = np.zeros((n, r_len), dtype=np.float32)
     with_logprobs = all(row.logprobs is not None for row in rows)
@@ -56,7 +60,10 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> D
         n_response = min(len(row.response_ids), r_len)
         prompts[b, p_len - len(prompt) :] = prompt
         responses[b, :n_response] = _values(row.response_ids)[:n_response]
-        attention[b, p_len - len(prompt) : p_len + n_response] = 1
+        start, end = p_len - len(prompt), p_len + n_response
+        attention[b, start:end] = 1
+        positions[b, start:end] = counting[: end - start]
+        positions[b, end:] = end - start - 1
         response_mask[b, :n_response] = _values(row.response_mask)[:n_response]
         scores[b, n_response - 1] = row.reward
         if logprobs is not None:
@@ -69,7 +76,7 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> D
         "responses": responses_t,
         "input_ids": torch.cat([prompts_t, responses_t], dim=-1),
         "attention_mask": attention_mask,
-        "position_ids": torch.clamp(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
+        "position_ids": torch.from_numpy(positions),
         "response_mask": torch.from_numpy(response_mask),
         "token_level_scores": torch.from_numpy(scores),
         "is_drop_mask": torch.tensor([row.is_drop for row in rows], dtype=torch.bool),

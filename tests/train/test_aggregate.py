@@ -244,3 +244,5 @@ def test_rows_and_tensors_from_int32_arrays_equal_those_from_lists(
     assert expected.keys() == got.keys()
     for key in expected:
         assert expected[key].dtype == got[key].dtype and torch.equal(expected[key], got[key]), key
+    attention = got["attention_mask"]
+    assert torch.equal(got["position_ids"], torch.clamp(torch.cumsum(attention, dim=-1) - 1, min=0))
