@@ -86,10 +86,6 @@ class Aggregation:
     metrics: Dict[str, float] = field(default_factory=dict)
 
 
-def _is_array(ids: Sequence[int]) -> bool:
-    return type(ids) is array
-
-
 def _copy_ids(ids: Sequence[int], as_array: bool) -> Sequence[int]:
     """A new `array('i')` (as_array) or list of `ids`; an array copies as memory."""
     if as_array:
@@ -102,11 +98,13 @@ def _mask(value: int, n: int, as_array: bool) -> Sequence[int]:
     return array("b", bytes([value]) * n) if as_array else [value] * n
 
 
-def _row_ids(call: LLMCall) -> bool:
-    """Whether rows built from `call` keep arrays: its prompt came as `array('i')`, and its
+def _keeps_arrays(call: LLMCall) -> bool:
+    """Whether rows starting with `call` keep arrays: its prompt came as `array('i')`, and its
     response (short ones travel as lists) fits int32."""
-    if not _is_array(call.prompt_ids):
+    if type(call.prompt_ids) is not array:
         return False
+    if type(call.response_ids) is array:
+        return True
     try:
         array("i", call.response_ids)
     except OverflowError:
@@ -115,7 +113,7 @@ def _row_ids(call: LLMCall) -> bool:
 
 
 def _unlimited_row(trace: RolloutTrace, turn_index: int, call: LLMCall) -> Row:
-    as_array = _row_ids(call)
+    as_array = _keeps_arrays(call)
     return Row(
         rollout_id=trace.rollout_id,
         uid=trace.uid,
@@ -179,7 +177,7 @@ class _Segment:
 
     def __init__(self, turn_index: int, call: LLMCall) -> None:
         self.turn_index = turn_index
-        self.as_array = _row_ids(call)
+        self.as_array = _keeps_arrays(call)
         self.prompt_ids = _copy_ids(call.prompt_ids, self.as_array)
         self.response_ids: Sequence[int] = _copy_ids(call.response_ids, self.as_array)
         self.response_mask: Sequence[int] = _mask(1, len(call.response_ids), self.as_array)
