@@ -88,6 +88,9 @@ async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> Tuple[float, 
     """Median wall seconds of `await fn()` over `repeats` runs, and its last result."""
     times, result = [], None
     for _ in range(repeats):
+        # The previous run's result goes first, as a trainer holds one step's batch at a time:
+        # kept alive, two ~600 MB tensor batches coexist and the run pays for fresh pages.
+        result = None
         start = time.perf_counter()
         result = await fn()
         times.append(time.perf_counter() - start)
