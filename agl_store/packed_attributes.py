@@ -80,7 +80,7 @@ def fill_packed(value: Dict[str, Any], blob: bytes, *, arrays: bool = False) -> 
     # orjson writes newlines inside strings as \n, so the first raw newline ends the index.
     split = blob.index(b"\n")
     ints = array("i")
-    ints.frombytes(blob[split + 1 :])
+    ints.frombytes(memoryview(blob)[split + 1 :])  # a view: the int32 data is copied once, here
     if not _LITTLE_ENDIAN:
         ints.byteswap()
     decoded: Dict[int, List[int]] = {}  # offset -> list: an array named twice is decoded once

@@ -58,14 +58,18 @@ class Row:
     tokens and 0 on tokens inserted between calls; `logprobs` lines up with `response_ids`
     (0.0 on inserted tokens) or is None when any merged call lacked logprobs. `is_drop` marks
     a row whose prompt is over the limit; `truncated` a row whose response was cut.
+
+    Token ids and mask are lists, or, when the row's first call came as `array('i')` (the
+    trainer's store client), `array('i')` ids and an `array('b')` mask: same values, and
+    `tensorize` copies them as memory instead of converting a Python int per id.
     """
 
     rollout_id: str
     uid: str
     turn_index: int
-    prompt_ids: List[int]
-    response_ids: List[int]
-    response_mask: List[int]
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    response_mask: Sequence[int]
     logprobs: Optional[List[float]]
     reward: float
     n_calls: int = 1
@@ -82,19 +86,41 @@ class Aggregation:
     metrics: Dict[str, float] = field(default_factory=dict)
 
 
-def _as_list(ids: Sequence[int]) -> List[int]:
-    """A new list of `ids` (rows own plain lists; an `array('i')` converts fastest by `tolist`)."""
+def _copy_ids(ids: Sequence[int], as_array: bool) -> Sequence[int]:
+    """A new `array('i')` (as_array) or list of `ids`; an array copies as memory."""
+    if as_array:
+        return ids[:] if type(ids) is array else array("i", ids)
     return ids.tolist() if type(ids) is array else list(ids)
 
 
+def _mask(value: int, n: int, as_array: bool) -> Sequence[int]:
+    """`n` times `value` (0 or 1): an `array('b')` (as_array) or a list."""
+    return array("b", bytes([value]) * n) if as_array else [value] * n
+
+
+def _keeps_arrays(call: LLMCall) -> bool:
+    """Whether rows starting with `call` keep arrays: its prompt came as `array('i')`, and its
+    response (short ones travel as lists) fits int32."""
+    if type(call.prompt_ids) is not array:
+        return False
+    if type(call.response_ids) is array:
+        return True
+    try:
+        array("i", call.response_ids)
+    except OverflowError:
+        return False
+    return True
+
+
 def _unlimited_row(trace: RolloutTrace, turn_index: int, call: LLMCall) -> Row:
+    as_array = _keeps_arrays(call)
     return Row(
         rollout_id=trace.rollout_id,
         uid=trace.uid,
         turn_index=turn_index,
-        prompt_ids=_as_list(call.prompt_ids),
-        response_ids=_as_list(call.response_ids),
-        response_mask=[1] * len(call.response_ids),
+        prompt_ids=_copy_ids(call.prompt_ids, as_array),
+        response_ids=_copy_ids(call.response_ids, as_array),
+        response_mask=_mask(1, len(call.response_ids), as_array),
         logprobs=list(call.logprobs) if call.logprobs is not None else None,
         reward=trace.reward,
     )
@@ -146,13 +172,15 @@ def transition_rows(
 
 
 class _Segment:
-    """A trajectory row being built: the merged calls so far, as growing token lists."""
+    """A trajectory row being built: the merged calls so far, as growing token lists (or
+    `array`s, see `Row`)."""
 
     def __init__(self, turn_index: int, call: LLMCall) -> None:
         self.turn_index = turn_index
-        self.prompt_ids = _as_list(call.prompt_ids)
-        self.response_ids = _as_list(call.response_ids)
-        self.response_mask = [1] * len(call.response_ids)
+        self.as_array = _keeps_arrays(call)
+        self.prompt_ids = _copy_ids(call.prompt_ids, self.as_array)
+        self.response_ids: Sequence[int] = _copy_ids(call.response_ids, self.as_array)
+        self.response_mask: Sequence[int] = _mask(1, len(call.response_ids), self.as_array)
         self.logprobs: Optional[List[float]] = list(call.logprobs) if call.logprobs is not None else None
         self.n_calls = 1
         self.last_call = call
@@ -161,11 +189,20 @@ class _Segment:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def merge(self, call: LLMCall) -> None:
-        inserted = call.prompt_ids[self.context_length() :]
+        inserted, added = call.prompt_ids[self.context_length() :], call.response_ids
+        if self.as_array:
+            try:
+                inserted = inserted if type(inserted) is array else array("i", inserted)
+                added = added if type(added) is array else array("i", added)
+            except OverflowError:  # a short list beyond int32: the row goes on as lists
+                self.as_array = False
+                self.prompt_ids = list(self.prompt_ids)
+                self.response_ids = list(self.response_ids)
+                self.response_mask = list(self.response_mask)
         self.response_ids += inserted
-        self.response_mask += [0] * len(inserted)
-        self.response_ids += call.response_ids
-        self.response_mask += [1] * len(call.response_ids)
+        self.response_mask += _mask(0, len(inserted), self.as_array)
+        self.response_ids += added
+        self.response_mask += _mask(1, len(added), self.as_array)
         if self.logprobs is not None and call.logprobs is not None:
             self.logprobs += [0.0] * len(inserted)
             self.logprobs += call.logprobs

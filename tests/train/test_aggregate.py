@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from array import array
+from dataclasses import replace
 from typing import List
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +21,7 @@ from agl_train.aggregate import (
     trajectory_rows,
     transition_rows,
 )
+from agl_train.tensorize import rows_to_tensors
 from agl_train.traces import LLMCall
 
 from .builders import call, trace
@@ -175,28 +179,70 @@ def test_merging_then_unmerging_gives_back_every_generated_token_once(calls: Lis
     assert len(breaks) == len(rows) - 1
 
 
-def test_token_ids_read_as_int32_arrays_give_the_same_rows_as_lists() -> None:
-    from array import array
+def _as_read_by_the_trainer(call: LLMCall) -> LLMCall:
+    """`call` as the trainer's store client reads it: packed arrays; short ones (< 8 ids) and
+    ones beyond int32 still lists."""
 
-    from agl_train.traces import LLMCall
-
-    def as_arrays(call: LLMCall) -> LLMCall:
-        # As the trainer's store client reads them: packed arrays, short ones (< 8 ids) still lists.
-        def pack(ids):
+    def pack(ids: List[int]):
+        try:
             return array("i", ids) if len(ids) >= 8 else list(ids)
+        except OverflowError:
+            return list(ids)
 
-        return LLMCall(prompt_ids=pack(call.prompt_ids), response_ids=pack(call.response_ids), logprobs=call.logprobs)
+    return replace(call, prompt_ids=pack(call.prompt_ids), response_ids=pack(call.response_ids))
 
+
+def _plain(rows):
+    """Rows with every token field a list, for comparing an array path's rows with a list path's."""
+    return [
+        replace(r, prompt_ids=list(r.prompt_ids), response_ids=list(r.response_ids), response_mask=list(r.response_mask))
+        for r in rows
+    ]
+
+
+def test_token_ids_read_as_int32_arrays_give_the_same_rows_as_lists_and_keep_them_as_arrays() -> None:
     first = call(list(range(10)), [50, 51, 52])
     second = call(list(range(10)) + [50, 51, 52] + [60, 61], list(range(70, 80)))
     broken = call([99] + list(range(1, 20)), [81, 82])
     lists = trace("ro-1", [first, second, broken])
-    arrays = trace("ro-1", [as_arrays(c) for c in lists.calls])
+    arrays = trace("ro-1", [_as_read_by_the_trainer(c) for c in lists.calls])
     limits = Limits(64, 64)
 
     expected, got = aggregate([lists], "trajectory", limits), aggregate([arrays], "trajectory", limits)
-    assert [(r.prompt_ids, r.response_ids, r.response_mask) for r in got.rows] == [
-        (r.prompt_ids, r.response_ids, r.response_mask) for r in expected.rows
-    ]
-    assert len(got.rows) == 2 and all(type(r.prompt_ids) is list and type(r.response_ids) is list for r in got.rows)
-    assert aggregate([arrays], "transition", limits).rows == aggregate([lists], "transition", limits).rows
+    assert _plain(got.rows) == expected.rows and len(got.rows) == 2
+    assert [(type(r.prompt_ids), type(r.response_ids), type(r.response_mask)) for r in got.rows] == [
+        (array, array, array)
+    ] * 2
+    assert all(type(r.prompt_ids) is list and type(r.response_ids) is list for r in expected.rows)
+    assert _plain(aggregate([arrays], "transition", limits).rows) == aggregate([lists], "transition", limits).rows
+
+
+def test_a_short_list_beyond_int32_merged_into_an_array_row_keeps_the_row_exact() -> None:
+    big = 2**40
+    first = call(list(range(10)), [50, 51])
+    second = call(list(range(10)) + [50, 51] + [big], [big + 1])
+    lists = trace("ro-1", [first, second])
+    arrays = trace("ro-1", [_as_read_by_the_trainer(c) for c in lists.calls])
+
+    rows = aggregate([arrays], "trajectory", WIDE).rows
+    assert rows == aggregate([lists], "trajectory", WIDE).rows
+    assert rows[0].response_ids == [50, 51, big, big + 1] and rows[0].response_mask == [1, 1, 0, 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversations(), st.sampled_from(["trajectory", "transition"]), st.integers(1, 12), st.integers(1, 12))
+def test_rows_and_tensors_from_int32_arrays_equal_those_from_lists(
+    calls: List[LLMCall], level: str, max_prompt: int, max_response: int
+) -> None:
+    limits = Limits(max_prompt, max_response)
+    lists = aggregate([trace("ro-1", calls)], level, limits)
+    arrays = aggregate([trace("ro-1", [_as_read_by_the_trainer(c) for c in calls])], level, limits)
+
+    assert _plain(arrays.rows) == lists.rows
+    assert arrays.metrics == lists.metrics
+    expected, got = rows_to_tensors(lists.rows, limits, 0), rows_to_tensors(arrays.rows, limits, 0)
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert expected[key].dtype == got[key].dtype and torch.equal(expected[key], got[key]), key
+    attention = got["attention_mask"]
+    assert torch.equal(got["position_ids"], torch.clamp(torch.cumsum(attention, dim=-1) - 1, min=0))

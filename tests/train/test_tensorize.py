@@ -38,6 +38,22 @@ def test_prompts_are_left_padded_responses_right_padded_and_concatenated() -> No
     assert t["is_drop_mask"].tolist() == [False]
 
 
+def test_every_padded_place_holds_the_pad_token_in_rows_of_lists_and_of_arrays() -> None:
+    from array import array
+
+    lists = [row([7, 8], [9, 10, 11]), row([5, 6, 7, 8, 9], [4])]
+    arrays = [
+        Row(**{**vars(r), "prompt_ids": array("i", r.prompt_ids), "response_ids": array("i", r.response_ids)})
+        for r in lists
+    ]
+    for rows in (lists, arrays):
+        t = rows_to_tensors(rows, LIMITS, pad_token_id=99)
+        assert t["input_ids"].tolist() == [[99, 99, 7, 8, 9, 10, 11, 99, 99], [6, 7, 8, 9, 4, 99, 99, 99, 99]]
+        assert t["prompts"].tolist() == [[99, 99, 7, 8], [6, 7, 8, 9]]
+        assert t["responses"].tolist() == [[9, 10, 11, 99, 99], [4, 99, 99, 99, 99]]
+        assert all(t[key].is_contiguous() for key in t)
+
+
 def test_the_reward_sits_on_the_last_valid_response_token() -> None:
     t = rows_to_tensors([row([1], [2, 3], reward=0.5), row([1], [2, 3, 4, 5, 6], reward=-1.0)], LIMITS, PAD)
 
