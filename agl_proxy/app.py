@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -47,13 +48,13 @@ async def _error_response(request: Request, error: Exception) -> Response:
     return Response(error.body(), status_code=error.status_code, media_type="application/json", headers=error.headers)
 
 
-async def _json_body(request: Request) -> Dict[str, Any]:
+async def _json_body(request: Request) -> dict[str, Any]:
     """The admin request's JSON object; an empty body is an empty object."""
     raw = await request.body()
     return json_object(raw) if raw else {}
 
 
-def pause_request(body: Dict[str, Any]) -> Tuple[Optional[str], bool, Optional[float]]:
+def pause_request(body: dict[str, Any]) -> tuple[str | None, bool, float | None]:
     """(reason, drain, timeout) of a `/proxy/pause` body; BadRequestError names a bad field."""
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
@@ -69,7 +70,7 @@ def pause_request(body: Dict[str, Any]) -> Tuple[Optional[str], bool, Optional[f
     return reason, bool(drain), None if timeout is None else float(timeout)
 
 
-def _model_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List[BaseRoute]:
+def _model_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
         created = int(time.time())
         data = [
@@ -84,7 +85,7 @@ def _model_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List
     ]
 
 
-def _admin_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List[BaseRoute]:
+def _admin_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list[BaseRoute]:
     async def state(request: Request) -> Response:
         return JSONBytesResponse(
             {
@@ -135,10 +136,10 @@ async def _health(request: Request) -> Response:
     return JSONBytesResponse({"status": "ok"})
 
 
-def _call_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List[BaseRoute]:
+def _call_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list[BaseRoute]:
     chat = LLMCallEndpoint(proxy_state, "chat")
     completions = LLMCallEndpoint(proxy_state, "text_completion")
-    routes: List[BaseRoute] = []
+    routes: list[BaseRoute] = []
     # Base URLs with and without /v1 both occur in agent code; serve both.
     for prefix in ("", ROLLOUT_PREFIX):
         for version in ("/v1", ""):
@@ -150,9 +151,9 @@ def _call_routes(proxy_state: ProxyState, middleware: List[Middleware]) -> List[
 def create_app(
     proxy_state: ProxyState,
     *,
-    key: Optional[str] = None,
-    admin_key: Optional[str] = None,
-    store_app: Optional[ASGIApp] = None,
+    key: str | None = None,
+    admin_key: str | None = None,
+    store_app: ASGIApp | None = None,
     host: str = "127.0.0.1",
 ) -> ASGIApp:
     """The proxy's ASGI app over `proxy_state`.
@@ -164,16 +165,16 @@ def create_app(
     """
     loopback = is_loopback(host)
 
-    def protected(group_key: Optional[str], other_keys: Tuple[str, ...], what: str) -> List[Middleware]:
+    def protected(group_key: str | None, other_keys: tuple[str, ...], what: str) -> list[Middleware]:
         middleware = [Middleware(CrossSiteGuard, keyless=not group_key, loopback=loopback, render=render_error)]
         if group_key:
             middleware.append(Middleware(BearerKeyMiddleware, key=group_key, other_keys=other_keys, what=what))
         return middleware
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[Dict[str, Any]]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         async with contextlib.AsyncExitStack() as stack:
-            state: Dict[str, Any] = {}
+            state: dict[str, Any] = {}
             # A mounted app's lifespan does not run by itself; its routes need its state.
             inner = getattr(getattr(store_app, "router", None), "lifespan_context", None)
             if inner is not None:

@@ -7,7 +7,7 @@ logprobs) in the non-stream shape, whatever the backend streamed.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import orjson
 
@@ -28,7 +28,7 @@ class SSEParser:
     def __init__(self) -> None:
         self._pending = b""
 
-    def feed(self, data: bytes) -> List[bytes]:
+    def feed(self, data: bytes) -> list[bytes]:
         """The complete `data:` payloads in `data` (plus what was left over before)."""
         buf = self._pending + data
         lines = buf.split(b"\n")
@@ -51,11 +51,11 @@ class StreamAssembler:
     def __init__(self, operation: str) -> None:
         self.chat = operation == "chat"
         self._parser = SSEParser()
-        self._top: Dict[str, Any] = {}
-        self._choices: Dict[int, Dict[str, Any]] = {}
-        self._usage: Optional[Dict[str, Any]] = None
-        self.error: Optional[Any] = None
-        self.garbage: Optional[bytes] = None
+        self._top: dict[str, Any] = {}
+        self._choices: dict[int, dict[str, Any]] = {}
+        self._usage: dict[str, Any] | None = None
+        self.error: Any | None = None
+        self.garbage: bytes | None = None
         self.done = False
         self.chunks = 0
         self.first_token_seen = False
@@ -73,7 +73,7 @@ class StreamAssembler:
             if isinstance(chunk, dict):
                 self._add(chunk)
 
-    def _add(self, chunk: Dict[str, Any]) -> None:
+    def _add(self, chunk: dict[str, Any]) -> None:
         self.chunks += 1
         if "error" in chunk:
             self.error = chunk["error"]
@@ -105,8 +105,8 @@ class StreamAssembler:
             if delta_choice.get("prompt_token_ids") is not None and choice.get("prompt_token_ids") is None:
                 choice["prompt_token_ids"] = delta_choice["prompt_token_ids"]
 
-    def _new_choice(self, index: int) -> Dict[str, Any]:
-        choice: Dict[str, Any] = {"index": index}
+    def _new_choice(self, index: int) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": None}
         else:
@@ -115,7 +115,7 @@ class StreamAssembler:
         return choice
 
     @staticmethod
-    def _add_chat_delta(choice: Dict[str, Any], delta_choice: Dict[str, Any]) -> None:
+    def _add_chat_delta(choice: dict[str, Any], delta_choice: dict[str, Any]) -> None:
         delta = delta_choice.get("delta") or {}
         message = choice["message"]
         for key, value in delta.items():
@@ -138,7 +138,7 @@ class StreamAssembler:
             choice["logprobs"]["content"].extend(logprobs["content"])
 
     @staticmethod
-    def _add_text_delta(choice: Dict[str, Any], delta_choice: Dict[str, Any]) -> None:
+    def _add_text_delta(choice: dict[str, Any], delta_choice: dict[str, Any]) -> None:
         choice["text"] += delta_choice.get("text") or ""
         logprobs = delta_choice.get("logprobs")
         if logprobs:
@@ -148,9 +148,9 @@ class StreamAssembler:
                 if isinstance(values, list):
                     choice["logprobs"].setdefault(key, []).extend(values)
 
-    def result(self) -> Dict[str, Any]:
+    def result(self) -> dict[str, Any]:
         """The response as the backend would have returned it without `stream`."""
-        response: Dict[str, Any] = {
+        response: dict[str, Any] = {
             "id": self._top.get("id"),
             "object": "chat.completion" if self.chat else "text_completion",
         }
@@ -160,7 +160,7 @@ class StreamAssembler:
         return response
 
 
-def _merge_tool_call(calls: List[Dict[str, Any]], delta: Dict[str, Any]) -> None:
+def _merge_tool_call(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
     index = delta.get("index", len(calls))
     while len(calls) <= index:
         calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})

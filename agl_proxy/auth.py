@@ -10,6 +10,7 @@ from agl_store.web import auth as store_auth
 
 from .errors import AuthenticationError
 
+
 def render_openai_error(message: str) -> bytes:
     """A 401 body OpenAI SDKs read as their AuthenticationError."""
     return AuthenticationError(message).body()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Callable, Collection, Dict, Optional, Sequence, Tuple
+from collections.abc import Callable, Collection, Sequence
 
 from .deployments import Deployment
 
@@ -36,10 +36,10 @@ class Balancer:
         self.cooldown_s = cooldown_s
         self.max_sticky = max_sticky
         self._clock = clock
-        self.in_flight: Dict[str, int] = {}
-        self._assigned: Dict[str, int] = {}
-        self._cooldown_until: Dict[str, float] = {}
-        self._sticky: "OrderedDict[Tuple[str, str], str]" = OrderedDict()
+        self.in_flight: dict[str, int] = {}
+        self._assigned: dict[str, int] = {}
+        self._cooldown_until: dict[str, float] = {}
+        self._sticky: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def is_healthy(self, deployment: Deployment) -> bool:
         return self._cooldown_until.get(deployment.key, 0.0) <= self._clock()
@@ -47,9 +47,9 @@ class Balancer:
     def choose(
         self,
         replicas: Sequence[Deployment],
-        rollout_id: Optional[str] = None,
+        rollout_id: str | None = None,
         exclude: Collection[str] = (),
-    ) -> Optional[Deployment]:
+    ) -> Deployment | None:
         """The replica for the next call, or None when every replica is excluded."""
         candidates = [d for d in replicas if d.key not in exclude]
         if not candidates:

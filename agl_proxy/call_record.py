@@ -7,7 +7,7 @@ this module fills them in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from agl_store import call_span
 from agl_store.call_span import CallChoice, CallError
@@ -25,18 +25,18 @@ class CallRecord:
     """`chat` or `text_completion`."""
     rollout_id: str
     attempt_id: str
-    requested_model: Optional[str]
+    requested_model: str | None
     stream: bool
     start_time: float
     """Wall-clock seconds since the epoch, when the request arrived."""
-    deployment: Optional[Deployment] = None
-    request: Optional[Dict[str, Any]] = None
-    response: Optional[Dict[str, Any]] = None
+    deployment: Deployment | None = None
+    request: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
     status_code: int = 0
-    ttft_s: Optional[float] = None
+    ttft_s: float | None = None
     latency_s: float = 0.0
-    error: Optional[CallError] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
+    error: CallError | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def fail(self, error_type: str, message: str, status_code: int) -> None:
         self.error = {"type": error_type, "message": message, "status_code": status_code}
@@ -47,7 +47,7 @@ class CallRecord:
         self.fail(error.code, error.message, error.status_code)
 
 
-def _choice_logprobs(choice: Dict[str, Any]) -> Optional[List[Optional[float]]]:
+def _choice_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
     logprobs = choice.get("logprobs")
     if not logprobs:
         return None
@@ -58,8 +58,8 @@ def _choice_logprobs(choice: Dict[str, Any]) -> Optional[List[Optional[float]]]:
     return None
 
 
-def _choices(response: Dict[str, Any]) -> List[CallChoice]:
-    out: List[CallChoice] = []
+def _choices(response: dict[str, Any]) -> list[CallChoice]:
+    out: list[CallChoice] = []
     for choice in response.get("choices") or ():
         entry: CallChoice = {
             "index": choice.get("index", 0),
@@ -73,7 +73,7 @@ def _choices(response: Dict[str, Any]) -> List[CallChoice]:
     return out
 
 
-def _prompt_token_ids(response: Dict[str, Any]) -> Optional[List[int]]:
+def _prompt_token_ids(response: dict[str, Any]) -> list[int] | None:
     # Chat responses carry them at the top level; completions per choice (one prompt each).
     if response.get("prompt_token_ids") is not None:
         return response["prompt_token_ids"]
@@ -83,7 +83,7 @@ def _prompt_token_ids(response: Dict[str, Any]) -> Optional[List[int]]:
     return None
 
 
-def llm_call_attributes(record: CallRecord) -> Dict[str, Any]:
+def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
     """The attributes of a finished call's span (`agl_store.call_span` names them)."""
     response = record.response or {}
     choices = _choices(response)
@@ -118,7 +118,7 @@ def llm_call_attributes(record: CallRecord) -> Dict[str, Any]:
     }
 
 
-def build_llm_span(record: CallRecord, sequence_id: Optional[int] = None) -> Span:
+def build_llm_span(record: CallRecord, sequence_id: int | None = None) -> Span:
     """The span of a finished call; `sequence_id` None lets the store issue one."""
     ok = record.error is None
     return Span(

@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any, Dict, Optional, Sequence, Set, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from .call_record import CallRecord
 from .deployments import Deployment
 from .errors import (
     BadRequestError,
@@ -29,7 +31,6 @@ from .errors import (
 )
 from .forwarding import RetryableBackendError, forward
 from .litellm_path import complete_with_litellm
-from .call_record import CallRecord
 from .state import ProxyState
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ MAX_ID_CHARS = 256
 _ID = re.compile(r"[\x20-\x7e]*")
 
 
-def attribution(scope: Scope) -> Tuple[str, str]:
+def attribution(scope: Scope) -> tuple[str, str]:
     """(rollout_id, attempt_id) from the per-rollout path, else the `x-rollout-id` / `x-attempt-id` headers.
 
     BadRequestError names the id that is not printable ASCII of at most 256 characters.
@@ -83,7 +84,7 @@ async def read_body(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
-def json_object(raw: bytes) -> Dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
     """`raw` parsed as a JSON object; BadRequestError when it is not valid JSON or not an object."""
     try:
         body = orjson.loads(raw)
@@ -148,7 +149,7 @@ class LLMCallEndpoint:
             return
         except NoBackendError as exc:
             replicas: Sequence[Deployment] = []
-            no_backend: Optional[NoBackendError] = exc
+            no_backend: NoBackendError | None = exc
         else:
             no_backend = None
         if rollout_id and not attempt_id:
@@ -181,15 +182,15 @@ class LLMCallEndpoint:
         self,
         replicas: Sequence[Deployment],
         record: CallRecord,
-        body: Dict[str, Any],
+        body: dict[str, Any],
         receive: Receive,
         send: Send,
         t0: float,
     ) -> None:
         state = self.state
         options = await state.options_for(record.rollout_id)
-        tried: Set[str] = set()
-        last_error: Optional[ProxyError] = None
+        tried: set[str] = set()
+        last_error: ProxyError | None = None
         while True:
             deployment = state.balancer.choose(replicas, record.rollout_id or None, exclude=tried)
             if deployment is None:

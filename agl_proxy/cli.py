@@ -12,7 +12,7 @@ import math
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from agl_store.server import PAGE_SETTING_HELP, PageSettings, parse_page_settings
 from agl_store.server import create_app as create_store_app
@@ -54,18 +54,21 @@ def add_proxy_commands(subparsers: Any) -> None:
         "--span-buffer",
         type=positive_int,
         default=DEFAULT_MAX_BUFFER,
-        help=f"spans of answered calls that may wait for the store before new calls wait (default {DEFAULT_MAX_BUFFER})",
+        help=(
+            f"spans of answered calls that may wait for the store before new calls wait (default {DEFAULT_MAX_BUFFER})"
+        ),
     )
     serve.add_argument(
         "--backpressure-wait",
         type=_seconds,
         default=DEFAULT_BACKPRESSURE_WAIT_S,
         metavar="SECONDS",
-        help=f"how long a new call waits for room in the span buffer before a 503 (default {DEFAULT_BACKPRESSURE_WAIT_S:g})",
+        help=(
+            "how long a new call waits for room in the span buffer before a 503 "
+            f"(default {DEFAULT_BACKPRESSURE_WAIT_S:g})"
+        ),
     )
-    serve.add_argument(
-        "--page-setting", action="append", default=[], metavar="NAME.KEY=VALUE", help=PAGE_SETTING_HELP
-    )
+    serve.add_argument("--page-setting", action="append", default=[], metavar="NAME.KEY=VALUE", help=PAGE_SETTING_HELP)
     serve.set_defaults(run=_serve)
 
 
@@ -84,7 +87,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def model_list_from_args(args: argparse.Namespace) -> List[Dict[str, Any]]:
+def model_list_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The LiteLLM `model_list` that `--config` or `--backend/--model` describe."""
     if args.config:
         import yaml
@@ -111,14 +114,14 @@ def model_list_from_args(args: argparse.Namespace) -> List[Dict[str, Any]]:
 class Keys:
     """The keys `agl proxy serve` was given, resolved to their defaults."""
 
-    client: Optional[str]
-    admin: Optional[str]
-    store: Optional[str]
+    client: str | None
+    admin: str | None
+    store: str | None
     sources: str
     """For the listening line: where each key came from (never the key)."""
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "Keys":
+    def from_args(cls, args: argparse.Namespace) -> Keys:
         client, client_from = CLIENT_KEY.read(args)
         admin, admin_from = ADMIN_KEY.read(args)
         store, store_from = STORE_KEY.read(args)
@@ -152,13 +155,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(
-    args: argparse.Namespace, model_list: List[Dict[str, Any]], keys: Keys, page_settings: PageSettings
+    args: argparse.Namespace, model_list: list[dict[str, Any]], keys: Keys, page_settings: PageSettings
 ) -> int:
     from agl_store.opening import db_url, open_store
 
     store_url = args.store_url or db_url(args.db)
     store = await open_store(store_url, key=keys.store)
-    store_app: Optional[Any] = None
+    store_app: Any | None = None
     if not args.store_url:
         try:
             store_app = create_store_app(

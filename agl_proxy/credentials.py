@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
-from typing import Any, Optional, Tuple
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
@@ -75,7 +75,7 @@ def check_http_url(url: Any, field: str) -> str:
     return url
 
 
-def split_userinfo(url: str) -> Tuple[str, Optional[str]]:
+def split_userinfo(url: str) -> tuple[str, str | None]:
     """(`url` without `user:password@`, the `Authorization: Basic ...` value it stood for, or None)."""
     parts = urlsplit(url)
     if "@" not in parts.netloc:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 from .credentials import check_http_url, is_secret_name, mask_secrets, split_userinfo
 from .errors import NoBackendError, NotFoundError
@@ -72,17 +73,17 @@ class Deployment:
     provider: str
     model: str
     """The model name the backend knows (the provider prefix removed)."""
-    api_base: Optional[str]
+    api_base: str | None
     """Without a `user:password@` part: that goes to the backend as `basic_auth`."""
-    api_key: Optional[str] = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False)
     timeout_s: float = DEFAULT_TIMEOUT_S
-    model_version: Optional[str] = None
+    model_version: str | None = None
     request_defaults: Mapping[str, Any] = field(default_factory=dict)
     """Extra `litellm_params` that are request fields (e.g. `temperature`): defaults of every request."""
     litellm_params: Mapping[str, Any] = field(default_factory=dict, repr=False)
     use_litellm: bool = False
     """`model_info.agl_passthrough: false`: serve an OpenAI-compatible backend through LiteLLM anyway."""
-    basic_auth: Optional[str] = field(default=None, repr=False)
+    basic_auth: str | None = field(default=None, repr=False)
     """`Basic ...`, from the userinfo of the configured `api_base`."""
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     """`extra_headers`: sent as HTTP headers on every pass-through call."""
@@ -115,7 +116,7 @@ class Deployment:
         return self.api_base or f"{self.provider}/{self.model}"
 
     @property
-    def litellm_kwargs(self) -> Dict[str, Any]:
+    def litellm_kwargs(self) -> dict[str, Any]:
         """The connection settings LiteLLM's call takes (credentials included; never shown)."""
         params = {k: v for k, v in self.litellm_params.items() if not is_request_default(k) and k not in ROUTING_KEYS}
         api_base = self.litellm_params.get("api_base") or self.litellm_params.get("base_url")
@@ -132,7 +133,7 @@ def _timeout(value: Any, where: str) -> float:
     return float(value)
 
 
-def _extra_headers(value: Any, where: str) -> Dict[str, str]:
+def _extra_headers(value: Any, where: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -202,14 +203,14 @@ class ModelRegistry:
     """The deployments of one `model_list`, by model name. Immutable: updates build a new one."""
 
     def __init__(self, model_list: Sequence[Mapping[str, Any]]) -> None:
-        self.by_name: Dict[str, List[Deployment]] = {}
+        self.by_name: dict[str, list[Deployment]] = {}
         for index, entry in enumerate(model_list):
             deployment = parse_deployment(entry, f"model_list[{index}]")
             self.by_name.setdefault(deployment.model_name, []).append(deployment)
-        self.model_list: List[Dict[str, Any]] = [dict(entry) for entry in model_list]
+        self.model_list: list[dict[str, Any]] = [dict(entry) for entry in model_list]
 
     @property
-    def model_names(self) -> List[str]:
+    def model_names(self) -> list[str]:
         return list(self.by_name)
 
     @property
@@ -217,7 +218,7 @@ class ModelRegistry:
         """True when some deployment is served through LiteLLM."""
         return any(not d.passthrough for replicas in self.by_name.values() for d in replicas)
 
-    def resolve(self, model_name: Optional[str]) -> List[Deployment]:
+    def resolve(self, model_name: str | None) -> list[Deployment]:
         """The replicas of `model_name`; with one model configured, a missing name means it."""
         if not self.by_name:
             raise NoBackendError("no backend is registered with the proxy; call update_model_list or pass --backend")
@@ -232,6 +233,6 @@ class ModelRegistry:
             )
         return deployments
 
-    def redacted(self) -> List[Dict[str, Any]]:
+    def redacted(self) -> list[dict[str, Any]]:
         """The model list with every secret-named field and URL password masked, for the admin route."""
         return [mask_secrets(entry) for entry in self.model_list]

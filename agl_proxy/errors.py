@@ -8,7 +8,7 @@ exception classes (404 NotFound, 429 RateLimit, 502/503/504 APIStatusError, ...)
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Optional
+from typing import Any
 
 import orjson
 from starlette.types import Send
@@ -31,7 +31,7 @@ class ProxyError(Exception):
     type: str = "server_error"
     code: str = "proxy_error"
 
-    def __init__(self, message: str, *, headers: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
@@ -39,7 +39,7 @@ class ProxyError(Exception):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r})"
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "code": self.code}}
 
     def body(self) -> bytes:
@@ -85,7 +85,7 @@ class SpanBacklogError(ProxyError):
     retry_after_s = 1
 
     @classmethod
-    def for_backlog(cls, backlog: int, waited_s: float) -> "SpanBacklogError":
+    def for_backlog(cls, backlog: int, waited_s: float) -> SpanBacklogError:
         return cls(
             f"the trace store is behind: {backlog} span(s) of earlier calls are not written yet after waiting "
             f"{waited_s:g} s; retry after {cls.retry_after_s} s",

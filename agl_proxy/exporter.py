@@ -21,13 +21,12 @@ import asyncio
 import logging
 import random
 from collections import deque
-from typing import Deque, List, Optional, Tuple, Union
 
 from agl_store.base import LightningStore
 from agl_store.models import Span
 
-from .sequences import SequenceReserver, is_rejection
 from .call_record import CallRecord, build_llm_span
+from .sequences import SequenceReserver, is_rejection
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ SEQUENCE_WAIT_S = 5.0
 
 # A call whose span is not built yet, or a span built for an earlier, failed write (kept
 # as is so that a retry keeps its span id and sequence number).
-_Item = Union[Tuple[CallRecord, Optional["asyncio.Future[int]"]], Span]
+_Item = tuple[CallRecord, "asyncio.Future[int] | None"] | Span
 
 
 class SpanExporter:
@@ -57,7 +56,7 @@ class SpanExporter:
 
     def __init__(
         self,
-        store: Optional[LightningStore],
+        store: LightningStore | None,
         *,
         max_buffer: int = DEFAULT_MAX_BUFFER,
         batch_size: int = DEFAULT_BATCH_SIZE,
@@ -74,20 +73,20 @@ class SpanExporter:
         self.failed_attempts = 0
         self.waited_calls = 0
         self.refused_calls = 0
-        self._buffer: Deque[_Item] = deque()
+        self._buffer: deque[_Item] = deque()
         self._writing = 0
         self._sequences = SequenceReserver(store) if store is not None else None
-        self._wakeup: Optional[asyncio.Event] = None
-        self._room: Optional[asyncio.Event] = None
-        self._task: Optional["asyncio.Task[None]"] = None
-        self._idle: Optional[asyncio.Event] = None
+        self._wakeup: asyncio.Event | None = None
+        self._room: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.Event | None = None
 
     @property
     def buffered(self) -> int:
         """Spans not written yet: waiting, or in the batch being written."""
         return len(self._buffer) + self._writing
 
-    def reserve_sequence(self, rollout_id: str, attempt_id: str) -> Optional["asyncio.Future[int]"]:
+    def reserve_sequence(self, rollout_id: str, attempt_id: str) -> asyncio.Future[int] | None:
         """Ask the store for the call's sequence number now; None for calls without a rollout."""
         if self._sequences is None or not rollout_id or not attempt_id:
             return None
@@ -105,12 +104,12 @@ class SpanExporter:
         self.waited_calls += 1
         try:
             await asyncio.wait_for(self._room.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.refused_calls += 1
             return False
         return True
 
-    def submit(self, record: CallRecord, sequence: Optional["asyncio.Future[int]"] = None) -> None:
+    def submit(self, record: CallRecord, sequence: asyncio.Future[int] | None = None) -> None:
         """Queue a finished call's span; never drops one, never blocks."""
         if self.store is None:
             if sequence is not None:
@@ -139,13 +138,13 @@ class SpanExporter:
         self._update_room()
         self._task = asyncio.create_task(self._run(), name="agl-proxy-span-exporter")
 
-    async def flush(self, timeout: Optional[float] = None) -> bool:
+    async def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted span is written; False if `timeout` passed first."""
         if self._task is None or self._idle is None:
             return not self._buffer
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 
@@ -211,7 +210,7 @@ class SpanExporter:
                 self._writing = 0
                 self._update_room()
 
-    async def _build(self, batch: List[_Item]) -> List[Span]:
+    async def _build(self, batch: list[_Item]) -> list[Span]:
         pending = [item[1] for item in batch if isinstance(item, tuple) and item[1] is not None and not item[1].done()]
         if pending:
             await asyncio.wait(pending, timeout=SEQUENCE_WAIT_S)
@@ -230,7 +229,7 @@ class SpanExporter:
             spans.append(build_llm_span(record, sequence_id))
         return spans
 
-    async def _write(self, spans: List[Span]) -> None:
+    async def _write(self, spans: list[Span]) -> None:
         assert self.store is not None
         try:
             await self.store.add_many_spans(spans)
@@ -253,6 +252,6 @@ class SpanExporter:
 
 
 class _PartialWrite(Exception):
-    def __init__(self, remaining: List[Span]) -> None:
+    def __init__(self, remaining: list[Span]) -> None:
         super().__init__(f"{len(remaining)} span(s) left to write")
         self.remaining = remaining

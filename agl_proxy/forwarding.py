@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any
 
 import httpx
 import orjson
 from starlette.types import Receive, Send
 
 from .assembly import StreamAssembler
+from .call_record import CallRecord
 from .deployments import Deployment
 from .errors import BackendFailedError, BackendTimeoutError, ProxyError, short_text
-from .call_record import CallRecord
 
 CONNECT_TIMEOUT_S = 10.0
 _PATHS = {"chat": "/chat/completions", "text_completion": "/completions"}
@@ -45,7 +46,7 @@ class RequestOptions:
     """Request fields that replace the client's (e.g. a training temperature)."""
 
 
-def request_fields(body: Mapping[str, Any], deployment: Deployment, options: RequestOptions) -> Dict[str, Any]:
+def request_fields(body: Mapping[str, Any], deployment: Deployment, options: RequestOptions) -> dict[str, Any]:
     """The client's request fields over the deployment's defaults, under the proxy's overrides.
 
     Both paths (pass-through and LiteLLM) start from this, then name the model their way.
@@ -59,7 +60,7 @@ def request_fields(body: Mapping[str, Any], deployment: Deployment, options: Req
 
 def backend_body(
     body: Mapping[str, Any], deployment: Deployment, operation: str, options: RequestOptions
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """The request body as the backend gets it."""
     out = request_fields(body, deployment, options)
     out["model"] = deployment.model
@@ -71,7 +72,7 @@ def backend_body(
     return out
 
 
-def backend_headers(deployment: Deployment, rollout_id: str, attempt_id: str) -> Dict[str, str]:
+def backend_headers(deployment: Deployment, rollout_id: str, attempt_id: str) -> dict[str, str]:
     headers = {**deployment.headers, "content-type": "application/json"}
     if rollout_id:
         headers["x-rollout-id"] = rollout_id
@@ -84,7 +85,7 @@ def backend_headers(deployment: Deployment, rollout_id: str, attempt_id: str) ->
     return headers
 
 
-def _json_object(data: bytes) -> Optional[Dict[str, Any]]:
+def _json_object(data: bytes) -> dict[str, Any] | None:
     try:
         parsed = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -110,7 +111,7 @@ def _body_summary(response: httpx.Response, data: bytes) -> str:
     return f"a {content_type} body of {len(data)} bytes"
 
 
-def _response_headers(response: httpx.Response) -> List[Tuple[bytes, bytes]]:
+def _response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
     return [(b"content-type", response.headers.get("content-type", "application/json").encode("latin-1"))]
 
 
@@ -130,7 +131,7 @@ async def forward(
     send: Send,
     t0: float,
     options: RequestOptions,
-    receive: Optional[Receive] = None,
+    receive: Receive | None = None,
 ) -> None:
     """Serve one call from `deployment`, answering the client through `send`.
 
@@ -219,7 +220,7 @@ async def _relay_stream(
     record: CallRecord,
     send: Send,
     t0: float,
-    receive: Optional[Receive],
+    receive: Receive | None,
 ) -> None:
     assembler = StreamAssembler(record.operation)
     record.status_code = response.status_code
@@ -237,7 +238,7 @@ async def _relay_stream(
             BackendFailedError(f"backend {label} dropped the stream: {type(exc).__name__}: {exc}")
         ) from exc
     await send({"type": "http.response.start", "status": response.status_code, "headers": _response_headers(response)})
-    error: Optional[ProxyError] = None
+    error: ProxyError | None = None
     data = first
     # The request body is read, so the next ASGI message is the client's disconnect.
     watcher = asyncio.ensure_future(receive()) if receive is not None else None

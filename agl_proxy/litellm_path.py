@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Dict, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from starlette.types import Send
 
 from .assembly import StreamAssembler
+from .call_record import CallRecord
 from .deployments import Deployment
 from .errors import BackendFailedError, BackendTimeoutError, short_text
 from .forwarding import RequestOptions, RetryableBackendError, relay_chunk, request_fields
-from .call_record import CallRecord
 
 
 def import_litellm() -> Any:
@@ -31,7 +32,7 @@ def import_litellm() -> Any:
     return litellm
 
 
-def _dump(obj: Any) -> Dict[str, Any]:
+def _dump(obj: Any) -> dict[str, Any]:
     return obj.model_dump() if hasattr(obj, "model_dump") else dict(obj)
 
 

@@ -7,9 +7,9 @@ process-global, and two proxies in one process (as in tests) must not share coun
 from __future__ import annotations
 
 import bisect
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
-LATENCY_BUCKETS_S: Tuple[float, ...] = (
+LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.005,
     0.01,
     0.025,
@@ -26,14 +26,14 @@ LATENCY_BUCKETS_S: Tuple[float, ...] = (
     120.0,
 )
 
-_Labels = Tuple[str, ...]
+_Labels = tuple[str, ...]
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _labels(names: Tuple[str, ...], values: _Labels, extra: str = "") -> str:
+def _labels(names: tuple[str, ...], values: _Labels, extra: str = "") -> str:
     parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
     if extra:
         parts.append(extra)
@@ -44,12 +44,12 @@ class ProxyMetrics:
     """Calls, errors and latency per model and backend; gauges read at render time."""
 
     def __init__(self) -> None:
-        self.calls: Dict[_Labels, int] = {}
-        self.errors: Dict[_Labels, int] = {}
-        self._latency_counts: Dict[_Labels, List[int]] = {}
-        self._latency_sums: Dict[_Labels, float] = {}
-        self._ttft_counts: Dict[_Labels, List[int]] = {}
-        self._ttft_sums: Dict[_Labels, float] = {}
+        self.calls: dict[_Labels, int] = {}
+        self.errors: dict[_Labels, int] = {}
+        self._latency_counts: dict[_Labels, list[int]] = {}
+        self._latency_sums: dict[_Labels, float] = {}
+        self._ttft_counts: dict[_Labels, list[int]] = {}
+        self._ttft_sums: dict[_Labels, float] = {}
 
     def observe_call(self, model: str, backend: str, status_code: int, latency_s: float, ttft_s: float | None) -> None:
         key = (model, backend, str(status_code))
@@ -63,16 +63,16 @@ class ProxyMetrics:
         self.errors[key] = self.errors.get(key, 0) + 1
 
     @staticmethod
-    def _observe(counts: Dict[_Labels, List[int]], sums: Dict[_Labels, float], key: _Labels, value: float) -> None:
+    def _observe(counts: dict[_Labels, list[int]], sums: dict[_Labels, float], key: _Labels, value: float) -> None:
         buckets = counts.get(key)
         if buckets is None:
             buckets = counts[key] = [0] * (len(LATENCY_BUCKETS_S) + 1)
         buckets[bisect.bisect_left(LATENCY_BUCKETS_S, value)] += 1
         sums[key] = sums.get(key, 0.0) + value
 
-    def render(self, gauges: Dict[str, Tuple[str, Callable[[], float]]]) -> str:
+    def render(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> str:
         """Prometheus text format; `gauges` maps name to (help, read function)."""
-        lines: List[str] = []
+        lines: list[str] = []
         lines += [
             "# HELP agl_proxy_calls_total LLM calls by model, backend and HTTP status.",
             "# TYPE agl_proxy_calls_total counter",
@@ -102,7 +102,7 @@ class ProxyMetrics:
 
     @staticmethod
     def _render_histogram(
-        lines: List[str], name: str, help_text: str, counts: Dict[_Labels, List[int]], sums: Dict[_Labels, float]
+        lines: list[str], name: str, help_text: str, counts: dict[_Labels, list[int]], sums: dict[_Labels, float]
     ) -> None:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
         names = ("model", "backend")
@@ -110,7 +110,7 @@ class ProxyMetrics:
             cumulative = 0
             for bound, count in zip(LATENCY_BUCKETS_S, buckets[:-1], strict=True):
                 cumulative += count
-                le = 'le="%g"' % bound
+                le = f'le="{bound:g}"'
                 lines.append(f"{name}_bucket{_labels(names, key, le)} {cumulative}")
             cumulative += buckets[-1]
             inf = 'le="+Inf"'

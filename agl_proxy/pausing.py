@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Dict, Optional
+from typing import Any
 
 from .errors import PausedError, short_text
 
@@ -21,10 +21,10 @@ class PauseGate:
     def __init__(self, retry_after_s: int = DEFAULT_RETRY_AFTER_S) -> None:
         self.retry_after_s = retry_after_s
         self.paused = False
-        self.reason: Optional[str] = None
-        self.paused_at: Optional[float] = None
+        self.reason: str | None = None
+        self.paused_at: float | None = None
         self.in_flight = 0
-        self._drained: Optional[asyncio.Event] = None
+        self._drained: asyncio.Event | None = None
 
     def enter(self) -> None:
         """Admit a call, or raise PausedError while paused."""
@@ -41,7 +41,7 @@ class PauseGate:
         if self.in_flight == 0 and self._drained is not None:
             self._drained.set()
 
-    def pause(self, reason: Optional[str] = None) -> None:
+    def pause(self, reason: str | None = None) -> None:
         """Refuse new calls; `reason` (cut to 200 characters) is repeated in every 429."""
         self.paused = True
         self.reason = short_text(reason) if reason else None
@@ -52,7 +52,7 @@ class PauseGate:
         self.reason = None
         self.paused_at = None
 
-    async def wait_drained(self, timeout: Optional[float] = None) -> bool:
+    async def wait_drained(self, timeout: float | None = None) -> bool:
         """Wait until no call is in flight; False if `timeout` seconds passed first."""
         if self.in_flight == 0:
             return True
@@ -61,9 +61,9 @@ class PauseGate:
         self._drained.clear()
         try:
             await asyncio.wait_for(self._drained.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 
-    def state(self) -> Dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         return {"paused": self.paused, "reason": self.reason, "paused_at": self.paused_at, "in_flight": self.in_flight}

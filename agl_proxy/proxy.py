@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import uvicorn
 
@@ -52,21 +53,21 @@ class LLMProxy:
 
     def __init__(
         self,
-        model_list: Optional[Sequence[Mapping[str, Any]]] = None,
-        store: Optional[LightningStore] = None,
+        model_list: Sequence[Mapping[str, Any]] | None = None,
+        store: LightningStore | None = None,
         host: str = "127.0.0.1",
         port: int = DEFAULT_PORT,
-        key: Optional[str] = None,
+        key: str | None = None,
         *,
-        admin_key: Optional[str] = None,
+        admin_key: str | None = None,
         logprobs: bool = False,
-        sampling_overrides: Optional[Mapping[str, Any]] = None,
-        sampling_by_mode: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        sampling_overrides: Mapping[str, Any] | None = None,
+        sampling_by_mode: Mapping[str, Mapping[str, Any]] | None = None,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_span_buffer: int = DEFAULT_MAX_BUFFER,
         backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S,
         store_app: Any = None,
-        advertise_url: Optional[str] = None,
+        advertise_url: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -85,12 +86,12 @@ class LLMProxy:
         )
         self._store_app = store_app
         self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
-        self._server: Optional[uvicorn.Server] = None
-        self._task: Optional["asyncio.Task[None]"] = None
-        self._socket: Optional[socket.socket] = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
 
     @property
-    def model_list(self) -> List[Dict[str, Any]]:
+    def model_list(self) -> list[dict[str, Any]]:
         return self.state.registry.model_list
 
     @property
@@ -114,9 +115,7 @@ class LLMProxy:
 
     def create_app(self) -> Any:
         """The ASGI app, for serving it some other way (tests use it with httpx's ASGITransport)."""
-        return create_app(
-            self.state, key=self.key, admin_key=self.admin_key, store_app=self._store_app, host=self.host
-        )
+        return create_app(self.state, key=self.key, admin_key=self.admin_key, store_app=self._store_app, host=self.host)
 
     def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> None:
         """Replace the backends at run time; calls in flight finish where they started."""
@@ -169,8 +168,8 @@ class LLMProxy:
 
     def as_resource(
         self,
-        model: Optional[str] = None,
-        sampling_parameters: Optional[Mapping[str, Any]] = None,
+        model: str | None = None,
+        sampling_parameters: Mapping[str, Any] | None = None,
     ) -> ProxyLLM:
         """An LLM resource whose `get_base_url(rollout_id, attempt_id)` is the per-rollout URL.
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Dict, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from agl_store.base import LightningStore
 
@@ -24,14 +25,14 @@ class SamplingPolicy:
 
     def __init__(
         self,
-        overrides: Optional[Mapping[str, Any]] = None,
-        by_mode: Optional[Mapping[str, Mapping[str, Any]]] = None,
-        store: Optional[LightningStore] = None,
+        overrides: Mapping[str, Any] | None = None,
+        by_mode: Mapping[str, Mapping[str, Any]] | None = None,
+        store: LightningStore | None = None,
     ) -> None:
-        self.overrides: Dict[str, Any] = dict(overrides or {})
-        self.by_mode: Dict[str, Dict[str, Any]] = {mode: dict(fields) for mode, fields in (by_mode or {}).items()}
+        self.overrides: dict[str, Any] = dict(overrides or {})
+        self.by_mode: dict[str, dict[str, Any]] = {mode: dict(fields) for mode, fields in (by_mode or {}).items()}
         self.store = store
-        self._modes: "OrderedDict[str, Optional[str]]" = OrderedDict()
+        self._modes: OrderedDict[str, str | None] = OrderedDict()
 
     @property
     def needs_rollout(self) -> bool:
@@ -45,7 +46,7 @@ class SamplingPolicy:
         extra = self.by_mode.get(mode or "")
         return {**self.overrides, **extra} if extra else self.overrides
 
-    async def _mode(self, rollout_id: str) -> Optional[str]:
+    async def _mode(self, rollout_id: str) -> str | None:
         if rollout_id in self._modes:
             self._modes.move_to_end(rollout_id)
             return self._modes[rollout_id]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Dict, List, Optional, Tuple
 
 from agl_store.base import LightningStore
 from agl_store.errors import StoreError
@@ -24,7 +23,7 @@ logger = logging.getLogger(__name__)
 MAX_PER_REQUEST = 1024
 """Reservations sent in one store request at most."""
 
-_Pending = Tuple[str, str, "asyncio.Future[int]"]
+_Pending = tuple[str, str, "asyncio.Future[int]"]
 
 
 def is_rejection(exc: BaseException) -> bool:
@@ -37,10 +36,10 @@ class SequenceReserver:
 
     def __init__(self, store: LightningStore) -> None:
         self.store = store
-        self._pending: List[_Pending] = []
-        self._task: Optional["asyncio.Task[None]"] = None
+        self._pending: list[_Pending] = []
+        self._task: asyncio.Task[None] | None = None
 
-    def reserve(self, rollout_id: str, attempt_id: str) -> "asyncio.Future[int]":
+    def reserve(self, rollout_id: str, attempt_id: str) -> asyncio.Future[int]:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending.append((rollout_id, attempt_id, future))
         if self._task is None or self._task.done():
@@ -53,7 +52,7 @@ class SequenceReserver:
             del self._pending[:MAX_PER_REQUEST]
             await self._issue(batch)
 
-    async def _issue(self, batch: List[_Pending]) -> None:
+    async def _issue(self, batch: list[_Pending]) -> None:
         try:
             ids = await self.store.get_many_span_sequence_ids([(rid, aid) for rid, aid, _ in batch])
         except Exception as exc:  # noqa: BLE001 - the spans are then numbered by the store when written
@@ -67,8 +66,8 @@ class SequenceReserver:
             if not future.done():
                 future.set_result(sequence_id)
 
-    async def _issue_per_attempt(self, batch: List[_Pending]) -> None:
-        groups: Dict[Tuple[str, str], List[_Pending]] = {}
+    async def _issue_per_attempt(self, batch: list[_Pending]) -> None:
+        groups: dict[tuple[str, str], list[_Pending]] = {}
         for entry in batch:
             groups.setdefault((entry[0], entry[1]), []).append(entry)
         for group in groups.values():
@@ -81,7 +80,7 @@ class SequenceReserver:
             self._task = None
 
 
-def _fail(batch: List[_Pending], exc: BaseException) -> None:
+def _fail(batch: list[_Pending], exc: BaseException) -> None:
     logger.warning("agl_proxy could not reserve %d sequence number(s); the store will number them: %r", len(batch), exc)
     for _, _, future in batch:
         if not future.done():

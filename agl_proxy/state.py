@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Dict, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -34,11 +35,11 @@ class ProxyState:
     def __init__(
         self,
         model_list: Sequence[Mapping[str, Any]] = (),
-        store: Optional[LightningStore] = None,
+        store: LightningStore | None = None,
         *,
         logprobs: bool = False,
-        sampling_overrides: Optional[Mapping[str, Any]] = None,
-        sampling_by_mode: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        sampling_overrides: Mapping[str, Any] | None = None,
+        sampling_by_mode: Mapping[str, Mapping[str, Any]] | None = None,
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_span_buffer: int = DEFAULT_MAX_BUFFER,
         backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S,
@@ -54,7 +55,7 @@ class ProxyState:
         self.backpressure_wait_s = backpressure_wait_s
         self.metrics = ProxyMetrics()
         self.gate = PauseGate()
-        self.client: Optional[httpx.AsyncClient] = None
+        self.client: httpx.AsyncClient | None = None
 
     async def options_for(self, rollout_id: str) -> RequestOptions:
         """What to add to a call of `rollout_id`."""
@@ -93,7 +94,7 @@ class ProxyState:
             await self.client.aclose()
             self.client = None
 
-    def gauges(self) -> Dict[str, Any]:
+    def gauges(self) -> dict[str, Any]:
         """The gauge part of `/metrics`: name -> (help, read function)."""
         return {
             "agl_proxy_in_flight": ("LLM calls in flight.", lambda: self.gate.in_flight),

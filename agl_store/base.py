@@ -28,7 +28,8 @@ are written once.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from .models import (
     Attempt,
@@ -53,9 +54,9 @@ from .queries import AttemptQuery, FilterLogic, ResourcesQuery, RolloutQuery, So
 class _Unset:
     """Marks an argument that was not given, where None is a meaningful value."""
 
-    _instance: "_Unset | None" = None
+    _instance: _Unset | None = None
 
-    def __new__(cls) -> "_Unset":
+    def __new__(cls) -> _Unset:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -79,7 +80,7 @@ class LightningStore:
 
     name: str = "LightningStore"
 
-    async def __aenter__(self) -> "LightningStore":
+    async def __aenter__(self) -> LightningStore:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -100,7 +101,7 @@ class LightningStore:
         mode: RolloutMode | None = None,
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
-        metadata: Dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
         worker_id: str | None = None,
     ) -> AttemptedRollout:
         """Create a rollout in `preparing` with its first attempt, bypassing the queue.
@@ -115,7 +116,7 @@ class LightningStore:
         mode: RolloutMode | None = None,
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
-        metadata: Dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Rollout:
         """Append a rollout in `queuing` to the tail of the queue; no attempt yet.
 
@@ -127,18 +128,20 @@ class LightningStore:
         """Enqueue several rollouts in one transaction, in order."""
         raise NotImplementedError
 
-    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+    async def dequeue_rollout(self, worker_id: str | None = None) -> AttemptedRollout | None:
         """Claim the oldest queued rollout (FIFO over `queuing` and `requeuing`), or None.
 
         Never blocks. Creates attempt number (previous attempts + 1) in `preparing`.
         """
         raise NotImplementedError
 
-    async def dequeue_many_rollouts(self, *, limit: int = 1, worker_id: Optional[str] = None) -> Sequence[AttemptedRollout]:
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None
+    ) -> Sequence[AttemptedRollout]:
         """Claim up to `limit` queued rollouts atomically, oldest first."""
         raise NotImplementedError
 
-    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+    async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
         """Create a new attempt of a rollout, finished or not (a manual retry); the rollout is
         `preparing` and follows this attempt from now on."""
         raise NotImplementedError
@@ -147,11 +150,11 @@ class LightningStore:
         self,
         rollout_id: str,
         input: TaskInput = UNSET,
-        mode: Optional[RolloutMode] = UNSET,
-        resources_id: Optional[str] = UNSET,
+        mode: RolloutMode | None = UNSET,
+        resources_id: str | None = UNSET,
         status: RolloutStatus = UNSET,
         config: RolloutConfig = UNSET,
-        metadata: Optional[Dict[str, Any]] = UNSET,
+        metadata: dict[str, Any] | None = UNSET,
     ) -> Rollout:
         """Change the given fields; any status may be set. A terminal status sets `end_time`
         and wakes waiters; `queuing` / `requeuing` puts the rollout back in the queue exactly
@@ -165,7 +168,7 @@ class LightningStore:
         status: AttemptStatus = UNSET,
         worker_id: str = UNSET,
         last_heartbeat_time: float = UNSET,
-        metadata: Dict[str, Any] = UNSET,
+        metadata: dict[str, Any] = UNSET,
     ) -> Attempt:
         """Change an attempt; a status change of the latest attempt propagates to the rollout.
 
@@ -173,25 +176,25 @@ class LightningStore:
         """
         raise NotImplementedError
 
-    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Rollout]:
+    async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
         """The rollout (an `AttemptedRollout` once it has attempts), or None."""
         raise NotImplementedError
 
-    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+    async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
         """The attempt with the highest `sequence_id`; None if none yet. Unknown rollout: NotFoundError."""
         raise NotImplementedError
 
     async def query_rollouts(
         self,
         *,
-        status_in: Optional[Sequence[RolloutStatus]] = None,
-        rollout_id_in: Optional[Sequence[str]] = None,
-        rollout_id_contains: Optional[str] = None,
-        mode: Optional[RolloutMode] = None,
-        start_time_after: Optional[float] = None,
-        start_time_before: Optional[float] = None,
+        status_in: Sequence[RolloutStatus] | None = None,
+        rollout_id_in: Sequence[str] | None = None,
+        rollout_id_contains: str | None = None,
+        mode: RolloutMode | None = None,
+        start_time_after: float | None = None,
+        start_time_before: float | None = None,
         filter_logic: FilterLogic = "and",
-        sort_by: Optional[str] = None,
+        sort_by: str | None = None,
         sort_order: SortOrder = "asc",
         limit: int = -1,
         offset: int = 0,
@@ -211,7 +214,7 @@ class LightningStore:
         self,
         rollout_id: str,
         *,
-        sort_by: Optional[str] = "sequence_id",
+        sort_by: str | None = "sequence_id",
         sort_order: SortOrder = "asc",
         limit: int = -1,
         offset: int = 0,
@@ -222,7 +225,7 @@ class LightningStore:
         """`query_attempts`, its sorting and paging as one model."""
         raise NotImplementedError
 
-    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+    async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
         """Wait until every listed rollout is finished or `timeout` seconds pass.
 
         Returns the finished ones (all of them unless the timeout expired). `timeout=None`
@@ -232,7 +235,7 @@ class LightningStore:
 
     # --- spans --------------------------------------------------------------------------
 
-    async def add_span(self, span: Span) -> Optional[Span]:
+    async def add_span(self, span: Span) -> Span | None:
         """Store one span; returns it with its sequence id, or None for a duplicate.
 
         A duplicate is a span with the same (rollout_id, attempt_id, span_id) as a stored
@@ -253,7 +256,7 @@ class LightningStore:
         attempt_id: str,
         readable_span: Any,
         sequence_id: int | None = None,
-    ) -> Optional[Span]:
+    ) -> Span | None:
         """Store an `opentelemetry.sdk.trace.ReadableSpan` as a span of the attempt."""
         raise NotImplementedError
 
@@ -263,7 +266,7 @@ class LightningStore:
         checked (numbers are per rollout)."""
         raise NotImplementedError
 
-    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
         raise NotImplementedError
 
     async def query_spans(
@@ -271,18 +274,18 @@ class LightningStore:
         rollout_id: str,
         attempt_id: str | Literal["latest"] | None = None,
         *,
-        trace_id: Optional[str] = None,
-        trace_id_contains: Optional[str] = None,
-        span_id: Optional[str] = None,
-        span_id_contains: Optional[str] = None,
-        parent_id: Optional[str] = None,
-        parent_id_contains: Optional[str] = None,
-        name: Optional[str] = None,
-        name_contains: Optional[str] = None,
+        trace_id: str | None = None,
+        trace_id_contains: str | None = None,
+        span_id: str | None = None,
+        span_id_contains: str | None = None,
+        parent_id: str | None = None,
+        parent_id_contains: str | None = None,
+        name: str | None = None,
+        name_contains: str | None = None,
         filter_logic: FilterLogic = "and",
         limit: int = -1,
         offset: int = 0,
-        sort_by: Optional[str] = "sequence_id",
+        sort_by: str | None = "sequence_id",
         sort_order: SortOrder = "asc",
     ) -> Sequence[Span]:
         """Spans of a rollout (all attempts, one attempt, or the latest), in sequence order."""
@@ -303,18 +306,18 @@ class LightningStore:
         it becomes the latest."""
         raise NotImplementedError
 
-    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+    async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
         raise NotImplementedError
 
-    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+    async def get_latest_resources(self) -> ResourcesUpdate | None:
         raise NotImplementedError
 
     async def query_resources(
         self,
         *,
-        resources_id: Optional[str] = None,
-        resources_id_contains: Optional[str] = None,
-        sort_by: Optional[str] = None,
+        resources_id: str | None = None,
+        resources_id_contains: str | None = None,
+        sort_by: str | None = None,
         sort_order: SortOrder = "asc",
         limit: int = -1,
         offset: int = 0,
@@ -327,17 +330,17 @@ class LightningStore:
 
     # --- workers ------------------------------------------------------------------------
 
-    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] = UNSET) -> Worker:
+    async def update_worker(self, worker_id: str, heartbeat_stats: dict[str, Any] = UNSET) -> Worker:
         """Record a worker heartbeat (creates the worker on first sight)."""
         raise NotImplementedError
 
     async def query_workers(
         self,
         *,
-        status_in: Optional[Sequence[WorkerStatus]] = None,
-        worker_id_contains: Optional[str] = None,
+        status_in: Sequence[WorkerStatus] | None = None,
+        worker_id_contains: str | None = None,
         filter_logic: FilterLogic = "and",
-        sort_by: Optional[str] = None,
+        sort_by: str | None = None,
         sort_order: SortOrder = "asc",
         limit: int = -1,
         offset: int = 0,
@@ -348,7 +351,7 @@ class LightningStore:
         """`query_workers`, its arguments as one model."""
         raise NotImplementedError
 
-    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+    async def get_worker_by_id(self, worker_id: str) -> Worker | None:
         raise NotImplementedError
 
     # --- retention (beyond the agent-lightning contract) --------------------------------

@@ -11,7 +11,7 @@ Import the module rather than its names, so a reader sees where a name comes fro
 
 from __future__ import annotations
 
-from typing import List, Optional, TypedDict
+from typing import TypedDict
 
 NAME = "agl.llm_call"
 """The name of the span of one call to `/v1/chat/completions` or `/v1/completions` (any `n`, streamed or not)."""
@@ -50,12 +50,12 @@ class CallChoice(TypedDict, total=False):
     """One entry of `CHOICES`."""
 
     index: int
-    token_ids: Optional[List[int]]
+    token_ids: list[int] | None
     """The generated token ids; None when the backend returned none."""
-    logprobs: Optional[List[Optional[float]]]
+    logprobs: list[float | None] | None
     """One per generated token, or None when the call did not ask for them."""
-    finish_reason: Optional[str]
-    prompt_token_ids: List[int]
+    finish_reason: str | None
+    prompt_token_ids: list[int]
     """Completions only, when the backend sent the prompt's ids with the choice."""
 
 

@@ -15,8 +15,9 @@ import asyncio
 import logging
 import re
 import sys
+from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, requires
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 from .errors import StoreError
 from .opening import db_url
@@ -48,13 +49,11 @@ def add_store_commands(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     STORE_KEY.add_to(serve)
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    serve.add_argument(
-        "--page-setting", action="append", default=[], metavar="NAME.KEY=VALUE", help=PAGE_SETTING_HELP
-    )
+    serve.add_argument("--page-setting", action="append", default=[], metavar="NAME.KEY=VALUE", help=PAGE_SETTING_HELP)
     serve.set_defaults(run=_serve)
 
 
-def _plugins() -> Dict[str, EntryPoint]:
+def _plugins() -> dict[str, EntryPoint]:
     """The `agl.commands` entry points by group name, not loaded (`store` is built in, not one of them)."""
     return {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
 
@@ -91,7 +90,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     return parser, subparsers
 
 
-def build_parser(group: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(group: str | None = None) -> argparse.ArgumentParser:
     """The `agl` parser with the store commands and the plug-in `group`, or every plug-in when None.
 
     Raises CommandGroupError when a plug-in it loads fails to import.
@@ -103,7 +102,7 @@ def build_parser(group: Optional[str] = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _listing_parser(plugins: Dict[str, EntryPoint]) -> argparse.ArgumentParser:
+def _listing_parser(plugins: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     """A parser that lists every group for `--help` and usage errors, importing none of the plug-ins."""
     parser, subparsers = _parser()
     for name, entry in plugins.items():
@@ -111,7 +110,7 @@ def _listing_parser(plugins: Dict[str, EntryPoint]) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `agl` script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     plugins = _plugins()

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Callable, Dict, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import httpx
 import orjson
@@ -21,7 +22,6 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from .base import UNSET, LightningStore
 from .errors import ERRORS_BY_CODE, InvalidInputError, StoreClosedError, StoreError, StoreUnavailableError
-from .web.http_transport import AiohttpTransport
 from .models import (
     Attempt,
     AttemptedRollout,
@@ -42,6 +42,7 @@ from .otel import span_from_otel
 from .pages import Page
 from .queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
 from .span_wire import ENCODING_HEADER, PACKED, PACKED_MEDIA_TYPE, packed_batch, spans_from_page
+from .web.http_transport import AiohttpTransport
 
 logger = logging.getLogger("agl_store.client")
 
@@ -52,11 +53,11 @@ WAIT_POLL_SECONDS = 300.0
 """Longest single long poll; matches the server's cap, longer waits poll again."""
 
 _PACKED_SPANS = {ENCODING_HEADER: PACKED}
-_ROLLOUTS = TypeAdapter(List[Rollout])
-_ATTEMPTED = TypeAdapter(List[AttemptedRollout])
+_ROLLOUTS = TypeAdapter(list[Rollout])
+_ATTEMPTED = TypeAdapter(list[AttemptedRollout])
 
 
-def _rollout(data: Dict[str, Any]) -> Rollout:
+def _rollout(data: dict[str, Any]) -> Rollout:
     return AttemptedRollout.model_validate(data) if "attempt" in data else Rollout.model_validate(data)
 
 
@@ -98,13 +99,13 @@ class LightningStoreClient(LightningStore):
     def __init__(
         self,
         url: str,
-        key: Optional[str] = None,
+        key: str | None = None,
         *,
         timeout: float = 30.0,
         retries: int = 3,
         backoff_base: float = 0.1,
         backoff_max: float = 2.0,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         token_arrays: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
@@ -116,10 +117,10 @@ class LightningStoreClient(LightningStore):
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
         self._transport = transport
-        self._http: Optional[httpx.AsyncClient] = None
+        self._http: httpx.AsyncClient | None = None
         # Without an injected transport, requests skip httpx (see AiohttpTransport.fetch).
-        self._direct: Optional[AiohttpTransport] = None
-        self._headers: Dict[str, str] = {"authorization": f"Bearer {key}"} if key else {}
+        self._direct: AiohttpTransport | None = None
+        self._headers: dict[str, str] = {"authorization": f"Bearer {key}"} if key else {}
         self._closed = False
         self._packed_writes = True
 
@@ -127,7 +128,7 @@ class LightningStoreClient(LightningStore):
         state = "closed" if self._closed else "open" if self._http else "not opened"
         return f"LightningStoreClient({self.url!r}, {state})"
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         # Pickled into a runner subprocess: the settings travel, the connection pool does not.
         state = dict(self.__dict__)
         state.update(_http=None, _direct=None, _closed=False, _transport=None)
@@ -172,10 +173,10 @@ class LightningStoreClient(LightningStore):
         path: str,
         *,
         body: Any = UNSET,
-        content: Optional[bytes] = None,
+        content: bytes | None = None,
         params: Any = None,
-        timeout: Optional[float] = None,
-        headers: Optional[Dict[str, str]] = None,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Answer:
         if self._http is None:
             await self.open()
@@ -185,7 +186,7 @@ class LightningStoreClient(LightningStore):
             except PydanticSerializationError as exc:  # not JSON, or nested past any reader: the server's 400
                 raise InvalidInputError(f"request body is not JSON: {exc}") from None
             headers = {**(headers or {}), "content-type": "application/json"}
-        last_network_error: Optional[Exception] = None
+        last_network_error: Exception | None = None
         for attempt in range(self._retries + 1):
             if attempt:
                 await asyncio.sleep(self._backoff(attempt - 1))
@@ -211,10 +212,10 @@ class LightningStoreClient(LightningStore):
         self,
         method: str,
         path: str,
-        content: Optional[bytes],
+        content: bytes | None,
         params: Any,
-        headers: Optional[Dict[str, str]],
-        timeout: Optional[float],
+        headers: dict[str, str] | None,
+        timeout: float | None,
     ) -> Answer:
         """One request, no retries: straight over aiohttp, or through httpx's injected transport."""
         if self._direct is not None:
@@ -242,7 +243,7 @@ class LightningStoreClient(LightningStore):
         response = await self._send(method, AGL_PREFIX + path, **kwargs)
         return orjson.loads(response.content)
 
-    async def _page(self, path: str, body: Dict[str, Any], parse: Callable[[Any], T]) -> Page[T]:
+    async def _page(self, path: str, body: dict[str, Any], parse: Callable[[Any], T]) -> Page[T]:
         data = await self._json("POST", path, body=body)
         return Page([parse(entry) for entry in data["items"]], total=data["total"])
 
@@ -265,7 +266,7 @@ class LightningStoreClient(LightningStore):
         mode: RolloutMode | None = None,
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
-        metadata: Dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
         worker_id: str | None = None,
     ) -> AttemptedRollout:
         body = {
@@ -284,7 +285,7 @@ class LightningStoreClient(LightningStore):
         mode: RolloutMode | None = None,
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
-        metadata: Dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Rollout:
         one = {"input": input, "mode": mode, "resources_id": resources_id, "config": config, "metadata": metadata}
         data = await self._json("POST", "/queues/rollouts/enqueue", body={"rollouts": [one]})
@@ -296,17 +297,17 @@ class LightningStoreClient(LightningStore):
         data = await self._json("POST", "/queues/rollouts/enqueue", body={"rollouts": list(rollouts)})
         return _ROLLOUTS.validate_python(data)
 
-    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+    async def dequeue_rollout(self, worker_id: str | None = None) -> AttemptedRollout | None:
         rollouts = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id)
         return rollouts[0] if rollouts else None
 
     async def dequeue_many_rollouts(
-        self, *, limit: int = 1, worker_id: Optional[str] = None
+        self, *, limit: int = 1, worker_id: str | None = None
     ) -> Sequence[AttemptedRollout]:
         data = await self._json("POST", "/queues/rollouts/dequeue", body={"limit": limit, "worker_id": worker_id})
         return _ATTEMPTED.validate_python(data)
 
-    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+    async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
         data = await self._json("POST", f"/rollouts/{rollout_id}/attempts", body={"worker_id": worker_id})
         return AttemptedRollout.model_validate(data)
 
@@ -314,11 +315,11 @@ class LightningStoreClient(LightningStore):
         self,
         rollout_id: str,
         input: TaskInput = UNSET,
-        mode: Optional[RolloutMode] = UNSET,
-        resources_id: Optional[str] = UNSET,
+        mode: RolloutMode | None = UNSET,
+        resources_id: str | None = UNSET,
         status: RolloutStatus = UNSET,
         config: RolloutConfig = UNSET,
-        metadata: Optional[Dict[str, Any]] = UNSET,
+        metadata: dict[str, Any] | None = UNSET,
     ) -> Rollout:
         fields = {
             "input": input,
@@ -338,7 +339,7 @@ class LightningStoreClient(LightningStore):
         status: AttemptStatus = UNSET,
         worker_id: str = UNSET,
         last_heartbeat_time: float = UNSET,
-        metadata: Dict[str, Any] = UNSET,
+        metadata: dict[str, Any] = UNSET,
     ) -> Attempt:
         fields = {
             "status": status,
@@ -351,11 +352,11 @@ class LightningStoreClient(LightningStore):
             await self._json("POST", f"/rollouts/{rollout_id}/attempts/{attempt_id}", body=body)
         )
 
-    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Rollout]:
+    async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
         data = await self._json("GET", f"/rollouts/{rollout_id}")
         return None if data is None else _rollout(data)
 
-    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+    async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
         data = await self._json("GET", f"/rollouts/{rollout_id}/attempts/latest")
         return None if data is None else Attempt.model_validate(data)
 
@@ -366,7 +367,7 @@ class LightningStoreClient(LightningStore):
         path = f"/rollouts/{rollout_id}/attempts/search"
         return await self._page(path, query.request_fields(), Attempt.model_validate)
 
-    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+    async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
         """Long-polls the server; waits longer than its cap are several polls."""
         wanted = set(rollout_ids)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -389,7 +390,7 @@ class LightningStoreClient(LightningStore):
 
     # --- spans ----------------------------------------------------------------------------
 
-    async def add_span(self, span: Span) -> Optional[Span]:
+    async def add_span(self, span: Span) -> Span | None:
         stored = await self.add_many_spans([span])
         return stored[0] if stored else None
 
@@ -431,14 +432,14 @@ class LightningStoreClient(LightningStore):
         attempt_id: str,
         readable_span: Any,
         sequence_id: int | None = None,
-    ) -> Optional[Span]:
+    ) -> Span | None:
         return await self.add_span(span_from_otel(readable_span, rollout_id, attempt_id, sequence_id))
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         data = await self._json("POST", "/spans/next", body={"rollout_id": rollout_id, "attempt_id": attempt_id})
         return int(data["sequence_id"])
 
-    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
         if not rollout_attempt_ids:
             return []
         body = {"rollout_attempt_ids": [list(pair) for pair in rollout_attempt_ids]}
@@ -462,11 +463,11 @@ class LightningStoreClient(LightningStore):
         data = await self._json("POST", f"/resources/{resources_id}", body=resources)
         return ResourcesUpdate.model_validate(data)
 
-    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+    async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
         data = await self._json("GET", f"/resources/{resources_id}")
         return None if data is None else ResourcesUpdate.model_validate(data)
 
-    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+    async def get_latest_resources(self) -> ResourcesUpdate | None:
         data = await self._json("GET", "/resources/latest")
         return None if data is None else ResourcesUpdate.model_validate(data)
 
@@ -483,14 +484,14 @@ class LightningStoreClient(LightningStore):
 
     # --- workers --------------------------------------------------------------------------
 
-    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] = UNSET) -> Worker:
+    async def update_worker(self, worker_id: str, heartbeat_stats: dict[str, Any] = UNSET) -> Worker:
         body = {} if heartbeat_stats is UNSET else {"heartbeat_stats": heartbeat_stats}
         return Worker.model_validate(await self._json("POST", f"/workers/{worker_id}", body=body))
 
     async def find_workers(self, query: WorkerQuery) -> Sequence[Worker]:
         return await self._page("/workers/search", query.request_fields(), Worker.model_validate)
 
-    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+    async def get_worker_by_id(self, worker_id: str) -> Worker | None:
         data = await self._json("GET", f"/workers/{worker_id}")
         return None if data is None else Worker.model_validate(data)
 

@@ -6,7 +6,7 @@ against an embedded store handles a remote one unchanged.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class StoreError(Exception):

@@ -11,7 +11,8 @@ store server and clients validate here unchanged. Two deliberate differences:
 from __future__ import annotations
 
 import secrets
-from typing import Annotated, Any, Dict, List, Literal, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,10 +67,10 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_seconds: Optional[float] = Field(default=None, gt=0)
-    unresponsive_seconds: Optional[float] = Field(default=None, gt=0)
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    unresponsive_seconds: float | None = Field(default=None, gt=0)
     max_attempts: int = Field(default=1, ge=1, le=MAX_INTEGER)
-    retry_condition: List[AttemptStatus] = Field(default_factory=list)
+    retry_condition: list[AttemptStatus] = Field(default_factory=list)
 
 
 class Attempt(BaseModel):
@@ -78,23 +79,23 @@ class Attempt(BaseModel):
     sequence_id: int
     """1 for the first attempt of a rollout, 2 for its first retry, and so on."""
     start_time: float
-    end_time: Optional[float] = None
+    end_time: float | None = None
     status: AttemptStatus = "preparing"
-    worker_id: Optional[str] = None
-    last_heartbeat_time: Optional[float] = None
-    metadata: Optional[Dict[str, Any]] = None
+    worker_id: str | None = None
+    last_heartbeat_time: float | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class Rollout(BaseModel):
     rollout_id: str
     input: TaskInput
     start_time: float
-    end_time: Optional[float] = None
-    mode: Optional[RolloutMode] = None
-    resources_id: Optional[str] = None
+    end_time: float | None = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
     status: RolloutStatus = "queuing"
     config: RolloutConfig = Field(default_factory=RolloutConfig)
-    metadata: Optional[Dict[str, Any]] = None
+    metadata: dict[str, Any] | None = None
 
 
 class AttemptedRollout(Rollout):
@@ -107,10 +108,10 @@ class EnqueueRolloutRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input: TaskInput
-    mode: Optional[RolloutMode] = None
-    resources_id: Optional[str] = None
-    config: Optional[RolloutConfig] = None
-    metadata: Optional[Dict[str, Any]] = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
 
 
 # --- workers ---------------------------------------------------------------------------
@@ -119,13 +120,13 @@ class EnqueueRolloutRequest(BaseModel):
 class Worker(BaseModel):
     worker_id: str
     status: WorkerStatus = "unknown"
-    heartbeat_stats: Optional[Dict[str, Any]] = None
-    last_heartbeat_time: Optional[float] = None
-    last_dequeue_time: Optional[float] = None
-    last_busy_time: Optional[float] = None
-    last_idle_time: Optional[float] = None
-    current_rollout_id: Optional[str] = None
-    current_attempt_id: Optional[str] = None
+    heartbeat_stats: dict[str, Any] | None = None
+    last_heartbeat_time: float | None = None
+    last_dequeue_time: float | None = None
+    last_busy_time: float | None = None
+    last_idle_time: float | None = None
+    current_rollout_id: str | None = None
+    current_attempt_id: str | None = None
 
 
 # --- spans -----------------------------------------------------------------------------
@@ -137,27 +138,27 @@ class SpanContext(BaseModel):
     trace_id: str
     span_id: str
     is_remote: bool = False
-    trace_state: Dict[str, str] = Field(default_factory=dict)
+    trace_state: dict[str, str] = Field(default_factory=dict)
 
 
 class TraceStatus(BaseModel):
     status_code: StatusCode = "UNSET"
-    description: Optional[str] = None
+    description: str | None = None
 
 
 class Event(BaseModel):
     name: str
-    attributes: Dict[str, Any] = Field(default_factory=dict)
-    timestamp: Optional[float] = None
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    timestamp: float | None = None
 
 
 class Link(BaseModel):
     context: SpanContext
-    attributes: Optional[Dict[str, Any]] = None
+    attributes: dict[str, Any] | None = None
 
 
 class OtelResource(BaseModel):
-    attributes: Dict[str, Any] = Field(default_factory=dict)
+    attributes: dict[str, Any] = Field(default_factory=dict)
     schema_url: str = ""
 
 
@@ -182,19 +183,19 @@ class Span(BaseModel):
 
     rollout_id: str
     attempt_id: str
-    sequence_id: Optional[int] = None
+    sequence_id: int | None = None
     trace_id: str = Field(default_factory=_new_trace_id)
     span_id: str = Field(default_factory=_new_span_id)
-    parent_id: Optional[str] = None
+    parent_id: str | None = None
     name: str
     status: TraceStatus = Field(default_factory=TraceStatus)
-    attributes: Dict[str, Any] = Field(default_factory=dict)
-    events: List[Event] = Field(default_factory=list)
-    links: List[Link] = Field(default_factory=list)
-    start_time: Optional[float] = None
-    end_time: Optional[float] = None
-    context: Optional[SpanContext] = None
-    parent: Optional[SpanContext] = None
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    events: list[Event] = Field(default_factory=list)
+    links: list[Link] = Field(default_factory=list)
+    start_time: float | None = None
+    end_time: float | None = None
+    context: SpanContext | None = None
+    parent: SpanContext | None = None
     resource: OtelResource = Field(default_factory=OtelResource)
 
 
@@ -224,10 +225,10 @@ class LLM(BaseModel):
     resource_type: Literal["llm"] = "llm"
     endpoint: str
     model: str
-    api_key: Optional[str] = None
-    sampling_parameters: Dict[str, Any] = Field(default_factory=dict)
+    api_key: str | None = None
+    sampling_parameters: dict[str, Any] = Field(default_factory=dict)
 
-    def get_base_url(self, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None) -> str:
+    def get_base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
         return self.endpoint
 
 
@@ -240,7 +241,7 @@ class ProxyLLM(LLM):
 
     resource_type: Literal["proxy_llm"] = "proxy_llm"  # type: ignore[assignment]
 
-    def get_base_url(self, rollout_id: Optional[str] = None, attempt_id: Optional[str] = None) -> str:
+    def get_base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
         if rollout_id is None and attempt_id is None:
             return self.endpoint
         if not rollout_id or not attempt_id:
@@ -259,8 +260,8 @@ class PromptTemplate(BaseModel):
     engine: Literal["jinja", "f-string", "poml"] = "f-string"
 
 
-Resource = Annotated[Union[LLM, ProxyLLM, PromptTemplate], Field(discriminator="resource_type")]
-NamedResources = Dict[str, Resource]
+Resource = Annotated[LLM | ProxyLLM | PromptTemplate, Field(discriminator="resource_type")]
+NamedResources = dict[str, Resource]
 
 
 class ResourcesUpdate(BaseModel):
@@ -292,11 +293,11 @@ class StoreStatistics(BaseModel):
     total_spans: int
     total_resources: int
     total_workers: int
-    rollouts_by_status: Dict[str, int] = Field(default_factory=dict)
+    rollouts_by_status: dict[str, int] = Field(default_factory=dict)
     uptime: float = 0.0
-    database_bytes: Optional[int] = None
+    database_bytes: int | None = None
     """Bytes on disk of the database file and its `-wal` file; None in memory."""
-    wal_bytes: Optional[int] = None
+    wal_bytes: int | None = None
     """Of `database_bytes`, the `-wal` file's (truncated to 0 after retention)."""
-    unused_bytes: Optional[int] = None
+    unused_bytes: int | None = None
     """Of the database file, free pages that later writes reuse."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import sys
 from array import array
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -26,13 +27,13 @@ from .errors import InvalidInputError
 MIN_PACKED_LENGTH = 8
 """Shorter int lists stay JSON: packing would not make them smaller."""
 
-Path = Tuple[Union[str, int], ...]
+Path = tuple[str | int, ...]
 _CONTAINERS = frozenset({dict, list, tuple})
 _INT_ONLY = {int}
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
-def pack_attributes(attributes: Dict[str, Any]) -> Tuple[bytes, Optional[bytes]]:
+def pack_attributes(attributes: dict[str, Any]) -> tuple[bytes, bytes | None]:
     """Encode attributes as (JSON text, blob).
 
     The blob is None when nothing was packed: the text is then the plain JSON. Raises
@@ -40,16 +41,16 @@ def pack_attributes(attributes: Dict[str, Any]) -> Tuple[bytes, Optional[bytes]]
     InvalidInputError for attributes nested deeper than `bounds.MAX_JSON_DEPTH` (checked on
     this walk, which looks at every list anyway).
     """
-    found: List[Tuple[Path, Any]] = []
+    found: list[tuple[Path, Any]] = []
     _find_int_lists(attributes, (), found, MAX_JSON_DEPTH - 1)
     if not found:
         return orjson.dumps(attributes), None
 
     ints = array("i")
-    index: List[Tuple[Path, int, int]] = []
+    index: list[tuple[Path, int, int]] = []
     # One array named twice (the proxy's prompt ids: in the response and as `agl.*`) is
     # stored once. By content, not identity: validation upstream copies the lists.
-    placed: Dict[bytes, Tuple[int, int]] = {}  # int32 bytes -> (offset, count)
+    placed: dict[bytes, tuple[int, int]] = {}  # int32 bytes -> (offset, count)
     for path, (_, converted) in found:
         key = converted.tobytes()
         where = placed.get(key)
@@ -63,13 +64,13 @@ def pack_attributes(attributes: Dict[str, Any]) -> Tuple[bytes, Optional[bytes]]
     return orjson.dumps(skeleton), orjson.dumps(index) + b"\n" + ints.tobytes()
 
 
-def unpack_attributes(text: bytes, blob: Optional[bytes]) -> Dict[str, Any]:
+def unpack_attributes(text: bytes, blob: bytes | None) -> dict[str, Any]:
     """Decode what `pack_attributes` produced: int arrays come back as lists of ints."""
     value = orjson.loads(text)
     return value if blob is None else fill_packed(value, blob)
 
 
-def fill_packed(value: Dict[str, Any], blob: bytes, *, arrays: bool = False) -> Dict[str, Any]:
+def fill_packed(value: dict[str, Any], blob: bytes, *, arrays: bool = False) -> dict[str, Any]:
     """Put the int arrays of `blob` back into `value` (the JSON text's skeleton), in place.
 
     The store client calls this on spans that came over the wire in packed form, so that
@@ -83,7 +84,7 @@ def fill_packed(value: Dict[str, Any], blob: bytes, *, arrays: bool = False) -> 
     ints.frombytes(memoryview(blob)[split + 1 :])  # a view: the int32 data is copied once, here
     if not _LITTLE_ENDIAN:
         ints.byteswap()
-    decoded: Dict[int, List[int]] = {}  # offset -> list: an array named twice is decoded once
+    decoded: dict[int, list[int]] = {}  # offset -> list: an array named twice is decoded once
     for path, offset, count in orjson.loads(blob[:split]):
         parent: Any = value
         for key in path[:-1]:
@@ -99,12 +100,12 @@ def fill_packed(value: Dict[str, Any], blob: bytes, *, arrays: bool = False) -> 
     return value
 
 
-def check_packed_batch(skeletons: Sequence[Dict[str, Any]], blobs: Sequence[Optional[bytes]]) -> None:
+def check_packed_batch(skeletons: Sequence[dict[str, Any]], blobs: Sequence[bytes | None]) -> None:
     """Raise InvalidInputError unless there is one blob (or None) per span and each fits its
     span's attributes (`check_packed`); the message names the first that does not."""
     if len(skeletons) != len(blobs):
         raise InvalidInputError(f"{len(skeletons)} spans but {len(blobs)} packed_tokens entries")
-    for index, (skeleton, blob) in enumerate(zip(skeletons, blobs)):
+    for index, (skeleton, blob) in enumerate(zip(skeletons, blobs, strict=False)):
         if blob is None:
             continue
         try:
@@ -113,7 +114,7 @@ def check_packed_batch(skeletons: Sequence[Dict[str, Any]], blobs: Sequence[Opti
             raise InvalidInputError(f"packed_tokens[{index}] does not fit spans[{index}]: {exc}") from None
 
 
-def check_packed(skeleton: Dict[str, Any], blob: bytes) -> None:
+def check_packed(skeleton: dict[str, Any], blob: bytes) -> None:
     """Raise ValueError unless `blob` fits `skeleton`: a well-formed index whose every path
     ends at a `null` in the skeleton and whose arrays lie inside the int32 data.
 
@@ -153,7 +154,7 @@ def check_packed(skeleton: Dict[str, Any], blob: bytes) -> None:
             raise ValueError(f"index path {path!r} does not end at a null")
 
 
-def _packable(values: Any, found: List[Tuple[Path, Any]]) -> Optional[array]:
+def _packable(values: Any, found: list[tuple[Path, Any]]) -> array | None:
     """`values` as an int32 array, or None when it must stay JSON."""
     if len(values) < MIN_PACKED_LENGTH or type(values[0]) is not int:
         return None
@@ -168,7 +169,7 @@ def _packable(values: Any, found: List[Tuple[Path, Any]]) -> Optional[array]:
         return None  # beyond int32: JSON keeps it exact
 
 
-def _find_int_lists(container: Any, path: Path, found: List[Tuple[Path, Any]], room: int) -> None:
+def _find_int_lists(container: Any, path: Path, found: list[tuple[Path, Any]], room: int) -> None:
     """Append (path, (list, int32 array)) for every packable list inside `container`, whose
     children may nest `room` more levels."""
     items = container.items() if type(container) is dict else enumerate(container)
@@ -187,10 +188,10 @@ def _find_int_lists(container: Any, path: Path, found: List[Tuple[Path, Any]], r
                 _find_int_lists(item, (*path, key), found, room - 1)
 
 
-def _without(attributes: Dict[str, Any], paths: List[Path]) -> Dict[str, Any]:
+def _without(attributes: dict[str, Any], paths: list[Path]) -> dict[str, Any]:
     """A copy of `attributes` with None at each path; only containers on a path are copied."""
-    root: Dict[str, Any] = dict(attributes)
-    copies: Dict[Tuple[Any, ...], Any] = {(): root}
+    root: dict[str, Any] = dict(attributes)
+    copies: dict[tuple[Any, ...], Any] = {(): root}
     for path in paths:
         original: Any = attributes
         copy: Any = root

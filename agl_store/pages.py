@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -16,7 +16,7 @@ class Page(list[T]):
         self.total = len(self) if total is None else total
 
 
-def page_total(rows: int, limit: int, offset: int) -> Optional[int]:
+def page_total(rows: int, limit: int, offset: int) -> int | None:
     """The match count when a page of `rows` rows shows it (it is the last page), else None.
 
     `limit` -1 means no limit. An empty page past offset 0 shows nothing: the matches may

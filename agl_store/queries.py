@@ -10,7 +10,7 @@ client sends validate here unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Type, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -33,18 +33,18 @@ class Paging(BaseModel):
 
     limit: int = -1
     offset: int = 0
-    sort_by: Optional[str] = None
+    sort_by: str | None = None
     sort_order: SortOrder = "asc"
 
     @classmethod
-    def of_call(cls: Type[Q], arguments: Mapping[str, Any]) -> Q:
+    def of_call(cls: type[Q], arguments: Mapping[str, Any]) -> Q:
         """The query of a `query_*` call, from its `locals()`, values as given: each backend checks
         them its own way (the SQLite store in Python, the HTTP client on the server)."""
         return cls.model_construct(**{name: arguments[name] for name in cls.model_fields if name in arguments})
 
-    def request_fields(self) -> Dict[str, Any]:
+    def request_fields(self) -> dict[str, Any]:
         """The fields as a request sends them: list filters as lists, and left out when None."""
-        fields: Dict[str, Any] = {}
+        fields: dict[str, Any] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
             if name in self.list_fields:
@@ -61,12 +61,12 @@ class RolloutQuery(Paging):
     )
     list_fields: ClassVar[tuple[str, ...]] = ("status_in", "rollout_id_in")
 
-    status_in: Optional[List[RolloutStatus]] = None
-    rollout_id_in: Optional[List[str]] = None
-    rollout_id_contains: Optional[str] = None
-    mode: Optional[RolloutMode] = None
-    start_time_after: Optional[float] = None
-    start_time_before: Optional[float] = None
+    status_in: list[RolloutStatus] | None = None
+    rollout_id_in: list[str] | None = None
+    rollout_id_contains: str | None = None
+    mode: RolloutMode | None = None
+    start_time_after: float | None = None
+    start_time_before: float | None = None
     filter_logic: FilterLogic = "and"
 
 
@@ -77,7 +77,7 @@ class AttemptQuery(Paging):
         {"sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id", "last_heartbeat_time"}
     )
 
-    sort_by: Optional[str] = "sequence_id"
+    sort_by: str | None = "sequence_id"
 
 
 class SpanQuery(Paging):
@@ -88,24 +88,24 @@ class SpanQuery(Paging):
     )
 
     rollout_id: str
-    attempt_id: Optional[str] = None
-    trace_id: Optional[str] = None
-    trace_id_contains: Optional[str] = None
-    span_id: Optional[str] = None
-    span_id_contains: Optional[str] = None
-    parent_id: Optional[str] = None
-    parent_id_contains: Optional[str] = None
-    name: Optional[str] = None
-    name_contains: Optional[str] = None
+    attempt_id: str | None = None
+    trace_id: str | None = None
+    trace_id_contains: str | None = None
+    span_id: str | None = None
+    span_id_contains: str | None = None
+    parent_id: str | None = None
+    parent_id_contains: str | None = None
+    name: str | None = None
+    name_contains: str | None = None
     filter_logic: FilterLogic = "and"
-    sort_by: Optional[str] = "sequence_id"
+    sort_by: str | None = "sequence_id"
 
 
 class ResourcesQuery(Paging):
     sort_fields: ClassVar[frozenset[str]] = frozenset({"resources_id", "create_time", "update_time", "version"})
 
-    resources_id: Optional[str] = None
-    resources_id_contains: Optional[str] = None
+    resources_id: str | None = None
+    resources_id_contains: str | None = None
 
 
 class WorkerQuery(Paging):
@@ -122,6 +122,6 @@ class WorkerQuery(Paging):
     )
     list_fields: ClassVar[tuple[str, ...]] = ("status_in",)
 
-    status_in: Optional[List[WorkerStatus]] = None
-    worker_id_contains: Optional[str] = None
+    status_in: list[WorkerStatus] | None = None
+    worker_id_contains: str | None = None
     filter_logic: FilterLogic = "and"

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import orjson
 from pydantic import TypeAdapter
@@ -44,7 +45,7 @@ PACKED = "packed-v1"
 PACKED_MEDIA_TYPE = "application/vnd.agl.packed-spans"
 """The Content-Type of a `packed_batch` frame posted to `/spans/batch/packed`."""
 
-SPAN_LIST = TypeAdapter(List[Span])
+SPAN_LIST = TypeAdapter(list[Span])
 """Validates a JSON list of spans (pages read here, batches the server takes)."""
 
 
@@ -84,13 +85,13 @@ def packed_span_json(row: Sequence[Any]) -> bytes:
     return _splice(row, _as_bytes(row[10]))
 
 
-def frame(head: Dict[str, Any], blobs: Sequence[Optional[bytes]], prefix: bytes = b"{") -> bytes:
+def frame(head: dict[str, Any], blobs: Sequence[bytes | None], prefix: bytes = b"{") -> bytes:
     """`head` as one JSON line with `packed_tokens` ranges added, then the blobs.
 
     `prefix` is JSON text that goes before `head`'s own keys (say, `{"items":[...],`),
     so that big, already encoded parts are not parsed and re-encoded.
     """
-    ranges: List[Optional[Tuple[int, int]]] = []
+    ranges: list[tuple[int, int] | None] = []
     start = 0
     for blob in blobs:
         if blob is None:
@@ -102,7 +103,7 @@ def frame(head: Dict[str, Any], blobs: Sequence[Optional[bytes]], prefix: bytes 
     return line + b"\n" + b"".join(blob for blob in blobs if blob is not None)
 
 
-def read_frame(body: bytes) -> Tuple[Any, List[Optional[bytes]]]:
+def read_frame(body: bytes) -> tuple[Any, list[bytes | None]]:
     """The JSON and the blobs of a frame; ValueError when it is not one."""
     split = body.find(b"\n")
     if split < 0:
@@ -115,7 +116,7 @@ def read_frame(body: bytes) -> Tuple[Any, List[Optional[bytes]]]:
     if type(ranges) is not list:
         raise ValueError("packed_tokens: expected a list of [start, length] or null")
     data = memoryview(body)[split + 1 :]
-    blobs: List[Optional[bytes]] = []
+    blobs: list[bytes | None] = []
     for index, entry in enumerate(ranges):
         if entry is None:
             blobs.append(None)
@@ -135,7 +136,7 @@ def page_json(rows: Sequence[Any], *, packed: bool, limit: int, offset: int, tot
     """The PaginatedResult of span rows: items, limit, offset, total; a frame when packed."""
     encode = packed_span_json if packed else plain_span_json
     items = b'{"items":[' + b",".join(encode(row) for row in rows) + b"],"
-    rest: Dict[str, Any] = {"limit": limit, "offset": offset, "total": total}
+    rest: dict[str, Any] = {"limit": limit, "offset": offset, "total": total}
     if packed:
         return frame(rest, [row[11] for row in rows], prefix=items)
     return items + orjson.dumps(rest)[1:]
@@ -159,7 +160,7 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def spans_from_page(body: bytes, packed: bool, *, arrays: bool = False) -> Tuple[List[Span], int]:
+def spans_from_page(body: bytes, packed: bool, *, arrays: bool = False) -> tuple[list[Span], int]:
     """The spans of a page body and its `total`; packed pages get their token arrays back
     (as `array('i')` with `arrays`, see `tokens.fill_packed`)."""
     with _collector_paused():
@@ -177,8 +178,8 @@ def spans_from_page(body: bytes, packed: bool, *, arrays: bool = False) -> Tuple
 def packed_batch(spans: Sequence[Span]) -> bytes:
     """The frame `/spans/batch/packed` takes: `{"spans": [...], "packed_tokens": [...]}`
     with each span's token arrays `null` in its attributes and its blob after the JSON."""
-    items: List[bytes] = []
-    blobs: List[Optional[bytes]] = []
+    items: list[bytes] = []
+    blobs: list[bytes | None] = []
     for index, span in enumerate(spans):
         try:
             skeleton, blob = pack_attributes(span.attributes)

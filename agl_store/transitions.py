@@ -8,7 +8,7 @@ as in agent-lightning 0.3: algorithms requeue failed rollouts and retry finished
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from .errors import ConflictError, InvalidInputError
 from .models import (

@@ -17,8 +17,8 @@ and raises `ValueError`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
 
 import torch
 
@@ -31,8 +31,8 @@ class RolloutIndex:
     appearance); `row_to_rollout[b] = k` for every row b of that rollout.
     """
 
-    rollout_ids: List[str]
-    representatives: List[int]
+    rollout_ids: list[str]
+    representatives: list[int]
     row_to_rollout: torch.Tensor
 
 
@@ -40,9 +40,9 @@ def index_rollouts(rollout_ids: Sequence[str], uids: Sequence[str], rewards: Seq
     """Group rows by rollout, checking that each rollout's rows share one uid and one reward."""
     if not (len(rollout_ids) == len(uids) == len(rewards)):
         raise ValueError("rollout_ids, uids and rewards must have one entry per row")
-    position: Dict[str, int] = {}
-    representatives: List[int] = []
-    row_to_rollout: List[int] = []
+    position: dict[str, int] = {}
+    representatives: list[int] = []
+    row_to_rollout: list[int] = []
     for row, rollout_id in enumerate(rollout_ids):
         k = position.get(rollout_id)
         if k is None:

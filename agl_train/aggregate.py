@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .prefix_break import Detokenizer, PrefixBreak, diagnose_break
 from .traces import LLMCall, RolloutTrace
@@ -70,7 +70,7 @@ class Row:
     prompt_ids: Sequence[int]
     response_ids: Sequence[int]
     response_mask: Sequence[int]
-    logprobs: Optional[List[float]]
+    logprobs: list[float] | None
     reward: float
     n_calls: int = 1
     is_drop: bool = False
@@ -81,9 +81,9 @@ class Row:
 class Aggregation:
     """The rows of a set of rollouts, the prefix breaks found, and the aggregator's metrics."""
 
-    rows: List[Row]
-    breaks: List[PrefixBreak] = field(default_factory=list)
-    metrics: Dict[str, float] = field(default_factory=dict)
+    rows: list[Row]
+    breaks: list[PrefixBreak] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def _copy_ids(ids: Sequence[int], as_array: bool) -> Sequence[int]:
@@ -151,7 +151,7 @@ def _equal(a: Sequence[int], b: Sequence[int]) -> bool:
     # arrays too short to be packed (< 8 ids), so the element-wise path stays short.
     if type(a) is type(b):
         return a == b
-    return len(a) == len(b) and all(x == y for x, y in zip(a, b))
+    return len(a) == len(b) and all(x == y for x, y in zip(a, b, strict=False))
 
 
 def extends(prompt_ids: Sequence[int], previous_prompt: Sequence[int], previous_response: Sequence[int]) -> bool:
@@ -165,8 +165,8 @@ def extends(prompt_ids: Sequence[int], previous_prompt: Sequence[int], previous_
 
 
 def transition_rows(
-    trace: RolloutTrace, limits: Limits, tokenizer: Optional[Detokenizer] = None
-) -> Tuple[List[Row], List[PrefixBreak]]:
+    trace: RolloutTrace, limits: Limits, tokenizer: Detokenizer | None = None
+) -> tuple[list[Row], list[PrefixBreak]]:
     """One row per call: `(rows, [])`."""
     return [apply_limits(_unlimited_row(trace, i, call), limits) for i, call in enumerate(trace.calls)], []
 
@@ -181,7 +181,7 @@ class _Segment:
         self.prompt_ids = _copy_ids(call.prompt_ids, self.as_array)
         self.response_ids: Sequence[int] = _copy_ids(call.response_ids, self.as_array)
         self.response_mask: Sequence[int] = _mask(1, len(call.response_ids), self.as_array)
-        self.logprobs: Optional[List[float]] = list(call.logprobs) if call.logprobs is not None else None
+        self.logprobs: list[float] | None = list(call.logprobs) if call.logprobs is not None else None
         self.n_calls = 1
         self.last_call = call
 
@@ -226,8 +226,8 @@ class _Segment:
 
 
 def trajectory_rows(
-    trace: RolloutTrace, limits: Limits, tokenizer: Optional[Detokenizer] = None
-) -> Tuple[List[Row], List[PrefixBreak]]:
+    trace: RolloutTrace, limits: Limits, tokenizer: Detokenizer | None = None
+) -> tuple[list[Row], list[PrefixBreak]]:
     """Merge consecutive calls whose prompts extend the previous context; `(rows, breaks)`.
 
     The merge test uses the previous *call's* prompt + response (not the merged row's), which
@@ -235,9 +235,9 @@ def trajectory_rows(
     call's prompt + response. The choices of one call with n > 1 each start a row (without a
     break record); the next call can only extend the last of them.
     """
-    rows: List[Row] = []
-    breaks: List[PrefixBreak] = []
-    segment: Optional[_Segment] = None
+    rows: list[Row] = []
+    breaks: list[PrefixBreak] = []
+    segment: _Segment | None = None
     for turn_index, call in enumerate(trace.calls):
         if segment is None:
             segment = _Segment(turn_index, call)
@@ -263,7 +263,7 @@ def trajectory_rows(
     return rows, breaks
 
 
-RowBuilder = Callable[[RolloutTrace, Limits, Optional[Detokenizer]], Tuple[List[Row], List[PrefixBreak]]]
+RowBuilder = Callable[[RolloutTrace, Limits, Detokenizer | None], tuple[list[Row], list[PrefixBreak]]]
 """The fixed signature of an aggregator level: (trace, limits, tokenizer) → (rows, breaks)."""
 
 AGGREGATORS: Mapping[str, RowBuilder] = MappingProxyType(
@@ -283,7 +283,7 @@ def aggregate(
     traces: Iterable[RolloutTrace],
     level: str,
     limits: Limits,
-    tokenizer: Optional[Detokenizer] = None,
+    tokenizer: Detokenizer | None = None,
 ) -> Aggregation:
     """Turn rollouts into training rows at `level`, with the metrics of what was dropped or cut.
 
@@ -294,10 +294,10 @@ def aggregate(
     `training/n_llm_calls_skipped/<reason>`.
     """
     build = get_aggregator(level)
-    rows: List[Row] = []
-    breaks: List[PrefixBreak] = []
+    rows: list[Row] = []
+    breaks: list[PrefixBreak] = []
     n_rollouts = n_without_rows = n_without_reward = 0
-    skipped: Dict[str, int] = {}
+    skipped: dict[str, int] = {}
     for trace in traces:
         n_rollouts += 1
         n_without_reward += not trace.has_reward
@@ -307,7 +307,7 @@ def aggregate(
         n_without_rows += not trace_rows
         rows += trace_rows
         breaks += trace_breaks
-    metrics: Dict[str, float] = {
+    metrics: dict[str, float] = {
         METRIC_DROPPED_MARKED: sum(row.is_drop for row in rows),
         METRIC_TRUNCATED: sum(row.truncated for row in rows),
         "training/n_rows": len(rows),

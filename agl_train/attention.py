@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any, Optional
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def flash_attn_installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def resolve_attn_implementation(config: Any, *, flash_attn: Optional[bool] = None) -> str:
+def resolve_attn_implementation(config: Any, *, flash_attn: bool | None = None) -> str:
     """Set `ATTN_KEY` in `config` (an OmegaConf DictConfig) to what this machine can run; returns it.
 
     `auto` (agl's default) or an absent key becomes `flash_attention_2` with flash-attn and

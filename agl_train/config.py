@@ -7,8 +7,9 @@ ValueError for settings that cannot run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any
 
 from .aggregate import Limits, get_aggregator, limits_for_level
 from .loss import LOSS_MODE
@@ -34,14 +35,14 @@ class TrainSettings:
     level: str
     limits: Limits
     reward_fillna_value: float
-    max_ppo_update_times: Optional[int]
+    max_ppo_update_times: int | None
     enable_rollout_level_advantage: bool
     per_rollout_mean: bool
     ppo_mini_batch_size: int
     rollout_n: int
     train_batch_size: int
     async_rollout: bool = False
-    async_train_batch_size: Optional[int] = None
+    async_train_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         get_aggregator(self.level)
@@ -78,7 +79,7 @@ def settings_from_config(config: Any) -> TrainSettings:
     )
 
 
-def trainer_settings(config: Any) -> Tuple[TrainSettings, RunnerSettings]:
+def trainer_settings(config: Any) -> tuple[TrainSettings, RunnerSettings]:
     """Every agl setting of a trainer config, checked: the data path's, the runners', no KL
     penalty in the reward (agl's trainer does not apply it), and no verl key that agl's loop
     would not honour (`verl_config.check_verl_config`: critics, GAE, rollout correction, ...).

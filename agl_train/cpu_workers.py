@@ -11,7 +11,7 @@ module replaces exactly those pieces and nothing else:
 | `RayWorkerGroup` of `ActorRolloutRefWorker`s | `LocalWorkerGroup`: one `ActorRolloutRefWorker` in this process |
 | FSDP wrapping in `FSDPEngineWithLMHead` | `CpuEngine`: the same engine with the HF model left unwrapped |
 | `LLMServerManager` (vLLM replicas verl starts) | `ExternalReplicas`: vLLM servers started elsewhere |
-| `CheckpointEngineManager` (sleep, NCCL/IPC weight push, wake) | `DiskWeightSync`: safetensors + vLLM's `reload_weights` |
+| `CheckpointEngineManager` (NCCL/IPC weight push) | `DiskWeightSync`: safetensors + vLLM's `reload_weights` |
 
 Everything else is verl's own code, run for real: `ActorRolloutRefWorker.init_model`, the
 `TrainingWorker`'s mini-batch iteration (`train_mini_batch`), the engine's micro-batching, forward,
@@ -38,8 +38,9 @@ import shutil
 import socket
 import types
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 import httpx
 import torch
@@ -86,7 +87,7 @@ class _CpuDeviceModule(types.ModuleType):
         return 0
 
     @staticmethod
-    def mem_get_info(device: Any = None) -> Tuple[int, int]:
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
         import psutil
 
         memory = psutil.virtual_memory()
@@ -132,7 +133,7 @@ class CpuPlatform(PlatformBase):
     def set_device(self, device_index: int) -> None:
         return None
 
-    def synchronize(self, device_index: Optional[int] = None) -> None:
+    def synchronize(self, device_index: int | None = None) -> None:
         return None
 
     def manual_seed(self, seed: int) -> None:
@@ -147,7 +148,7 @@ class CpuPlatform(PlatformBase):
     def empty_cache(self) -> None:
         return None
 
-    def get_device_capability(self, device_index: int = 0) -> Tuple[Optional[int], Optional[int]]:
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
 
     def communication_backend_name(self) -> str:
@@ -169,7 +170,7 @@ class CpuPlatform(PlatformBase):
     def ray_resource_name(self) -> str:
         return "CPU"
 
-    def ray_noset_envvars(self) -> List[str]:
+    def ray_noset_envvars(self) -> list[str]:
         return []
 
     def is_ipc_supported(self) -> bool:
@@ -232,9 +233,9 @@ class LocalWorkerGroup:
         self.worker.init_model()
         self.world_size = 1
         # verl's trainer caches each role's data-parallel ranks here (`_get_dp_size`, used by `balance_batch`).
-        self._dispatch_info: Dict[str, List[int]] = {}
+        self._dispatch_info: dict[str, list[int]] = {}
 
-    def _query_dispatch_info(self, role: str) -> List[int]:
+    def _query_dispatch_info(self, role: str) -> list[int]:
         """The data-parallel rank of each worker: one worker, rank 0."""
         return [0]
 
@@ -259,7 +260,7 @@ class LocalWorkerGroup:
     def load_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         self.worker.load_checkpoint(*args, **kwargs)
 
-    def per_tensor_params(self) -> Iterator[Tuple[str, torch.Tensor]]:
+    def per_tensor_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's weights under their HF names, from the engine's `get_per_tensor_param`
         (what verl's weight sync sends to vLLM)."""
         params, _ = self.worker.actor.engine.get_per_tensor_param()
@@ -279,7 +280,7 @@ class ExternalReplicas:
     def __init__(self, server_addresses: Sequence[str]) -> None:
         self._replicas = [Replica(address) for address in server_addresses]
 
-    def get_replicas(self) -> List[Replica]:
+    def get_replicas(self) -> list[Replica]:
         return list(self._replicas)
 
 
@@ -292,19 +293,23 @@ class DiskWeightSync:
     """
 
     def __init__(
-        self, actor: LocalWorkerGroup, replicas: ExternalReplicas, weights_dir: Path, timeout_s: float = RELOAD_TIMEOUT_S
+        self,
+        actor: LocalWorkerGroup,
+        replicas: ExternalReplicas,
+        weights_dir: Path,
+        timeout_s: float = RELOAD_TIMEOUT_S,
     ) -> None:
         self.actor = actor
         self.replicas = replicas
         self.weights_dir = Path(weights_dir)
         self.timeout_s = timeout_s
-        self.synced_steps: List[int] = []
+        self.synced_steps: list[int] = []
 
     def sleep_replicas(self) -> None:
         """Nothing to free on the CPU: the replicas keep serving until the proxy is paused."""
         return None
 
-    def update_weights(self, global_steps: int) -> Dict[str, float]:
+    def update_weights(self, global_steps: int) -> dict[str, float]:
         from safetensors.torch import save_file
 
         target = self.weights_dir / f"step_{global_steps}"
@@ -352,7 +357,11 @@ def init_cpu_workers(trainer: Any, server_addresses: Sequence[str], weights_dir:
 
 
 def run_ppo_on_cpu(
-    config: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any], server_addresses: Sequence[str], weights_dir: Path
+    config: Any,
+    train_dataset: Sequence[Any],
+    val_dataset: Sequence[Any],
+    server_addresses: Sequence[str],
+    weights_dir: Path,
 ) -> Any:
     """Train like `agl_train.entry.run_ppo`, in this process on the CPU, against the vLLM servers at
     `server_addresses`; returns the trainer after `fit()` (its `actor_rollout_wg.model` is the

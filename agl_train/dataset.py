@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Dict, List
+from typing import Any
 
 from torch.utils.data import Dataset
 
 INPUT_KEY = "input"
 
 
-def check_dataset(name: str, dataset: Any) -> List[Any]:
+def check_dataset(name: str, dataset: Any) -> list[Any]:
     """`dataset` as a list, after checking it is a non-empty sequence of JSON-like objects.
 
     Raises TypeError for something that is not a sequence (a dict, a string, a generator)
@@ -33,7 +33,9 @@ def check_dataset(name: str, dataset: Any) -> List[Any]:
         try:
             json.dumps(item)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{name}[{index}] is not a JSON-like object (it becomes a rollout's input): {exc}") from None
+            raise ValueError(
+                f"{name}[{index}] is not a JSON-like object (it becomes a rollout's input): {exc}"
+            ) from None
     return items
 
 
@@ -46,11 +48,11 @@ class InMemoryDataset(Dataset):
     def __len__(self) -> int:
         return len(self.tasks)
 
-    def __getitem__(self, index: int) -> Dict[str, Any]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
         return {INPUT_KEY: self.tasks[index]}
 
 
-def collate_inputs(items: Sequence[Dict[str, Any]]) -> Dict[str, List[Any]]:
+def collate_inputs(items: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     """The dataloader's collate function: a batch is `{"input": [task, ...]}`, tasks untouched
     (verl's default collate would turn them into numpy arrays)."""
     return {INPUT_KEY: [item[INPUT_KEY] for item in items]}

@@ -18,11 +18,12 @@ and runs `AglTrainer` inside a Ray actor, as verl's own `main_ppo` does.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .attention import resolve_attn_implementation
-from .dataset import check_dataset
 from .config import trainer_settings
+from .dataset import check_dataset
 
 WORKER_SETUP_HOOK = "agl_train.entry.worker_process_setup_hook"
 
@@ -35,7 +36,7 @@ def worker_process_setup_hook() -> None:
     register_per_rollout_loss()
 
 
-def ray_init_kwargs(config: Any) -> Dict[str, Any]:
+def ray_init_kwargs(config: Any) -> dict[str, Any]:
     """`ray.init` arguments: verl's runtime env and `ray_kwargs.ray_init`, plus agl's setup hook."""
     from omegaconf import OmegaConf
 
@@ -51,7 +52,7 @@ def ray_init_kwargs(config: Any) -> Dict[str, Any]:
     return {**{k: v for k, v in ray_init.items() if v is not None}, "runtime_env": runtime_env}
 
 
-def check_inputs(config: Any, train_dataset: Any, val_dataset: Any) -> tuple[List[Any], List[Any]]:
+def check_inputs(config: Any, train_dataset: Any, val_dataset: Any) -> tuple[list[Any], list[Any]]:
     """Validate the datasets and agl's settings; returns the datasets as lists.
 
     Raises TypeError / ValueError with a message naming what is wrong, before Ray starts.
@@ -81,7 +82,7 @@ def run_ppo(config: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any
     ray.get(runner.run.remote(config, train, val))
 
 
-def build_trainer(config: Any, train: List[Any], val: List[Any], **worker_kwargs: Any) -> Any:
+def build_trainer(config: Any, train: list[Any], val: list[Any], **worker_kwargs: Any) -> Any:
     """`AglTrainer` on a resolved `config` after verl's `validate_config`, with in-memory datasets;
     `worker_kwargs` are `RayPPOTrainer`'s worker arguments (`role_worker_mapping`, ...)."""
     with warnings.catch_warnings():
@@ -117,7 +118,7 @@ def make_task_runner() -> Any:
         from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
     class AglTaskRunner(BaseTaskRunner):
-        def run(self, config: Any, train: List[Any], val: List[Any]) -> None:
+        def run(self, config: Any, train: list[Any], val: list[Any]) -> None:
             from omegaconf import OmegaConf
             from verl.trainer.ppo.utils import need_critic
 
@@ -150,9 +151,9 @@ def main() -> None:
 
     @hydra.main(config_path="pkg://agl_train", config_name="config", version_base=None)
     def _main(config: Any) -> None:
-        def read(path: Any) -> List[Any]:
+        def read(path: Any) -> list[Any]:
             paths = [path] if isinstance(path, str) else list(path)
-            tasks: List[Any] = []
+            tasks: list[Any] = []
             for one in paths:
                 with open(one, encoding="utf-8") as handle:
                     tasks += [json.loads(line) for line in handle if line.strip()]

@@ -12,12 +12,12 @@ class RolloutHooks:
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional
+from typing import Any
 
 HOOKS_CLASS = "RolloutHooks"
 
 
-def load_hooks(module_path: Optional[str]) -> Optional[Any]:
+def load_hooks(module_path: str | None) -> Any | None:
     """An instance of `module_path`'s `RolloutHooks`, or None when no module is configured."""
     if not module_path:
         return None
@@ -28,7 +28,7 @@ def load_hooks(module_path: Optional[str]) -> Optional[Any]:
     return hooks_class()
 
 
-def run_startup_hooks(module_path: Optional[str]) -> Optional[Any]:
+def run_startup_hooks(module_path: str | None) -> Any | None:
     """Load the hooks and call `on_startup()` (when the class has one); returns the instance."""
     hooks = load_hooks(module_path)
     on_startup = getattr(hooks, "on_startup", None)

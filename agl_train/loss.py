@@ -18,7 +18,7 @@ every rollout the same total weight instead, in two steps:
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
@@ -37,7 +37,7 @@ def normalize_advantages_by_rollout(
         raise ValueError(f"{len(rollout_ids)} rollout ids for {n_rows} rows")
     if n_rows == 0:
         return advantages.clone()
-    codes: Dict[str, int] = {}
+    codes: dict[str, int] = {}
     row_rollout = torch.tensor([codes.setdefault(r, len(codes)) for r in rollout_ids], dtype=torch.long)
     row_tokens = response_mask.to(torch.float64).sum(dim=-1)
     rollout_tokens = torch.zeros(len(codes), dtype=torch.float64).index_add_(0, row_rollout, row_tokens)
@@ -53,7 +53,7 @@ def clipped_policy_losses(
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token dual-clip PPO losses, `[B, R]`, with the two clip indicators.
 
     ρ = exp(clamp(log π − log π_old, −20, 20))
@@ -82,9 +82,9 @@ def per_rollout_mean_loss(
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    rollout_is_weights: torch.Tensor | None = None,
     dp_size: int = 1,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, float]]:
     """loss = dp_size · Σ_{b,t} m[b, t] · w[b, t] · L[b, t], with L from `clipped_policy_losses`.
 
     `advantages` must already be normalised by `normalize_advantages_by_rollout`; `w` are the

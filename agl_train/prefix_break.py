@@ -21,8 +21,9 @@ the divergence position alone.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Collection, List, Optional, Protocol, Sequence
+from typing import Protocol
 
 KIND_TEMPLATE = "template"
 KIND_RETOKENIZED = "retokenized"
@@ -39,7 +40,7 @@ class Detokenizer(Protocol):
 
     all_special_ids: Collection[int]
 
-    def decode(self, token_ids: List[int], skip_special_tokens: bool = ...) -> str: ...
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,8 @@ class PrefixBreak:
     context_length: int
     prompt_length: int
     previous_prompt_length: int
-    context_window: List[int]
-    prompt_window: List[int]
+    context_window: list[int]
+    prompt_window: list[int]
 
     def describe(self) -> str:
         """A one-line explanation for logs."""
@@ -84,7 +85,7 @@ def classify_break(
     previous_prompt: Sequence[int],
     previous_response: Sequence[int],
     prompt: Sequence[int],
-    tokenizer: Optional[Detokenizer] = None,
+    tokenizer: Detokenizer | None = None,
 ) -> str:
     """The likely cause (`BREAK_KINDS`) of `prompt` not starting with `previous_prompt + previous_response`."""
     context = list(previous_prompt) + list(previous_response)
@@ -92,7 +93,7 @@ def classify_break(
 
 
 def _classify(
-    context: List[int], k: int, previous_prompt_length: int, prompt: Sequence[int], tokenizer: Optional[Detokenizer]
+    context: list[int], k: int, previous_prompt_length: int, prompt: Sequence[int], tokenizer: Detokenizer | None
 ) -> str:
     # Takes the context and its divergence `k` already computed, so `diagnose_break` builds them once.
     if k == 0:
@@ -106,7 +107,7 @@ def _classify(
     return KIND_RETOKENIZED if k >= previous_prompt_length else KIND_TEMPLATE
 
 
-def _classify_with_tokenizer(context: List[int], prompt: Sequence[int], tokenizer: Detokenizer) -> str:
+def _classify_with_tokenizer(context: list[int], prompt: Sequence[int], tokenizer: Detokenizer) -> str:
     special = set(tokenizer.all_special_ids)
     context_specials = [t for t in context if t in special]
     prompt_specials = [t for t in prompt if t in special][: len(context_specials)]
@@ -125,7 +126,7 @@ def diagnose_break(
     previous_prompt: Sequence[int],
     previous_response: Sequence[int],
     prompt: Sequence[int],
-    tokenizer: Optional[Detokenizer] = None,
+    tokenizer: Detokenizer | None = None,
 ) -> PrefixBreak:
     """A `PrefixBreak` record for call `turn_index` of a rollout, whose prompt broke the prefix."""
     context = list(previous_prompt) + list(previous_response)

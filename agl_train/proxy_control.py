@@ -10,7 +10,8 @@ flight to drain and reads its state (`pause_for_update`), then `resume()`s it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -46,13 +47,13 @@ class ProxyControl:
         key: str = "",
         *,
         timeout_s: float = GATEWAY_TIMEOUT_S,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = _without_v1(base_url)
         self.key = key
         self.timeout_s = timeout_s
         self._transport = transport
-        self._http: Optional[httpx.AsyncClient] = None
+        self._http: httpx.AsyncClient | None = None
 
     @property
     def openai_base_url(self) -> str:
@@ -67,7 +68,7 @@ class ProxyControl:
             )
         return self._http
 
-    async def _request(self, method: str, path: str, body: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    async def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
         try:
             response = await self._client().request(method, path, json=body)
         except httpx.HTTPError as exc:
@@ -78,21 +79,23 @@ class ProxyControl:
             )
         return response.json()
 
-    async def state(self) -> Dict[str, Any]:
+    async def state(self) -> dict[str, Any]:
         """`{"paused", "reason", "paused_at", "in_flight", "models", "spans_buffered"}`."""
         return await self._request("GET", "/proxy/state")
 
-    async def pause(self, reason: str = "weight update", *, drain: bool = True, timeout_s: Optional[float] = None) -> Dict[str, Any]:
+    async def pause(
+        self, reason: str = "weight update", *, drain: bool = True, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Refuse new calls (429) and, with `drain`, wait until the calls in flight are done."""
-        body: Dict[str, Any] = {"reason": reason, "drain": drain}
+        body: dict[str, Any] = {"reason": reason, "drain": drain}
         if timeout_s is not None:
             body["timeout"] = timeout_s
         return await self._request("POST", "/proxy/pause", body)
 
-    async def resume(self) -> Dict[str, Any]:
+    async def resume(self) -> dict[str, Any]:
         return await self._request("POST", "/proxy/resume")
 
-    async def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    async def update_model_list(self, model_list: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Replace the proxy's backends (LiteLLM `model_list` entries); returns the list it serves."""
         answer = await self._request("POST", "/proxy/model_list", {"model_list": [dict(e) for e in model_list]})
         return answer["model_list"]
@@ -129,8 +132,8 @@ async def publish_replicas(
     server_addresses: Sequence[str],
     *,
     version: str,
-    api_key: Optional[str] = None,
-    sampling_parameters: Optional[Dict[str, Any]] = None,
+    api_key: str | None = None,
+    sampling_parameters: dict[str, Any] | None = None,
 ) -> str:
     """Register the rollout engine's replicas with the proxy (one `model_list` entry each,
     tagged with the weight `version`) and publish a new resource set whose `main_llm` is the
@@ -149,7 +152,7 @@ async def publish_replicas(
     return update.resources_id
 
 
-async def pause_for_update(proxy: ProxyControl) -> Dict[str, float]:
+async def pause_for_update(proxy: ProxyControl) -> dict[str, float]:
     """Pause the proxy and wait until its calls in flight are done: the replicas may sleep and
     take new weights next. New calls get 429 + Retry-After until `proxy.resume()`."""
     drained = await proxy.pause("weight update", drain=True)
@@ -161,15 +164,15 @@ async def pause_for_update(proxy: ProxyControl) -> Dict[str, float]:
 
 
 def vllm_model_list(
-    server_addresses: Sequence[str], model_name: str, *, served_model: Optional[str] = None, version: Optional[str] = None
-) -> List[Dict[str, Any]]:
+    server_addresses: Sequence[str], model_name: str, *, served_model: str | None = None, version: str | None = None
+) -> list[dict[str, Any]]:
     """LiteLLM `model_list` entries for vLLM replicas (`host:port` or URLs), one per replica,
     all under `model_name`; `served_model` is the name vLLM serves (default `model_name`),
     `version` the weight version recorded in every span they serve."""
     entries = []
     for address in server_addresses:
         url = server_root(address) + "/v1"
-        entry: Dict[str, Any] = {
+        entry: dict[str, Any] = {
             "model_name": model_name,
             "litellm_params": {"model": f"hosted_vllm/{served_model or model_name}", "api_base": url},
         }

@@ -25,7 +25,6 @@ continues with the dataloader at batch `batches_drawn(s)` (`resume_position`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ class StepSchedule:
             validate=self.test_freq > 0 and (is_last or step % self.test_freq == 0),
         )
 
-    def resume_position(self, completed_steps: int) -> Tuple[int, int]:
+    def resume_position(self, completed_steps: int) -> tuple[int, int]:
         """(epoch, batches already drawn in it) after `completed_steps` steps."""
         return divmod(self.batches_drawn(completed_steps), self.batches_per_epoch)
 

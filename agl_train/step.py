@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -55,12 +56,12 @@ class StepData:
     """What one step's rollouts produced: the update batch (None when no row survived), the
     metrics of the step, and the groups it trained on."""
 
-    data: Optional[DataProto]
-    metrics: Dict[str, float]
+    data: DataProto | None
+    metrics: dict[str, float]
     collected: Collected
 
 
-def _token_metrics(data: Optional[DataProto]) -> Dict[str, float]:
+def _token_metrics(data: DataProto | None) -> dict[str, float]:
     if data is None or len(data) == 0:
         return {"training/n_update_rows": 0.0, "training/n_response_tokens": 0.0, "training/n_tokens": 0.0}
     return {
@@ -76,7 +77,7 @@ READS_IN_FLIGHT = 8
 
 async def read_succeeded(
     store: LightningStore, groups: Sequence[Group], reward_fillna_value: float, *, in_flight: int = READS_IN_FLIGHT
-) -> List[RolloutTrace]:
+) -> list[RolloutTrace]:
     """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid
     (`in_flight` reads at a time)."""
     slots = asyncio.Semaphore(in_flight)
@@ -100,10 +101,10 @@ async def rollout_step(
     pad_token_id: int,
     rng: random.Random,
     adv_estimator: Any = "grpo",
-    groups_to_train: Optional[int] = None,
-    resources_id: Optional[str] = None,
-    proxy: Optional[ProxyControl] = None,
-    tokenizer: Optional[Detokenizer] = None,
+    groups_to_train: int | None = None,
+    resources_id: str | None = None,
+    proxy: ProxyControl | None = None,
+    tokenizer: Detokenizer | None = None,
     **compute_advantage_kwargs: Any,
 ) -> StepData:
     """One step's data path, from new prompts to the batch that goes to the actor update.
@@ -152,8 +153,8 @@ def build_batch(
     traces: Sequence[RolloutTrace],
     settings: TrainSettings,
     pad_token_id: int,
-    tokenizer: Optional[Detokenizer] = None,
-) -> Tuple[Optional[DataProto], Aggregation]:
+    tokenizer: Detokenizer | None = None,
+) -> tuple[DataProto | None, Aggregation]:
     """Rows of `traces` at the configured level, as a `DataProto` (None when there are no rows).
 
     The aggregation (rows, prefix-break records, metrics) comes back too, for logging.
@@ -171,7 +172,7 @@ def prepare_update(
     rng: random.Random,
     adv_estimator: Any,
     **compute_advantage_kwargs: Any,
-) -> Tuple[DataProto, Dict[str, float]]:
+) -> tuple[DataProto, dict[str, float]]:
     """Advantage on all rows, then the update batch, then per-rollout normalisation.
 
     `data` needs `token_level_rewards` (the trainer sets it from `token_level_scores`, with

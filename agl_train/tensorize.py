@@ -8,18 +8,17 @@ The reward sits on the last valid response token of `token_level_scores`.
 from __future__ import annotations
 
 from array import array
-from typing import Dict, Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from .aggregate import Limits, Row
 
-
 _NUMPY_TYPES = {"i": np.int32, "b": np.int8}
 
 
-def _values(values: Sequence[int]) -> Union[np.ndarray, Sequence[int]]:
+def _values(values: Sequence[int]) -> np.ndarray | Sequence[int]:
     """An `array('i')`/`array('b')` as a numpy view of its memory (no Python int per id);
     anything else as it is, for numpy to convert."""
     if type(values) is array:
@@ -27,7 +26,7 @@ def _values(values: Sequence[int]) -> Union[np.ndarray, Sequence[int]]:
     return values
 
 
-def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> Dict[str, torch.Tensor]:
+def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> dict[str, torch.Tensor]:
     """The tensor batch of `rows`, shapes `[B, P]` / `[B, R]` / `[B, P + R]` with P, R the limits.
 
     Keys: `prompts`, `responses`, `input_ids`, `attention_mask`, `position_ids`,
@@ -87,7 +86,7 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> D
     return tensors
 
 
-def rows_to_non_tensors(rows: Sequence[Row]) -> Dict[str, np.ndarray]:
+def rows_to_non_tensors(rows: Sequence[Row]) -> dict[str, np.ndarray]:
     """The per-row non-tensor fields: `uid` (the prompt group), `rollout_id`, `turn_index`."""
     return {
         "uid": np.array([row.uid for row in rows], dtype=object),

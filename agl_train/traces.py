@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 from agl_store import call_span
 from agl_store.base import LightningStore
@@ -45,11 +46,11 @@ class LLMCall:
 
     prompt_ids: Sequence[int]
     response_ids: Sequence[int]
-    logprobs: Optional[List[float]] = None
-    sequence_id: Optional[int] = None
+    logprobs: list[float] | None = None
+    sequence_id: int | None = None
     span_id: str = ""
     choice_index: int = 0
-    finish_reason: Optional[str] = None
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,20 +64,20 @@ class RolloutTrace:
 
     rollout_id: str
     uid: str
-    calls: List[LLMCall]
+    calls: list[LLMCall]
     reward: float
     has_reward: bool = True
     attempt_id: str = ""
     skipped: Mapping[str, int] = field(default_factory=dict)
 
 
-def _sorted_by_sequence(spans: Iterable[Span]) -> List[Span]:
+def _sorted_by_sequence(spans: Iterable[Span]) -> list[Span]:
     # Spans from the store are already sorted; hand-built lists may not be. Spans without a
     # sequence number keep their relative order after the numbered ones.
     return sorted(spans, key=lambda s: (s.sequence_id is None, s.sequence_id or 0))
 
 
-def _int_list(value: Any) -> Optional[Sequence[int]]:
+def _int_list(value: Any) -> Sequence[int] | None:
     if type(value) is array and value.typecode == "i":
         return value if value else None  # decoded from the store's int32 blobs: ints by construction
     if not isinstance(value, list) or not value:
@@ -87,7 +88,7 @@ def _int_list(value: Any) -> Optional[Sequence[int]]:
     return value
 
 
-def _logprob_list(value: Any, n_tokens: int) -> Optional[List[float]]:
+def _logprob_list(value: Any, n_tokens: int) -> list[float] | None:
     # A logprob list that does not line up with the tokens cannot be trusted position by
     # position, so it is dropped rather than padded.
     if not isinstance(value, list) or len(value) != n_tokens:
@@ -100,14 +101,14 @@ def _logprob_list(value: Any, n_tokens: int) -> Optional[List[float]]:
     return list(map(float, value))
 
 
-def calls_from_spans(spans: Iterable[Span]) -> Tuple[List[LLMCall], Dict[str, int]]:
+def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, int]]:
     """The trainable LLM calls among `spans`, in sequence order, and the skipped-call counts.
 
     Every choice of an `agl.llm_call` span with prompt and response token ids becomes one
     `LLMCall`. Spans with status ERROR and choices without token ids are counted under the
     `SKIP_*` reasons instead. Spans of other names are ignored.
     """
-    calls: List[LLMCall] = []
+    calls: list[LLMCall] = []
     skipped: Counter[str] = Counter()
     for span in _sorted_by_sequence(spans):
         if span.name != call_span.NAME:
@@ -144,7 +145,7 @@ def calls_from_spans(spans: Iterable[Span]) -> Tuple[List[LLMCall], Dict[str, in
     return calls, dict(skipped)
 
 
-def reward_value(span: Span) -> Optional[float]:
+def reward_value(span: Span) -> float | None:
     """The reward a span records, or None: `agl.reward` spans (`agl.reward.value`), and spans
     of agent-lightning 0.3's `emit_reward` (`agentlightning.reward.0.value`, the primary reward).
 
@@ -159,9 +160,9 @@ def reward_value(span: Span) -> Optional[float]:
     return None
 
 
-def final_reward(spans: Iterable[Span]) -> Optional[float]:
+def final_reward(spans: Iterable[Span]) -> float | None:
     """The last reward (see `reward_value`) in sequence order, or None if there is none."""
-    reward: Optional[float] = None
+    reward: float | None = None
     for span in _sorted_by_sequence(spans):
         value = reward_value(span)
         if value is not None:
@@ -173,7 +174,7 @@ def trace_from_spans(
     rollout_id: str,
     spans: Sequence[Span],
     *,
-    uid: Optional[str] = None,
+    uid: str | None = None,
     reward_fillna_value: float = 0.0,
     attempt_id: str = "",
 ) -> RolloutTrace:
@@ -199,7 +200,7 @@ async def read_rollout(
     store: LightningStore,
     rollout_id: str,
     *,
-    uid: Optional[str] = None,
+    uid: str | None = None,
     reward_fillna_value: float = 0.0,
 ) -> RolloutTrace:
     """Read the spans of a rollout's latest attempt from `store` into a `RolloutTrace`.

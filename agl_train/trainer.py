@@ -14,7 +14,8 @@ import logging
 import os
 import random
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -67,12 +68,12 @@ class AglTrainer(RayPPOTrainer):
             # v0 worker stack (RayPPOTrainer's worker groups) and owns the loop, so the warning is noise here.
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*RayPPOTrainer.*")
             super().__init__(config, *args, **kwargs)
-        self._proxy: Optional[ProxyControl] = None
+        self._proxy: ProxyControl | None = None
         self._loop = LoopThread("agl-trainer-loop")
-        self._store: Optional[LightningStore] = None
-        self._dispatcher: Optional[RolloutDispatcher] = None
-        self._tracker: Optional[GroupTracker] = None
-        self._pending: List[Any] = []  # prompts drawn from the dataloader, not yet submitted
+        self._store: LightningStore | None = None
+        self._dispatcher: RolloutDispatcher | None = None
+        self._tracker: GroupTracker | None = None
+        self._pending: list[Any] = []  # prompts drawn from the dataloader, not yet submitted
         self._rng = random.Random(self.config.data.get("seed", 0) or 0)
 
     @property
@@ -149,14 +150,14 @@ class AglTrainer(RayPPOTrainer):
             config=self.config.algorithm,
         )
 
-    def _inputs_to_submit(self, plan: StepPlan) -> List[Any]:
+    def _inputs_to_submit(self, plan: StepPlan) -> list[Any]:
         """Take from the pending prompts enough to have `plan.in_flight` groups in flight."""
         in_flight = len(self._tracker.in_flight) if self._tracker is not None else 0
         room = max(plan.in_flight - in_flight, 0)
         taken, self._pending = self._pending[:room], self._pending[room:]
         return taken
 
-    async def _cancel_leftovers(self) -> Dict[str, float]:
+    async def _cancel_leftovers(self) -> dict[str, float]:
         """At the end of the run: cancel the groups still in flight and report them with the
         prompts never submitted (the run ended before the data: `trainer.total_training_steps`)."""
         assert self._tracker is not None
@@ -166,19 +167,22 @@ class AglTrainer(RayPPOTrainer):
             logger.warning(
                 "step %d is the last: %d groups in flight cancelled and %d drawn prompts not submitted "
                 "(trainer.total_training_steps=%d ends the run before the data)",
-                self.global_steps, groups, prompts, self.total_training_steps,
+                self.global_steps,
+                groups,
+                prompts,
+                self.total_training_steps,
             )
             self._pending = []
         return {"rollout/n_groups_cancelled_at_end": float(groups), "rollout/n_prompts_not_trained": float(prompts)}
 
     # --- verl's side ------------------------------------------------------------------------
 
-    def _validate(self, merged: bool = False) -> Dict[str, float]:
+    def _validate(self, merged: bool = False) -> dict[str, float]:
         """Mean reward of one rollout per validation task (`val/reward_mean`)."""
         tasks = [item[INPUT_KEY] for item in self.val_dataset]
         tracker = GroupTracker(self._store, 1, mode="val")
 
-        async def run() -> Dict[str, float]:
+        async def run() -> dict[str, float]:
             resources_id = await self._publish_replicas()
             await self.proxy.resume()
             await tracker.submit(tasks, resources_id=resources_id)
@@ -207,7 +211,7 @@ class AglTrainer(RayPPOTrainer):
             test_freq=int(trainer.test_freq),
         )
 
-    def _batches(self, start_epoch: int) -> Iterator[List[Any]]:
+    def _batches(self, start_epoch: int) -> Iterator[list[Any]]:
         """The prompts of each dataloader batch from `start_epoch` on (a resumed loader starts
         inside that epoch, past the batches already drawn)."""
         for _ in range(start_epoch, int(self.config.trainer.total_epochs)):
@@ -302,7 +306,7 @@ class AglTrainer(RayPPOTrainer):
             self._loop.run(self._close_agl())
             self._loop.stop()
 
-    def _prepare_batch(self, batch: DataProto, metrics: Dict[str, float]) -> None:
+    def _prepare_batch(self, batch: DataProto, metrics: dict[str, float]) -> None:
         """What verl does to a batch before its log-probs: `trainer.balance_batch` (reorder the
         rows so each data-parallel rank gets similar token counts), token counts, temperature."""
         if self.config.trainer.balance_batch:
@@ -310,7 +314,7 @@ class AglTrainer(RayPPOTrainer):
         batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(dim=-1).tolist()
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
 
-    def _dump_rollouts(self, batch: DataProto, timing_raw: Dict[str, float]) -> None:
+    def _dump_rollouts(self, batch: DataProto, timing_raw: dict[str, float]) -> None:
         """`trainer.rollout_data_dir`: the step's rows as verl writes them (`<dir>/<step>.jsonl`:
         decoded prompt and response, score), with each row's rollout id and uid."""
         directory = self.config.trainer.get("rollout_data_dir")
@@ -318,9 +322,9 @@ class AglTrainer(RayPPOTrainer):
             extra = {key: batch.non_tensor_batch[key].tolist() for key in ("rollout_id", "uid")}
             self._log_rollout_data(batch, extra, timing_raw, directory)
 
-    def _train_step(self, new_inputs: Sequence[Any], save: bool = False) -> Dict[str, float]:
-        metrics: Dict[str, float] = {}
-        timing_raw: Dict[str, float] = {}
+    def _train_step(self, new_inputs: Sequence[Any], save: bool = False) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        timing_raw: dict[str, float] = {}
         with marked_timer("step", timing_raw):
             with marked_timer("gen", timing_raw):
                 step = self._loop.run(self._rollouts(new_inputs))
@@ -344,7 +348,9 @@ class AglTrainer(RayPPOTrainer):
                     actor_output = self._update_actor(batch)
                 metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
             else:
-                logger.warning("step %d: no trainable rows (all rollouts failed or too few rows); no update", self.global_steps)
+                logger.warning(
+                    "step %d: no trainable rows (all rollouts failed or too few rows); no update", self.global_steps
+                )
             if save:
                 # As verl: saved while the replicas sleep, before update_weights wakes them.
                 with marked_timer("save_checkpoint", timing_raw):
@@ -361,4 +367,4 @@ class AglTrainer(RayPPOTrainer):
         return metrics
 
 
-__all__: List[str] = ["AglTrainer", "CARRIED_FILE"]
+__all__: list[str] = ["AglTrainer", "CARRIED_FILE"]

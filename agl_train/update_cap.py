@@ -14,8 +14,8 @@ advantage they carry none — and only then at random from the other rows.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
 
 METRIC_DROPPED_SAME_REWARD = "training/n_sample_dropped/same_reward"
 METRIC_DROPPED_RANDOM = "training/n_sample_dropped/random"
@@ -25,12 +25,12 @@ METRIC_DROPPED_RANDOM = "training/n_sample_dropped/random"
 class UpdateCap:
     """Rows kept (indices, ascending) and how many were dropped from each pool."""
 
-    keep: List[int]
+    keep: list[int]
     n_dropped_same_reward: int
     n_dropped_random: int
 
     @property
-    def metrics(self) -> Dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         return {
             METRIC_DROPPED_SAME_REWARD: self.n_dropped_same_reward,
             METRIC_DROPPED_RANDOM: self.n_dropped_random,
@@ -44,7 +44,7 @@ def mini_batch_rows(ppo_mini_batch_size: int, rollout_n: int) -> int:
     return ppo_mini_batch_size * rollout_n
 
 
-def kept_row_count(n_rows: int, mini_batch_size: int, max_ppo_update_times: Optional[int]) -> int:
+def kept_row_count(n_rows: int, mini_batch_size: int, max_ppo_update_times: int | None) -> int:
     """M · min(⌊B / M⌋, cap); the cap is ignored when None."""
     n_updates = n_rows // mini_batch_size
     if max_ppo_update_times is not None:
@@ -54,11 +54,11 @@ def kept_row_count(n_rows: int, mini_batch_size: int, max_ppo_update_times: Opti
     return n_updates * mini_batch_size
 
 
-def same_reward_rows(uids: Sequence[str], rewards: Sequence[float]) -> List[bool]:
+def same_reward_rows(uids: Sequence[str], rewards: Sequence[float]) -> list[bool]:
     """For each row, whether every row of its group (same uid) has the same reward."""
-    first: Dict[str, float] = {}
+    first: dict[str, float] = {}
     varying: set[str] = set()
-    for uid, reward in zip(uids, rewards):
+    for uid, reward in zip(uids, rewards, strict=False):
         if uid not in first:
             first[uid] = reward
         elif reward != first[uid]:
@@ -72,7 +72,7 @@ def cap_updates(
     *,
     ppo_mini_batch_size: int,
     rollout_n: int,
-    max_ppo_update_times: Optional[int],
+    max_ppo_update_times: int | None,
     rng: random.Random,
 ) -> UpdateCap:
     """Choose the rows of the update batch (see the module docstring for the policy)."""

@@ -16,7 +16,8 @@ The math lives in `advantage`, `update_cap` and `loss`; this module only moves t
 from __future__ import annotations
 
 import random
-from typing import Any, Dict, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from ._verl import DataProto, compute_advantage
 from .advantage import broadcast_to_rows, index_rollouts, rollout_scalars
@@ -65,9 +66,9 @@ def select_update_batch(
     *,
     ppo_mini_batch_size: int,
     rollout_n: int,
-    max_ppo_update_times: Optional[int],
+    max_ppo_update_times: int | None,
     rng: random.Random,
-) -> Tuple[DataProto, Dict[str, float]]:
+) -> tuple[DataProto, dict[str, float]]:
     """Drop marked rows, then keep whole mini-batches (see `update_cap`); rows keep their order.
 
     Metrics: `training/n_sample_dropped/marked`, `training/n_sample_dropped/same_reward`,
@@ -97,4 +98,3 @@ def normalize_batch_advantages(data: DataProto) -> DataProto:
         data.batch["advantages"], data.batch["response_mask"], list(data.non_tensor_batch["rollout_id"])
     )
     return data
-

@@ -8,8 +8,9 @@ ValueError naming the key and the value to set instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any
 
 _MISSING = object()
 
@@ -30,14 +31,14 @@ class Refused:
     """A verl key whose values other than `allowed` agl's loop does not implement."""
 
     key: str
-    allowed: Tuple[Any, ...]
+    allowed: tuple[Any, ...]
     why: str
 
     def accepts(self, value: Any) -> bool:
         return value is _MISSING or value in self.allowed
 
 
-REFUSED_KEYS: Tuple[Refused, ...] = (
+REFUSED_KEYS: tuple[Refused, ...] = (
     Refused("critic.enable", (False, None), "agl trains the actor only (no critic, no value estimates)"),
     Refused("trainer.critic_warmup", (0,), "critic warm-up steps need a critic, which agl does not build"),
     Refused(
@@ -76,7 +77,7 @@ def select(config: Any, dotted: str, default: Any = _MISSING) -> Any:
     """The value at a dotted key of a DictConfig or nested dicts; `default` when a part is missing."""
     node = config
     for part in dotted.split("."):
-        getter: Optional[Callable[[str, Any], Any]] = getattr(node, "get", None)
+        getter: Callable[[str, Any], Any] | None = getattr(node, "get", None)
         if getter is None:
             return default
         node = getter(part, _MISSING)

@@ -7,7 +7,7 @@ so that actors find it. The math is `loss.per_rollout_mean_loss`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -21,9 +21,9 @@ def compute_policy_loss_per_rollout_mean(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's policy-loss signature around `loss.per_rollout_mean_loss`.
 
     Clip ratios come from the actor config (`clip_ratio_low` / `clip_ratio_high`, falling back

@@ -19,7 +19,8 @@ import json
 import logging
 import os
 import sys
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import _workload as wl
 from _serving import served
@@ -38,7 +39,7 @@ SERVER_START_TIMEOUT_S = 120.0
 class PeerKit:
     """agent-lightning 0.3 spans: OpenTelemetry-typed attributes (see `_workload.otel_flat`)."""
 
-    def span(self, fields: Dict[str, Any]) -> Any:
+    def span(self, fields: dict[str, Any]) -> Any:
         return Span(**{**fields, "attributes": wl.otel_flat(fields["attributes"])})
 
     def enqueue_request(self, input: Any) -> Any:
@@ -53,8 +54,17 @@ def peer_server() -> Any:
     """0.3's `agl store` (in-memory store, `asyncio` launch mode: one process) on a free
     127.0.0.1 port; a context manager yielding (url, pid)."""
     return served(
-        lambda port: [sys.executable, "-m", "agentlightning.cli.store", "--host", "127.0.0.1", "--port", str(port),
-                      "--log-level", "WARNING"],
+        lambda port: [
+            sys.executable,
+            "-m",
+            "agentlightning.cli.store",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "WARNING",
+        ],
         SERVER_START_TIMEOUT_S,
     )
 
@@ -72,10 +82,10 @@ def http_client_factory(url: str) -> Callable[[], Any]:
     return client
 
 
-async def run(counts: wl.Counts, transports: List[str], only: Optional[List[str]]) -> Dict[str, Any]:
+async def run(counts: wl.Counts, transports: list[str], only: list[str] | None) -> dict[str, Any]:
     kit = PeerKit()
     payloads = wl.payload_pool()
-    results: Dict[str, Any] = {}
+    results: dict[str, Any] = {}
     if "inproc" in transports:
         # One store per scenario, shared by its runs (as agl's side shares one SQLite file).
         for name, scenario in wl.select(wl.span_scenarios(), only).items():
@@ -89,7 +99,9 @@ async def run(counts: wl.Counts, transports: List[str], only: Optional[List[str]
             results.update(await wl.measure_all("inproc", {name: scenario}, bench, log))
     if "http" in transports:
         with peer_server() as (url, pid):
-            bench = wl.Bench(kit=kit, payloads=payloads, counts=counts, connect=http_client_factory(url), server_pid=pid)
+            bench = wl.Bench(
+                kit=kit, payloads=payloads, counts=counts, connect=http_client_factory(url), server_pid=pid
+            )
             results.update(await wl.measure_all("http", wl.select(wl.http_scenarios(), only), bench, log))
     return results
 

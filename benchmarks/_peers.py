@@ -13,9 +13,10 @@ import os
 import subprocess
 import sys
 import venv
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 PEER_PACKAGE = "agentlightning"
 PEER_VERSION = "0.3.0"
@@ -57,7 +58,7 @@ def peer_python(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
     return _venv_python(peer_venv_dir(cache_dir))
 
 
-def _installed_version(python: Path) -> Optional[str]:
+def _installed_version(python: Path) -> str | None:
     """The peer package's version inside the venv, or None when it does not import."""
     if not python.exists():
         return None
@@ -111,7 +112,9 @@ def ensure_peer(cache_dir: Path = DEFAULT_CACHE_DIR, log: Log = print) -> PeerEn
         INSTALL_TIMEOUT_S,
     )
     if status != 0:
-        return PeerUnavailable(f"pip install {PEER_PACKAGE}=={PEER_VERSION} failed (exit {status}); see the pip lines above")
+        return PeerUnavailable(
+            f"pip install {PEER_PACKAGE}=={PEER_VERSION} failed (exit {status}); see the pip lines above"
+        )
     version = _installed_version(python)
     if version != PEER_VERSION:
         return PeerUnavailable(f"{PEER_PACKAGE} does not import in {venv_dir} after install (found {version!r})")
@@ -119,7 +122,7 @@ def ensure_peer(cache_dir: Path = DEFAULT_CACHE_DIR, log: Log = print) -> PeerEn
     return PeerEnv(python=python, version=version)
 
 
-def run_peer_worker(peer: PeerEnv, args: List[str], log: Log = print, timeout_s: float = 1800.0) -> Dict[str, Any]:
+def run_peer_worker(peer: PeerEnv, args: list[str], log: Log = print, timeout_s: float = 1800.0) -> dict[str, Any]:
     """Run `_peer_worker.py` in the peer venv and return the JSON object it prints last.
 
     The worker's stderr carries its progress lines, forwarded through `log`. Raises
@@ -138,7 +141,7 @@ def run_peer_worker(peer: PeerEnv, args: List[str], log: Log = print, timeout_s:
         cwd=str(BENCH_DIR),
     )
     assert proc.stderr is not None and proc.stdout is not None
-    tail: List[str] = []
+    tail: list[str] = []
     for line in proc.stderr:
         line = line.rstrip()
         tail = (tail + [line])[-20:]

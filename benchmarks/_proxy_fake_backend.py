@@ -25,15 +25,19 @@ def _chat(model: str) -> bytes:
         "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok " * N_TOKENS, "tool_calls": []},
                      "logprobs": None, "finish_reason": "length", "stop_reason": None, "token_ids": TOKEN_IDS}],
-        "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": N_TOKENS, "total_tokens": len(PROMPT_IDS) + N_TOKENS},
+        "usage": {
+            "prompt_tokens": len(PROMPT_IDS),
+            "completion_tokens": N_TOKENS,
+            "total_tokens": len(PROMPT_IDS) + N_TOKENS,
+        },
         "prompt_token_ids": PROMPT_IDS, "prompt_logprobs": None, "kv_transfer_params": None,
     }).encode()  # fmt: skip
 
 
 def _chunks(model: str) -> list[bytes]:
     base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-    first = {**base, "prompt_token_ids": PROMPT_IDS,
-             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None, "token_ids": []}]}  # fmt: skip
+    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    first = {**base, "prompt_token_ids": PROMPT_IDS, "choices": [{**choice, "token_ids": []}]}
     out = [b"data: " + json.dumps(first).encode() + b"\n\n"]
     for i, token in enumerate(TOKEN_IDS):
         last = i == N_TOKENS - 1

@@ -14,7 +14,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import aiohttp
 
@@ -32,14 +32,14 @@ class SustainedResult:
     refused: int
     errors: int
     calls_per_s: float
-    exported_in_window: Optional[int] = None
-    max_backlog: Optional[int] = None
-    spans_stored: Optional[int] = None
-    lost: Optional[int] = None
-    acknowledged_by_rollout: Dict[str, int] = field(default_factory=dict)
+    exported_in_window: int | None = None
+    max_backlog: int | None = None
+    spans_stored: int | None = None
+    lost: int | None = None
+    acknowledged_by_rollout: dict[str, int] = field(default_factory=dict)
 
 
-def metric(text: str, name: str) -> Optional[float]:
+def metric(text: str, name: str) -> float | None:
     """The value of an unlabelled Prometheus sample `name` in `text`."""
     match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else None
@@ -47,17 +47,17 @@ def metric(text: str, name: str) -> Optional[float]:
 
 async def run_sustained(
     target: str,
-    base_urls: List[str],
-    rollout_ids: List[str],
-    metrics_url: Optional[str],
+    base_urls: list[str],
+    rollout_ids: list[str],
+    metrics_url: str | None,
     seconds: float,
     model: str,
 ) -> SustainedResult:
     """`len(base_urls)` clients, client i calling `base_urls[i]` (attributed to `rollout_ids[i]`)."""
     body = {"model": model, "messages": [{"role": "user", "content": "Benchmark me."}], "max_tokens": 16}
-    acknowledged: Dict[str, int] = {rid: 0 for rid in rollout_ids}
+    acknowledged: dict[str, int] = {rid: 0 for rid in rollout_ids}
     counts = {"refused": 0, "errors": 0}
-    backlog: List[float] = []
+    backlog: list[float] = []
     connector = aiohttp.TCPConnector(limit=len(base_urls) + 4)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
         deadline = time.monotonic() + seconds
@@ -75,7 +75,7 @@ async def run_sustained(
                             await asyncio.sleep(min(wait, RETRY_CAP_S))
                         else:
                             counts["errors"] += 1
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     counts["errors"] += 1
 
         async def sampler() -> None:
@@ -105,14 +105,14 @@ async def run_sustained(
     )
 
 
-async def _metric(session: aiohttp.ClientSession, url: Optional[str], name: str) -> Optional[float]:
+async def _metric(session: aiohttp.ClientSession, url: str | None, name: str) -> float | None:
     if url is None:
         return None
     async with session.get(url) as response:
         return metric(await response.text(), name)
 
 
-async def count_spans(db_path: str, rollout_ids: List[str]) -> Dict[str, int]:
+async def count_spans(db_path: str, rollout_ids: list[str]) -> dict[str, int]:
     """Spans stored per rollout, read from the proxy's database after it stopped."""
     from agl_store.sqlite import SQLiteStore
 
@@ -123,7 +123,7 @@ async def count_spans(db_path: str, rollout_ids: List[str]) -> Dict[str, int]:
     return out
 
 
-def settle(result: SustainedResult, stored: Dict[str, int]) -> None:
+def settle(result: SustainedResult, stored: dict[str, int]) -> None:
     """Fill in spans stored and calls lost (acknowledged, no span), per rollout summed."""
     result.spans_stored = sum(stored.values())
     result.lost = sum(max(0, n - stored.get(rid, 0)) for rid, n in result.acknowledged_by_rollout.items())
@@ -143,7 +143,7 @@ def describe(result: SustainedResult) -> str:
     return line
 
 
-def as_dict(result: SustainedResult) -> Dict[str, Any]:
+def as_dict(result: SustainedResult) -> dict[str, Any]:
     out = dict(result.__dict__)
     out.pop("acknowledged_by_rollout")
     return out

@@ -11,8 +11,8 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
 
 HEALTH_PATH = "/v1/agl/health"
 """Both servers answer here (agent-lightning 0.3's route, which agl keeps)."""
@@ -34,11 +34,11 @@ def _healthy(url: str) -> bool:
 
 @contextlib.contextmanager
 def served(
-    command: Callable[[int], List[str]],
+    command: Callable[[int], list[str]],
     start_timeout_s: float,
-    log_path: Optional[Path] = None,
-    cwd: Optional[Path] = None,
-) -> Iterator[Tuple[str, int]]:
+    log_path: Path | None = None,
+    cwd: Path | None = None,
+) -> Iterator[tuple[str, int]]:
     """Start `command(port)` on a free 127.0.0.1 port, wait for its health route, yield
     (url, pid), and stop it (SIGTERM, then SIGKILL after 15 s) when the block ends.
 
@@ -55,7 +55,11 @@ def served(
         while not _healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = log_path.read_text(errors="replace")[-3000:] if log_path else ""
-                state = f"exited {proc.returncode}" if proc.poll() is not None else f"unhealthy after {start_timeout_s:.0f}s"
+                state = (
+                    f"exited {proc.returncode}"
+                    if proc.poll() is not None
+                    else f"unhealthy after {start_timeout_s:.0f}s"
+                )
                 raise RuntimeError(f"server {command(port)[:4]} {state}\n{tail}")
             time.sleep(0.1)
         yield url, proc.pid

@@ -18,8 +18,10 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, AsyncContextManager, Awaitable, Callable, Dict, Iterable, List, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 SPANS_PER_ROLLOUT = 100
 """The rollout size of the span scenarios and of the `query_spans` scenario."""
@@ -38,7 +40,7 @@ _WORDS = (
 class StoreKit(Protocol):
     """What differs between the two stores' client libraries."""
 
-    def span(self, fields: Dict[str, Any]) -> Any:
+    def span(self, fields: dict[str, Any]) -> Any:
         """A span object of this library from docs/spans.md-shaped plain fields."""
 
     def enqueue_request(self, input: Any) -> Any:
@@ -61,7 +63,7 @@ class Counts:
     repeats: int = 3
 
     @classmethod
-    def quick(cls) -> "Counts":
+    def quick(cls) -> Counts:
         """A smoke run: seconds, not minutes; numbers are indicative only."""
         return cls(
             single_spans=100,
@@ -83,7 +85,7 @@ def _text(rng: random.Random, n_words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n_words))
 
 
-def llm_call_payload(seed: int) -> Dict[str, Any]:
+def llm_call_payload(seed: int) -> dict[str, Any]:
     """Attributes of one `agl.llm_call` span: ~10 KB of JSON, 450 distinct token ids.
 
     Shaped like a vLLM chat completion through the proxy: the request with its messages,
@@ -144,11 +146,11 @@ def llm_call_payload(seed: int) -> Dict[str, Any]:
     }
 
 
-def payload_pool() -> List[Dict[str, Any]]:
+def payload_pool() -> list[dict[str, Any]]:
     return [llm_call_payload(seed) for seed in range(PAYLOAD_VARIANTS)]
 
 
-def span_fields(payload: Dict[str, Any], rollout_id: str, attempt_id: str, sequence_id: int) -> Dict[str, Any]:
+def span_fields(payload: dict[str, Any], rollout_id: str, attempt_id: str, sequence_id: int) -> dict[str, Any]:
     """Every field of a span, explicit, so that both libraries validate the same input."""
     rng = random.Random(f"{rollout_id}/{attempt_id}/{sequence_id}")
     trace_id = f"{rng.getrandbits(128):032x}"
@@ -174,10 +176,10 @@ def span_fields(payload: Dict[str, Any], rollout_id: str, attempt_id: str, seque
     }
 
 
-def otel_flat(attributes: Dict[str, Any]) -> Dict[str, Any]:
+def otel_flat(attributes: dict[str, Any]) -> dict[str, Any]:
     """Attributes as OpenTelemetry allows them (agent-lightning 0.3's `Span` does):
     objects become JSON strings, nulls are left out, int and float arrays stay arrays."""
-    flat: Dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     for key, value in attributes.items():
         if value is None:
             continue
@@ -188,7 +190,7 @@ def otel_flat(attributes: Dict[str, Any]) -> Dict[str, Any]:
     return flat
 
 
-def payload_bytes(payload: Dict[str, Any]) -> int:
+def payload_bytes(payload: dict[str, Any]) -> int:
     return len(json.dumps(payload).encode())
 
 
@@ -206,7 +208,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def process_cpu_seconds(pid: int) -> Optional[float]:
+def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds process `pid` has used (Linux /proc), or None elsewhere."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -221,11 +223,11 @@ class Bench:
     """Everything a scenario needs besides the store handle it is given."""
 
     kit: StoreKit
-    payloads: List[Dict[str, Any]]
+    payloads: list[dict[str, Any]]
     counts: Counts
-    connect: Callable[[], AsyncContextManager[Any]]
+    connect: Callable[[], AbstractAsyncContextManager[Any]]
     """Opens another handle on the same store (a separate client, as another runner has)."""
-    server_pid: Optional[int] = None
+    server_pid: int | None = None
     """The HTTP server's process, whose CPU time is charged to each timed section."""
 
 
@@ -244,10 +246,10 @@ class _Clock:
         self._load0 = time.process_time()
         self._t0 = time.perf_counter()
 
-    def _server_cpu(self) -> Optional[float]:
+    def _server_cpu(self) -> float | None:
         return process_cpu_seconds(self._pid) if self._pid is not None else None
 
-    def result(self, ops: int) -> Dict[str, float]:
+    def result(self, ops: int) -> dict[str, float]:
         """{"rate": ops/s, "load_ms_per_op": ..., "server_ms_per_op": ... (served only)}."""
         elapsed = time.perf_counter() - self._t0
         out = {"rate": ops / elapsed, "load_ms_per_op": (time.process_time() - self._load0) * 1000.0 / ops}
@@ -269,9 +271,9 @@ async def _pool(items: Iterable[Any], concurrency: int, fn: Callable[[Any], Awai
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _span_groups(store: Any, bench: Bench, n_spans: int) -> List[List[Any]]:
+async def _span_groups(store: Any, bench: Bench, n_spans: int) -> list[list[Any]]:
     """Span objects for `n_spans` LLM calls, SPANS_PER_ROLLOUT to a started rollout."""
-    groups: List[List[Any]] = []
+    groups: list[list[Any]] = []
     made = 0
     while made < n_spans:
         rollout = await store.start_rollout(input={"question": f"q{made}"})
@@ -288,7 +290,7 @@ async def _span_groups(store: Any, bench: Bench, n_spans: int) -> List[List[Any]
     return groups
 
 
-async def add_span_rate(store: Any, bench: Bench, n_spans: int, concurrency: int) -> Dict[str, float]:
+async def add_span_rate(store: Any, bench: Bench, n_spans: int, concurrency: int) -> dict[str, float]:
     """Spans/s of `add_span`, one span per call, `concurrency` calls in flight on one handle
     (as in a proxy exporting the spans of concurrent LLM calls)."""
     spans = [s for group in await _span_groups(store, bench, n_spans) for s in group]
@@ -297,7 +299,7 @@ async def add_span_rate(store: Any, bench: Bench, n_spans: int, concurrency: int
     return clock.result(len(spans))
 
 
-async def add_many_rate(store: Any, bench: Bench, n_spans: int, concurrency: int) -> Dict[str, float]:
+async def add_many_rate(store: Any, bench: Bench, n_spans: int, concurrency: int) -> dict[str, float]:
     """Spans/s of `add_many_spans` with batches of `counts.batch_size` spans of one rollout."""
     batch = bench.counts.batch_size
     groups = await _span_groups(store, bench, n_spans)
@@ -307,12 +309,12 @@ async def add_many_rate(store: Any, bench: Bench, n_spans: int, concurrency: int
     return clock.result(n_spans)
 
 
-async def query_spans_latency(store: Any, bench: Bench) -> Dict[str, float]:
+async def query_spans_latency(store: Any, bench: Bench) -> dict[str, float]:
     """Median and p90 milliseconds of `query_spans` for one rollout of SPANS_PER_ROLLOUT spans."""
     (group,) = await _span_groups(store, bench, SPANS_PER_ROLLOUT)
     await store.add_many_spans(group)
     rollout_id = group[0].rollout_id
-    latencies: List[float] = []
+    latencies: list[float] = []
     clock = _Clock(bench)
     for _ in range(bench.counts.queries):
         started = time.perf_counter()
@@ -325,7 +327,7 @@ async def query_spans_latency(store: Any, bench: Bench) -> Dict[str, float]:
     return {"median": statistics.median(latencies), "p90": percentile(latencies, 90), **out}
 
 
-async def queue_cycle_rate(store: Any, bench: Bench) -> Dict[str, float]:
+async def queue_cycle_rate(store: Any, bench: Bench) -> dict[str, float]:
     """Cycles/s of enqueue_rollout → dequeue_rollout → update_attempt(succeeded), one at a time."""
     n_cycles = bench.counts.cycles
     clock = _Clock(bench)
@@ -338,7 +340,7 @@ async def queue_cycle_rate(store: Any, bench: Bench) -> Dict[str, float]:
     return clock.result(n_cycles)
 
 
-async def runners_rate(store: Any, bench: Bench) -> Dict[str, float]:
+async def runners_rate(store: Any, bench: Bench) -> dict[str, float]:
     """Rollouts/s of `counts.runners` concurrent runners, each with its own store handle
     (runners are separate processes in real use), each looping: dequeue a rollout, add
     SPANS_PER_RUNNER_ROLLOUT spans one call at a time, mark the attempt succeeded."""
@@ -373,10 +375,10 @@ async def runners_rate(store: Any, bench: Bench) -> Dict[str, float]:
 
 # --- the scenario table ---------------------------------------------------------------
 
-Scenario = Callable[[Any, Bench], Awaitable[Dict[str, float]]]
+Scenario = Callable[[Any, Bench], Awaitable[dict[str, float]]]
 
 
-def span_scenarios() -> Dict[str, Scenario]:
+def span_scenarios() -> dict[str, Scenario]:
     """Scenarios of the span and queue paths, keyed by metric name (the transport prefixes it)."""
     return {
         "add_span_c1": lambda s, b: add_span_rate(s, b, b.counts.single_spans, 1),
@@ -388,12 +390,12 @@ def span_scenarios() -> Dict[str, Scenario]:
     }
 
 
-def http_scenarios() -> Dict[str, Scenario]:
+def http_scenarios() -> dict[str, Scenario]:
     """The span scenarios plus the 100-runner workload, which only makes sense served."""
     return {**span_scenarios(), "runners": runners_rate}
 
 
-def select(scenarios: Dict[str, Scenario], only: Optional[Sequence[str]]) -> Dict[str, Scenario]:
+def select(scenarios: dict[str, Scenario], only: Sequence[str] | None) -> dict[str, Scenario]:
     """The scenarios named in `only` (all when None); an unknown name is an error."""
     if only is None:
         return scenarios
@@ -404,12 +406,12 @@ def select(scenarios: Dict[str, Scenario], only: Optional[Sequence[str]]) -> Dic
     return {name: fn for name, fn in scenarios.items() if name in only}
 
 
-async def measure(name: str, scenario: Scenario, bench: Bench, log: Callable[[str], None]) -> Dict[str, Any]:
+async def measure(name: str, scenario: Scenario, bench: Bench, log: Callable[[str], None]) -> dict[str, Any]:
     """Run `scenario` `counts.repeats` times on one store handle.
 
     Returns {"value": {field: median over runs}, "runs": [each run's fields]}.
     """
-    runs: List[Dict[str, float]] = []
+    runs: list[dict[str, float]] = []
     async with bench.connect() as store:
         for attempt in range(bench.counts.repeats):
             fields = await scenario(store, bench)
@@ -421,7 +423,7 @@ async def measure(name: str, scenario: Scenario, bench: Bench, log: Callable[[st
 
 
 async def measure_all(
-    prefix: str, scenarios: Dict[str, Scenario], bench: Bench, log: Callable[[str], None]
-) -> Dict[str, Any]:
+    prefix: str, scenarios: dict[str, Scenario], bench: Bench, log: Callable[[str], None]
+) -> dict[str, Any]:
     """`measure` each scenario; results keyed `prefix.name` (the same keys on both sides)."""
     return {f"{prefix}.{name}": await measure(f"{prefix}.{name}", fn, bench, log) for name, fn in scenarios.items()}

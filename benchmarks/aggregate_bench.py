@@ -32,26 +32,27 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agl_store.models import Span, reward_span  # noqa: E402
 from agl_train.aggregate import Limits, aggregate  # noqa: E402
-from agl_train.traces import RolloutTrace, read_rollout, trace_from_spans  # noqa: E402
 from agl_train.tensorize import rows_to_tensors  # noqa: E402
+from agl_train.traces import RolloutTrace, read_rollout, trace_from_spans  # noqa: E402
 
 VOCAB = 150_000
 
 
-def rollout_spans(rollout_id: str, turns: int, tokens: int, breaks: bool, rng: random.Random) -> List[Span]:
+def rollout_spans(rollout_id: str, turns: int, tokens: int, breaks: bool, rng: random.Random) -> list[Span]:
     """Spans of one tool-agent rollout whose context reaches about `tokens` tokens."""
     initial = tokens // 8
     per_turn = (tokens - initial) // turns
     answer, observation = per_turn * 2 // 5, per_turn - per_turn * 2 // 5
     context = [rng.randrange(VOCAB) for _ in range(initial)]
-    spans: List[Span] = []
+    spans: list[Span] = []
     for turn in range(turns):
         if breaks and turn == turns // 2 + 1:
             context = context[:initial] + [rng.randrange(VOCAB)] + context[initial + 1 :]  # re-rendered history
@@ -76,13 +77,13 @@ def rollout_spans(rollout_id: str, turns: int, tokens: int, breaks: bool, rng: r
     return spans
 
 
-def naive_merge(trace: RolloutTrace) -> List[Tuple[List[int], List[int], List[int]]]:
+def naive_merge(trace: RolloutTrace) -> list[tuple[list[int], list[int], list[int]]]:
     """Baseline: the merge written the obvious way, a fresh context list per call."""
-    rows: List[Tuple[List[int], List[int], List[int]]] = []
-    context: List[int] = []
-    prompt: List[int] = []
-    response: List[int] = []
-    mask: List[int] = []
+    rows: list[tuple[list[int], list[int], list[int]]] = []
+    context: list[int] = []
+    prompt: list[int] = []
+    response: list[int] = []
+    mask: list[int] = []
     for call in trace.calls:
         full = call.prompt_ids + call.response_ids
         if context and full[: len(context)] == context:
@@ -99,7 +100,7 @@ def naive_merge(trace: RolloutTrace) -> List[Tuple[List[int], List[int], List[in
     return rows
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> Tuple[float, Any]:
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     """Median wall seconds of `fn` over `repeats` runs, and its last result."""
     times, result = [], None
     for _ in range(repeats):
@@ -109,7 +110,7 @@ def timed(fn: Callable[[], Any], repeats: int) -> Tuple[float, Any]:
     return statistics.median(times), result
 
 
-async def store_read(all_spans: Sequence[List[Span]], repeats: int) -> float:
+async def store_read(all_spans: Sequence[list[Span]], repeats: int) -> float:
     from agl_store.sqlite import SQLiteStore
 
     store = SQLiteStore(":memory:")
@@ -163,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     store_s = None if args.no_store else asyncio.run(store_read(all_spans, args.repeats))
 
     n_rows = len(merged.rows)
-    results: Dict[str, Any] = {
+    results: dict[str, Any] = {
         "workload": {
             "rollouts": args.rollouts,
             "turns": args.turns,
@@ -176,8 +177,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "stages": {
             "parse": {"seconds": parse_s, "spans_per_s": n_spans / parse_s},
-            "trajectory": {"seconds": trajectory_s, "spans_per_s": n_spans / trajectory_s, "rows_per_s": n_rows / trajectory_s},
-            "baseline_naive_merge": {"seconds": naive_s, "spans_per_s": n_spans / naive_s, "rows_per_s": n_rows / naive_s},
+            "trajectory": {
+                "seconds": trajectory_s,
+                "spans_per_s": n_spans / trajectory_s,
+                "rows_per_s": n_rows / trajectory_s,
+            },
+            "baseline_naive_merge": {
+                "seconds": naive_s,
+                "spans_per_s": n_spans / naive_s,
+                "rows_per_s": n_rows / naive_s,
+            },
             "baseline_transition": {
                 "seconds": transition_s,
                 "spans_per_s": n_spans / transition_s,

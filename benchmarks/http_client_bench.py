@@ -24,45 +24,47 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(1, str(BENCH_DIR.parent))
 
-import httpx  # noqa: E402
-
 import _workload as wl  # noqa: E402
+import httpx  # noqa: E402
 from store_bench import AglKit, agl_server  # noqa: E402
 
 from agl_store.client import LightningStoreClient  # noqa: E402
 from agl_store.web.http_transport import AiohttpTransport  # noqa: E402
 
-STACKS: Dict[str, Callable[[], Optional[httpx.AsyncBaseTransport]]] = {
+STACKS: dict[str, Callable[[], httpx.AsyncBaseTransport | None]] = {
     "aiohttp direct": lambda: None,
     "httpx+aiohttp": lambda: AiohttpTransport(max_connections=100),
     "httpx only": lambda: httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=100)),
 }
 
 
-async def _timed(calls: int, run: Callable[[], Any]) -> Dict[str, float]:
+async def _timed(calls: int, run: Callable[[], Any]) -> dict[str, float]:
     cpu0, t0 = time.process_time(), time.perf_counter()
     await run()
     return {"cpu_ms": (time.process_time() - cpu0) * 1000.0 / calls, "rate": calls / (time.perf_counter() - t0)}
 
 
-async def one_round(url: str, stack: str, n_spans: int, n_queries: int) -> Dict[str, Dict[str, float]]:
+async def one_round(url: str, stack: str, n_spans: int, n_queries: int) -> dict[str, dict[str, float]]:
     kit, payloads = AglKit(), wl.payload_pool()
     async with LightningStoreClient(url, retries=0, transport=STACKS[stack]()) as store:
 
-        async def spans(n: int) -> List[Any]:
+        async def spans(n: int) -> list[Any]:
             rollout = await store.start_rollout(input={"stack": stack})
             attempt = rollout.attempt.attempt_id
-            return [kit.span(wl.span_fields(payloads[i % len(payloads)], rollout.rollout_id, attempt, i + 1))
-                    for i in range(n)]
+            return [
+                kit.span(wl.span_fields(payloads[i % len(payloads)], rollout.rollout_id, attempt, i + 1))
+                for i in range(n)
+            ]
 
-        async def pooled(items: List[Any], concurrency: int, fn: Callable[[Any], Any]) -> None:
+        async def pooled(items: list[Any], concurrency: int, fn: Callable[[Any], Any]) -> None:
             it = iter(items)
 
             async def worker() -> None:
@@ -71,7 +73,7 @@ async def one_round(url: str, stack: str, n_spans: int, n_queries: int) -> Dict[
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
 
-        out: Dict[str, Dict[str, float]] = {}
+        out: dict[str, dict[str, float]] = {}
         await store.add_span((await spans(1))[0])  # warm the connection pool
         single = await spans(n_spans)
         out["add_span c=1"] = await _timed(n_spans, lambda: pooled(single, 1, store.add_span))
@@ -90,8 +92,8 @@ async def one_round(url: str, stack: str, n_spans: int, n_queries: int) -> Dict[
         return out
 
 
-async def run(url: str, rounds: int, n_spans: int, n_queries: int) -> Dict[str, Dict[str, List[Dict[str, float]]]]:
-    results: Dict[str, Dict[str, List[Dict[str, float]]]] = {s: {} for s in STACKS}
+async def run(url: str, rounds: int, n_spans: int, n_queries: int) -> dict[str, dict[str, list[dict[str, float]]]]:
+    results: dict[str, dict[str, list[dict[str, float]]]] = {s: {} for s in STACKS}
     for r in range(rounds):
         for stack in STACKS:
             for line, numbers in (await one_round(url, stack, n_spans, n_queries)).items():
@@ -100,7 +102,7 @@ async def run(url: str, rounds: int, n_spans: int, n_queries: int) -> Dict[str, 
     return results
 
 
-def table(results: Dict[str, Dict[str, List[Dict[str, float]]]]) -> str:
+def table(results: dict[str, dict[str, list[dict[str, float]]]]) -> str:
     def med(stack: str, line: str, key: str) -> float:
         return statistics.median(n[key] for n in results[stack][line])
 

@@ -41,13 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any
 
 import httpx
 import psutil
-
 from _proxy_sustained import SustainedResult, as_dict, count_spans, describe, run_sustained, settle
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -64,7 +64,7 @@ SUSTAINED_CLIENTS = 16
 class Target:
     name: str
     base_url: str
-    pids: List[int]
+    pids: list[int]
     note: str = ""
 
 
@@ -80,9 +80,9 @@ class Result:
     mean_ms: float
     p50_ms: float
     p99_ms: float
-    cpu_ms_per_call: Optional[float]
-    added_ms: Optional[float] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
+    cpu_ms_per_call: float | None
+    added_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -93,7 +93,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def cpu_seconds(pids: List[int]) -> float:
+def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU of the processes and all their children, in seconds."""
     total = 0.0
     for pid in pids:
@@ -109,7 +109,7 @@ def cpu_seconds(pids: List[int]) -> float:
 
 
 @contextlib.contextmanager
-def process(cmd: List[str], log: Path, env: Optional[Dict[str, str]] = None) -> Iterator[subprocess.Popen]:
+def process(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=REPO_ROOT
@@ -125,7 +125,7 @@ def process(cmd: List[str], log: Path, env: Optional[Dict[str, str]] = None) -> 
             proc.wait()
 
 
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, headers: Optional[Dict[str, str]] = None) -> float:
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, headers: dict[str, str] | None = None) -> float:
     """Seconds until `url` answers 200; RuntimeError with the log tail if the process dies first."""
     start = time.monotonic()
     while True:
@@ -139,7 +139,7 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, headers: Optional[Di
         time.sleep(0.05)
 
 
-async def one_call(client: httpx.AsyncClient, url: str, body: Dict[str, Any], stream: bool) -> float:
+async def one_call(client: httpx.AsyncClient, url: str, body: dict[str, Any], stream: bool) -> float:
     t0 = time.perf_counter()
     if stream:
         async with client.stream("POST", url, json=body) as response:
@@ -163,7 +163,7 @@ async def run_load(
         "temperature": 0,
         "stream": stream,
     }
-    latencies: List[float] = []
+    latencies: list[float] = []
     errors = 0
     remaining = [calls]
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
@@ -204,7 +204,7 @@ async def run_load(
 
 
 @contextlib.contextmanager
-def agl_target(backend_url: str, model: str, workdir: Path, ready: Dict[str, float]) -> Iterator[Target]:
+def agl_target(backend_url: str, model: str, workdir: Path, ready: dict[str, float]) -> Iterator[Target]:
     port = free_port()
     log = workdir / "agl-proxy.log"
     agl = str(Path(sys.executable).parent / "agl")
@@ -260,7 +260,7 @@ def al03_target(backend_url: str, model: str, workdir: Path) -> Iterator[Target]
         start = time.monotonic()
         while True:
             text = log.read_text(errors="replace")
-            line = next((l for l in text.splitlines() if l.startswith('{"rollout_id"')), None)
+            line = next((row for row in text.splitlines() if row.startswith('{"rollout_id"')), None)
             if line:
                 break
             if proc.poll() is not None or time.monotonic() - start > START_TIMEOUT_S:
@@ -324,9 +324,9 @@ def bench_backend(
     backend_url: str,
     model: str,
     workdir: Path,
-    results: List[Result],
-    notes: List[str],
-    ready: Dict[str, float],
+    results: list[Result],
+    notes: list[str],
+    ready: dict[str, float],
 ) -> None:
     calls = args.calls if backend == "fake" else args.vllm_calls
     max_tokens = 16 if backend == "fake" else 8
@@ -350,9 +350,14 @@ def bench_backend(
                             n = max(10, n // 4)  # ~50 ms of CPU per call: keep its turn short
                         result = await_(run_load(target, backend, model, stream, concurrency, n, max_tokens))
                         results.append(result)
-                        print(f"  {backend:5} {name:8} stream={str(stream):5} c={concurrency:<3} {result.calls_per_s:8.1f}/s "
-                              f"mean {result.mean_ms:7.2f} ms  cpu {result.cpu_ms_per_call if result.cpu_ms_per_call is not None else float('nan'):6.2f} ms/call"
-                              f"{'  errors ' + str(result.errors) if result.errors else ''}", flush=True)  # fmt: skip
+                        cpu = float("nan") if result.cpu_ms_per_call is None else result.cpu_ms_per_call
+                        errors = f"  errors {result.errors}" if result.errors else ""
+                        print(
+                            f"  {backend:5} {name:8} stream={str(stream):5} c={concurrency:<3} "
+                            f"{result.calls_per_s:8.1f}/s mean {result.mean_ms:7.2f} ms  "
+                            f"cpu {cpu:6.2f} ms/call{errors}",
+                            flush=True,
+                        )
         except (RuntimeError, OSError) as exc:
             notes.append(f"{backend}/{name}: skipped: {str(exc).strip()[:400]}")
             print(f"  {backend:5} {name:8} skipped: {str(exc).strip()[:200]}", flush=True)
@@ -362,28 +367,30 @@ def await_(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def add_deltas(results: List[Result]) -> None:
+def add_deltas(results: list[Result]) -> None:
     direct = {(r.backend, r.stream, r.concurrency): r.mean_ms for r in results if r.target == "direct"}
     for r in results:
         base = direct.get((r.backend, r.stream, r.concurrency))
         r.added_ms = None if base is None else r.mean_ms - base
 
 
-def table(results: List[Result]) -> str:
+def table(results: list[Result]) -> str:
     lines = [
-        "| backend | target | stream | c | calls/s | mean ms | p50 ms | p99 ms | added ms vs direct | server CPU ms/call |",
+        "| backend | target | stream | c | calls/s | mean ms | p50 ms | p99 ms | added ms vs direct "
+        "| server CPU ms/call |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         cpu = "-" if r.cpu_ms_per_call is None else f"{r.cpu_ms_per_call:.2f}"
         added = "-" if r.added_ms is None else f"{r.added_ms:+.2f}"
         lines.append(
-            f"| {r.backend} | {r.target} | {'yes' if r.stream else 'no'} | {r.concurrency} | {r.calls_per_s:.1f} | {r.mean_ms:.2f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {cpu} |"
+            f"| {r.backend} | {r.target} | {'yes' if r.stream else 'no'} | {r.concurrency} | {r.calls_per_s:.1f} "
+            f"| {r.mean_ms:.2f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {cpu} |"
         )
     return "\n".join(lines)
 
 
-def verdict(results: List[Result], ready: Dict[str, float]) -> List[str]:
+def verdict(results: list[Result], ready: dict[str, float]) -> list[str]:
     out = []
     by = {(r.backend, r.target, r.stream, r.concurrency): r for r in results}
     for c in (1, 32):
@@ -394,14 +401,15 @@ def verdict(results: List[Result], ready: Dict[str, float]) -> List[str]:
                 line += f", {agl.cpu_ms_per_call / bare.cpu_ms_per_call:.2f}× bare pass-through (aim ≤ 2×)"
             peer = by.get(("fake", "al-0.3", False, c))
             if peer and peer.cpu_ms_per_call:
-                line += f", agent-lightning 0.3 {peer.cpu_ms_per_call:.1f} ms ({peer.cpu_ms_per_call / agl.cpu_ms_per_call:.0f}× agl)"
+                ratio = peer.cpu_ms_per_call / agl.cpu_ms_per_call
+                line += f", agent-lightning 0.3 {peer.cpu_ms_per_call:.1f} ms ({ratio:.0f}× agl)"
             out.append(line)
     if "agl" in ready:
         out.append(f"agl proxy serve ready in {ready['agl']:.2f} s (aim ≤ 3 s)")
     return out
 
 
-def sustained_verdict(sustained: List[SustainedResult]) -> List[str]:
+def sustained_verdict(sustained: list[SustainedResult]) -> list[str]:
     agl = [r for r in sustained if r.target == "agl"]
     direct = [r for r in sustained if r.target == "direct"]
     if not agl:
@@ -418,7 +426,7 @@ def sustained_verdict(sustained: List[SustainedResult]) -> List[str]:
     return [line]
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer calls (smoke run)")
     parser.add_argument(
@@ -442,10 +450,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"peers: no venv at {PEER_PYTHON} (benchmarks/store_bench.py creates it); running without them")
         args.no_peers = True
 
-    results: List[Result] = []
-    notes: List[str] = []
-    ready: Dict[str, float] = {}
-    sustained: List[SustainedResult] = []
+    results: list[Result] = []
+    notes: list[str] = []
+    ready: dict[str, float] = {}
+    sustained: list[SustainedResult] = []
     with tempfile.TemporaryDirectory(prefix="agl-proxy-bench-") as tmp:
         workdir = Path(tmp)
         port = free_port()
@@ -456,7 +464,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print("against the fast fake backend:", flush=True)
                 bench_backend(args, "fake", f"http://127.0.0.1:{port}/v1", MODEL, workdir, results, notes, ready)
             if args.sustained_seconds > 0:
-                print(f"sustained load, {SUSTAINED_CLIENTS} clients, {args.sustained_seconds:g} s per target:", flush=True)
+                print(
+                    f"sustained load, {SUSTAINED_CLIENTS} clients, {args.sustained_seconds:g} s per target:", flush=True
+                )
                 for _ in range(args.sustained_repeats):
                     for name, run in (("agl", sustained_agl), ("direct", sustained_direct)):
                         if args.only and name not in args.only.split(","):

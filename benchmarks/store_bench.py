@@ -25,9 +25,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -50,11 +51,11 @@ class Metric:
     label: str
     unit: str
     higher_is_better: bool = True
-    target: Optional[float] = None
+    target: float | None = None
     field: str = "rate"
     """Which of the scenario's numbers (`rate`, `median`, `p90`) the line shows."""
 
-    def value(self, results: Dict[str, Any], field: Optional[str] = None) -> Optional[float]:
+    def value(self, results: dict[str, Any], field: str | None = None) -> float | None:
         entry = results.get(self.key)
         return None if entry is None else entry["value"].get(field or self.field)
 
@@ -63,21 +64,40 @@ class Metric:
         return value >= self.target if self.higher_is_better else value <= self.target
 
 
-def metrics(batch_size: int) -> List[Metric]:
-    lines: List[Metric] = []
+def metrics(batch_size: int) -> list[Metric]:
+    lines: list[Metric] = []
     for transport, where in (("inproc", "in-process"), ("http", "HTTP")):
         http = transport == "http"
         lines += [
             Metric(f"{transport}.add_span_c1", f"add_span, {where}, c=1", "spans/s", target=1500 if http else None),
             Metric(f"{transport}.add_span_c16", f"add_span, {where}, c=16", "spans/s", target=1500 if http else None),
-            Metric(f"{transport}.add_many_c1", f"add_many_spans x{batch_size}, {where}, c=1", "spans/s",
-                   target=10_000 if http else None),
-            Metric(f"{transport}.add_many_c16", f"add_many_spans x{batch_size}, {where}, c=16", "spans/s",
-                   target=10_000 if http else None),
-            Metric(f"{transport}.query_spans_ms", f"query_spans 100 spans, {where}, median", "ms",
-                   higher_is_better=False, target=5.0 if http else None, field="median"),
-            Metric(f"{transport}.query_spans_ms", f"query_spans 100 spans, {where}, p90", "ms",
-                   higher_is_better=False, field="p90"),
+            Metric(
+                f"{transport}.add_many_c1",
+                f"add_many_spans x{batch_size}, {where}, c=1",
+                "spans/s",
+                target=10_000 if http else None,
+            ),
+            Metric(
+                f"{transport}.add_many_c16",
+                f"add_many_spans x{batch_size}, {where}, c=16",
+                "spans/s",
+                target=10_000 if http else None,
+            ),
+            Metric(
+                f"{transport}.query_spans_ms",
+                f"query_spans 100 spans, {where}, median",
+                "ms",
+                higher_is_better=False,
+                target=5.0 if http else None,
+                field="median",
+            ),
+            Metric(
+                f"{transport}.query_spans_ms",
+                f"query_spans 100 spans, {where}, p90",
+                "ms",
+                higher_is_better=False,
+                field="p90",
+            ),
             Metric(f"{transport}.queue_cycles", f"enqueue>dequeue>succeed, {where}", "cycles/s"),
         ]
     lines.append(Metric("http.runners", "100 runners: dequeue+6 spans+succeed, HTTP", "rollouts/s", target=300))
@@ -90,7 +110,7 @@ def metrics(batch_size: int) -> List[Metric]:
 class AglKit:
     """agl spans take the docs/spans.md attributes as they are (native JSON)."""
 
-    def span(self, fields: Dict[str, Any]) -> Any:
+    def span(self, fields: dict[str, Any]) -> Any:
         return Span(**fields)
 
     def enqueue_request(self, input: Any) -> Any:
@@ -129,8 +149,19 @@ def agl_server(db_path: Path, log_path: Path) -> Any:
     """`agl store serve` on SQLite at a free 127.0.0.1 port, in its own process; a context
     manager yielding (url, pid), the pid being what a profiler attaches to."""
     return served(
-        lambda port: [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(db_path),
-                      "--host", "127.0.0.1", "--port", str(port)],
+        lambda port: [
+            sys.executable,
+            "-m",
+            "agl_store.cli",
+            "store",
+            "serve",
+            "--db",
+            str(db_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         SERVER_START_TIMEOUT_S,
         log_path,
         cwd=BENCH_DIR.parent,  # `-m agl_store.cli` resolves in the repository, installed or not
@@ -138,7 +169,7 @@ def agl_server(db_path: Path, log_path: Path) -> Any:
 
 
 @contextlib.contextmanager
-def py_spy(pid: int, out: Optional[Path], log: Callable[[str], None]) -> Iterator[None]:
+def py_spy(pid: int, out: Path | None, log: Callable[[str], None]) -> Iterator[None]:
     """Sample process `pid` with py-spy while the block runs (nothing when `out` is None).
 
     The format follows the suffix: `.txt` collapsed stacks (greppable), `.json`
@@ -150,8 +181,23 @@ def py_spy(pid: int, out: Optional[Path], log: Callable[[str], None]) -> Iterato
     fmt = {".txt": "raw", ".json": "speedscope"}.get(out.suffix, "flamegraph")
     out.parent.mkdir(parents=True, exist_ok=True)
     spy = Path(sys.executable).with_name("py-spy")
-    proc = subprocess.Popen([str(spy), "record", "--pid", str(pid), "--format", fmt, "--output", str(out),
-                             "--rate", "200", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            str(spy),
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            fmt,
+            "--output",
+            str(out),
+            "--rate",
+            "200",
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         yield
     finally:
@@ -165,13 +211,19 @@ def py_spy(pid: int, out: Optional[Path], log: Callable[[str], None]) -> Iterato
         log(f"py-spy of the server ({fmt}) -> {out}" if out.exists() else f"py-spy failed: {err.decode()[-500:]}")
 
 
-async def run_agl(counts: wl.Counts, transports: List[str], only: Optional[List[str]], workdir: Path,
-                  log: Callable[[str], None], profile_server: Optional[Path] = None) -> Dict[str, Any]:
+async def run_agl(
+    counts: wl.Counts,
+    transports: list[str],
+    only: list[str] | None,
+    workdir: Path,
+    log: Callable[[str], None],
+    profile_server: Path | None = None,
+) -> dict[str, Any]:
     """The scenarios (all, or those named in `only`) against agl's store; results keyed
     like the peer worker's."""
     kit = AglKit()
     payloads = wl.payload_pool()
-    results: Dict[str, Any] = {}
+    results: dict[str, Any] = {}
     if "inproc" in transports:
         for name, scenario in wl.select(wl.span_scenarios(), only).items():
             connect = sqlite_store_factory(workdir / f"inproc-{name}.db")
@@ -179,7 +231,9 @@ async def run_agl(counts: wl.Counts, transports: List[str], only: Optional[List[
             results.update(await wl.measure_all("inproc", {name: scenario}, bench, log))
     if "http" in transports:
         with agl_server(workdir / "http.db", workdir / "server.log") as (url, pid), py_spy(pid, profile_server, log):
-            bench = wl.Bench(kit=kit, payloads=payloads, counts=counts, connect=http_client_factory(url), server_pid=pid)
+            bench = wl.Bench(
+                kit=kit, payloads=payloads, counts=counts, connect=http_client_factory(url), server_pid=pid
+            )
             results.update(await wl.measure_all("http", wl.select(wl.http_scenarios(), only), bench, log))
     return results
 
@@ -187,18 +241,28 @@ async def run_agl(counts: wl.Counts, transports: List[str], only: Optional[List[
 # --- report ----------------------------------------------------------------------------
 
 
-def _num(value: Optional[float]) -> str:
+def _num(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
 
 
-def render_table(lines: List[Metric], agl: Dict[str, Any], peer: Dict[str, Any]) -> str:
+def render_table(lines: list[Metric], agl: dict[str, Any], peer: dict[str, Any]) -> str:
     """The comparison as a fixed-width table; ratio is agl/peer (>1 is better for rates,
     <1 for latencies). The `cpu ms/op` columns are CPU milliseconds per operation of the
     load generator (client; the whole store when in process) and of the HTTP server."""
-    header = ("metric", "unit", "agl", "peer 0.3", "agl/peer", "target",
-              "cpu ms/op agl: load", "server", "peer: load", "server")
+    header = (
+        "metric",
+        "unit",
+        "agl",
+        "peer 0.3",
+        "agl/peer",
+        "target",
+        "cpu ms/op agl: load",
+        "server",
+        "peer: load",
+        "server",
+    )
     rows = [header]
     for metric in lines:
         ours, theirs = metric.value(agl), metric.value(peer)
@@ -214,14 +278,16 @@ def render_table(lines: List[Metric], agl: Dict[str, Any], peer: Dict[str, Any])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     out = []
     for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(row[2:], widths[2:])]
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [
+            c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=False)
+        ]
         out.append("  ".join(cells))
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
 
 
-def measure_peer(args: argparse.Namespace, counts: wl.Counts, log: Callable[[str], None]) -> tuple[Dict[str, Any], str]:
+def measure_peer(args: argparse.Namespace, counts: wl.Counts, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:
     """The peer's results (empty when it cannot run) and a line saying what ran or why not."""
     if args.no_peer:
         return {}, "skipped (--no-peer)"
@@ -238,7 +304,7 @@ def measure_peer(args: argparse.Namespace, counts: wl.Counts, log: Callable[[str
         return {}, f"failed: {exc}"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small counts, one run each: a smoke run")
     parser.add_argument("--no-peer", action="store_true", help="measure agl only")
@@ -246,7 +312,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--transports", default="inproc,http", help="comma list of: inproc, http")
     parser.add_argument("--only", help="comma list of scenarios to run, e.g. add_many_c1,runners (default: all)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    parser.add_argument("--profile-server", type=Path, help="py-spy the agl HTTP server into this file (.txt/.json/.svg)")
+    parser.add_argument(
+        "--profile-server", type=Path, help="py-spy the agl HTTP server into this file (.txt/.json/.svg)"
+    )
     parser.add_argument("--peer-cache", type=Path, default=_peers.DEFAULT_CACHE_DIR, help="where the peer venv lives")
     args = parser.parse_args(argv)
 
@@ -266,8 +334,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(message, flush=True)
 
     payload_bytes = wl.payload_bytes(wl.payload_pool()[0])
-    log(f"store_bench: {os.cpu_count()} CPUs, Python {platform.python_version()}, span payload {payload_bytes:,} B, "
-        f"{counts.repeats} run(s) per scenario")
+    log(
+        f"store_bench: {os.cpu_count()} CPUs, Python {platform.python_version()}, span payload {payload_bytes:,} B, "
+        f"{counts.repeats} run(s) per scenario"
+    )
     log("agl: measuring")
     with tempfile.TemporaryDirectory(prefix="agl-store-bench-") as tmp:
         agl_results = asyncio.run(
@@ -278,21 +348,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     lines = [m for m in metrics(counts.batch_size) if m.key in agl_results or m.key in peer_results]
     print()
     print(render_table(lines, agl_results, peer_results))
-    print(f"\npeer: {peer_note}. Medians of {counts.repeats} run(s). agl/peer above 1 is better for rates, "
-          "below 1 for ms.\nIn process: agl = SQLite file, peer = its in-memory store. HTTP: server in its own process.")
+    print(
+        f"\npeer: {peer_note}. Medians of {counts.repeats} run(s). agl/peer above 1 is better for rates, "
+        "below 1 for ms.\nIn process: agl = SQLite file, peer = its in-memory store. HTTP: server in its own process."
+    )
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "counts": asdict(counts),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "span_payload_bytes": payload_bytes,
-            "agl": agl_results,
-            "peer": peer_results,
-            "peer_note": peer_note,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                    "counts": asdict(counts),
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "span_payload_bytes": payload_bytes,
+                    "agl": agl_results,
+                    "peer": peer_results,
+                    "peer_note": peer_note,
+                },
+                indent=2,
+            )
+        )
         log(f"wrote {args.json}")
     return 0
 

@@ -24,8 +24,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -59,7 +60,7 @@ class Grower:
         self.spans = 0
         self.rollouts = 0
 
-    def make_spans(self, rollout_id: str, attempt_id: str, count: int) -> List[Span]:
+    def make_spans(self, rollout_id: str, attempt_id: str, count: int) -> list[Span]:
         return [
             Span(**wl.span_fields(self.payloads[(self.spans + i) % len(self.payloads)], rollout_id, attempt_id, i + 1))
             for i in range(count)
@@ -71,7 +72,7 @@ class Grower:
             count = min(GROW_BATCH_ROLLOUTS, -(-(spans - self.spans) // SPANS_PER_ROLLOUT))
             await self.store.enqueue_many_rollouts([{"input": {"q": self.rollouts + i}} for i in range(count)])
             claimed = await self.store.dequeue_many_rollouts(limit=count, worker_id="grower")
-            batch: List[Span] = []
+            batch: list[Span] = []
             for rollout in claimed:
                 batch += self.make_spans(rollout.rollout_id, rollout.attempt.attempt_id, SPANS_PER_ROLLOUT)
             await self.store.add_many_spans(batch)
@@ -99,9 +100,9 @@ async def timed(repeats: int, call: Callable[[], Awaitable[Any]]) -> float:
     return statistics.median(times)
 
 
-async def measure_size(store: SQLiteStore, grower: Grower, repeats: int) -> Dict[str, float]:
+async def measure_size(store: SQLiteStore, grower: Grower, repeats: int) -> dict[str, float]:
     """Median ms of each operation at the store's current size."""
-    results: Dict[str, float] = {}
+    results: dict[str, float] = {}
     reader = (await store.query_rollouts(status_in=["succeeded"], limit=1))[0]
 
     async def ingest() -> None:
@@ -139,11 +140,11 @@ def file_bytes(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-async def expire_under_load(store: SQLiteStore, grower: Grower, db: Path) -> Dict[str, float]:
+async def expire_under_load(store: SQLiteStore, grower: Grower, db: Path) -> dict[str, float]:
     """Expire every finished rollout while a reader and a writer keep calling the store."""
     wal = Path(str(db) + "-wal")
     done = asyncio.Event()
-    waits: Dict[str, List[float]] = {"read": [], "write": []}
+    waits: dict[str, list[float]] = {"read": [], "write": []}
     peak_wal = file_bytes(wal)
     target = (await store.query_rollouts(status_in=["running"], limit=1))[0]
     writer_rollout = await store.start_rollout(input="writer during expire")
@@ -199,7 +200,7 @@ async def expire_under_load(store: SQLiteStore, grower: Grower, db: Path) -> Dic
     }
 
 
-def render(sizes: Sequence[int], by_size: Dict[int, Dict[str, float]]) -> str:
+def render(sizes: Sequence[int], by_size: dict[int, dict[str, float]]) -> str:
     head = f"{'operation (median ms)':<56}" + "".join(f"{f'{s:,} spans':>15}" for s in sizes) + f"{'growth':>9}"
     rows = [head, "-" * len(head)]
     for key, label in LINES:
@@ -209,7 +210,7 @@ def render(sizes: Sequence[int], by_size: Dict[int, Dict[str, float]]) -> str:
     return "\n".join(rows)
 
 
-def render_expire(size: int, result: Dict[str, float]) -> str:
+def render_expire(size: int, result: dict[str, float]) -> str:
     mb = 1024 * 1024
     return "\n".join(
         [
@@ -226,9 +227,9 @@ def render_expire(size: int, result: Dict[str, float]) -> str:
     )
 
 
-async def run(sizes: Sequence[int], repeats: int, folder: Path, log: Callable[[str], None]) -> Dict[str, Any]:
+async def run(sizes: Sequence[int], repeats: int, folder: Path, log: Callable[[str], None]) -> dict[str, Any]:
     db = folder / "growth.db"
-    by_size: Dict[int, Dict[str, float]] = {}
+    by_size: dict[int, dict[str, float]] = {}
     async with SQLiteStore(db) as store:
         grower = Grower(store)
         for size in sizes:
@@ -241,7 +242,7 @@ async def run(sizes: Sequence[int], repeats: int, folder: Path, log: Callable[[s
     return {"sizes": list(sizes), "repeats": repeats, "medians_ms": by_size, "expire": expire}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help=f"sizes {', '.join(map(str, QUICK_SIZES))}")
     parser.add_argument("--sizes", help="comma-separated span counts, ascending (overrides --quick)")

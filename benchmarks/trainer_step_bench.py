@@ -40,8 +40,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Sequence, Tuple
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
@@ -66,10 +67,10 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def fill(store: Any, rollouts: int, turns: int, tokens: int) -> List[Group]:
+async def fill(store: Any, rollouts: int, turns: int, tokens: int) -> list[Group]:
     """Write `rollouts` finished rollouts, one group of one rollout each, and return the groups."""
     rng = random.Random(0)
-    groups: List[Group] = []
+    groups: list[Group] = []
     for i in range(rollouts):
         rollout = await store.start_rollout(input={"task": i})
         rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
@@ -84,7 +85,7 @@ async def fill(store: Any, rollouts: int, turns: int, tokens: int) -> List[Group
     return groups
 
 
-async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> Tuple[float, Any]:
+async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> tuple[float, Any]:
     """Median wall seconds of `await fn()` over `repeats` runs, and its last result."""
     times, result = [], None
     for _ in range(repeats):
@@ -97,9 +98,9 @@ async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> Tuple[float, 
     return statistics.median(times), result
 
 
-async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int) -> Dict[str, float]:
+async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int) -> dict[str, float]:
     """The trainer's path first, then the baselines (so its numbers see a heap without theirs)."""
-    stages: Dict[str, float] = {}
+    stages: dict[str, float] = {}
     async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
         stages["read (HTTP)"], traces = await timed(lambda: read_succeeded(client, groups, 0.0), repeats)
 
@@ -118,7 +119,7 @@ async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int
         "_calls": float(sum(len(t.calls) for t in traces)),
         "_tokens": float(sum(len(c.prompt_ids) + len(c.response_ids) for t in traces for c in t.calls)),
     }
-    del traces, aggregation
+    traces, aggregation = [], None  # let the batch go before the baselines run
 
     async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
         stages["before: read (HTTP, lists, 1 at a time)"], as_lists = await timed(
@@ -129,13 +130,13 @@ async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int
         return aggregate(as_lists, "trajectory", LIMITS)
 
     stages["before: aggregate (lists)"], list_rows = await timed(rows_of_lists, repeats)
-    del as_lists
+    as_lists = []
 
     async def tensors_of_lists() -> Any:
         return to_data_proto(list_rows.rows, LIMITS, 0)
 
     stages["before: tensorize (rows of lists)"], _ = await timed(tensors_of_lists, repeats)
-    del list_rows
+    list_rows = None
     stages["before: total"] = (
         stages["before: read (HTTP, lists, 1 at a time)"]
         + stages["before: aggregate (lists)"]
@@ -149,11 +150,20 @@ async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int
     return {**stages, **counts}
 
 
-async def run(args: argparse.Namespace, workdir: Path) -> Dict[str, Any]:
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     db_path = workdir / "agl.db"
     command = lambda port: [  # noqa: E731
-        sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(db_path),
-        "--host", "127.0.0.1", "--port", str(port),
+        sys.executable,
+        "-m",
+        "agl_store.cli",
+        "store",
+        "serve",
+        "--db",
+        str(db_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
     ]
     with served(command, SERVER_START_TIMEOUT_S, workdir / "server.log", cwd=BENCH_DIR.parent) as (url, _):
         log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url}")
@@ -189,8 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rollout_s = generated / args.decode_tokens_per_s
     results = {
         "workload": {
-            "rollouts": args.rollouts, "turns": args.turns, "tokens_per_rollout": args.tokens,
-            "llm_calls": calls, "tokens_read": tokens, "trajectory_rows": rows, "repeats": args.repeats,
+            "rollouts": args.rollouts,
+            "turns": args.turns,
+            "tokens_per_rollout": args.tokens,
+            "llm_calls": calls,
+            "tokens_read": tokens,
+            "trajectory_rows": rows,
+            "repeats": args.repeats,
             "python": platform.python_version(),
         },
         "stages_s": stages,

@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.conversations import TOOL_RESULT, messages, tool_history, tools
 from examples.tiny_vllm.tiny_model import IM_END, TOOL_CALL_TOKENS, build, is_built
 from examples.tiny_vllm.vllm_server import VLLMServer, build_tiny_model
+from tests.support.conversations import TOOL_RESULT, messages, tool_history, tools
+
 
 def post(server: VLLMServer, path: str, body: dict[str, Any]) -> dict[str, Any]:
     response = httpx.post(f"{server.base_url}{path}", json={"model": server.model, **body}, timeout=120)

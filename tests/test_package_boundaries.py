@@ -10,8 +10,8 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "litellm", "verl", "transformers")
@@ -39,12 +39,15 @@ print(sorted({{name.split(".")[0] for name in sys.modules}} & set({HEAVY!r})))
 
 
 def test_importing_agl_train_imports_neither_torch_nor_verl() -> None:
-    script = "import sys, agl_train, agl_train.runner\nprint(sorted({n.split('.')[0] for n in sys.modules} & {'torch', 'verl'}))"
+    script = (
+        "import sys, agl_train, agl_train.runner\n"
+        "print(sorted({n.split('.')[0] for n in sys.modules} & {'torch', 'verl'}))"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
     assert done.stdout.strip() == "[]"
 
 
-def imports(package: str) -> Iterator[Tuple[Path, int, str]]:
+def imports(package: str) -> Iterator[tuple[Path, int, str]]:
     """(file, line, imported module) of every absolute import in `package`'s source."""
     for path in sorted((REPO_ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):

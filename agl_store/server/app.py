@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from importlib.metadata import entry_points
-from typing import Any, AsyncIterator, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -14,14 +15,14 @@ from starlette.routing import BaseRoute
 
 from ..base import LightningStore
 from ..span_wire import PACKED_MEDIA_TYPE
-from . import otlp
 from ..web.auth import BearerKeyMiddleware
 from ..web.cross_site import CrossSiteGuard, is_loopback
+from ..web.wire import http_error_response
+from . import otlp
 from .limits import BodySizeLimitMiddleware
 from .metrics import MetricsMiddleware, ServerMetrics
 from .routes import all_routes
 from .routes.system import HEALTH_PATHS
-from ..web.wire import http_error_response
 
 logger = logging.getLogger("agl_store.server")
 
@@ -54,9 +55,9 @@ OWN_MEDIA_TYPES = {
 """Write routes whose bodies are not JSON (or not only): the types they take instead."""
 
 
-def parse_page_settings(options: Sequence[str]) -> Dict[str, Dict[str, str]]:
+def parse_page_settings(options: Sequence[str]) -> dict[str, dict[str, str]]:
     """`--page-setting NAME.KEY=VALUE` options as PageSettings; ValueError names a malformed one."""
-    settings: Dict[str, Dict[str, str]] = {}
+    settings: dict[str, dict[str, str]] = {}
     for option in options:
         target, equals, value = option.partition("=")
         name, dot, key = target.partition(".")
@@ -66,14 +67,14 @@ def parse_page_settings(options: Sequence[str]) -> Dict[str, Dict[str, str]]:
     return settings
 
 
-def discover_pages(settings: Optional[PageSettings] = None) -> Tuple[List[BaseRoute], FrozenSet[str]]:
+def discover_pages(settings: PageSettings | None = None) -> tuple[list[BaseRoute], frozenset[str]]:
     """The routes and keyless paths of every installed `agl.store_pages` entry point.
 
     A plug-in that fails to import is logged and skipped (the store serves without it); settings
     addressed to a plug-in that is not installed, or refused by it, raise ValueError.
     """
     settings = settings or {}
-    routes: List[BaseRoute] = []
+    routes: list[BaseRoute] = []
     open_paths: set[str] = set()
     found: set[str] = set()
     for entry in entry_points(group=PAGES_ENTRY_POINT_GROUP):
@@ -95,11 +96,11 @@ def discover_pages(settings: Optional[PageSettings] = None) -> Tuple[List[BaseRo
 def create_app(
     store: LightningStore,
     *,
-    key: Optional[str] = None,
+    key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     manage_store: bool = True,
     pages: bool = True,
-    page_settings: Optional[PageSettings] = None,
+    page_settings: PageSettings | None = None,
     host: str = "127.0.0.1",
 ) -> Starlette:
     """An ASGI app serving `store` at the agent-lightning 0.3 routes plus agl's additions.
@@ -116,7 +117,7 @@ def create_app(
     metrics = ServerMetrics()
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[Dict[str, Any]]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         if manage_store:
             opener = getattr(store, "open", None)
             if opener is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import Dict, List, Tuple
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -16,7 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..models import ROLLOUT_STATUSES, StoreStatistics
 
 PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-LATENCY_BUCKETS: Tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)  # fmt: skip
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 UNMATCHED_ROUTE = "<unmatched>"
 
 
@@ -38,8 +39,8 @@ class ServerMetrics:
     """Counters and histograms of one server; all updates happen on the event loop thread."""
 
     def __init__(self) -> None:
-        self._requests: Dict[Tuple[str, str, int], int] = {}
-        self._latency: Dict[Tuple[str, str], _Histogram] = {}
+        self._requests: dict[tuple[str, str, int], int] = {}
+        self._latency: dict[tuple[str, str], _Histogram] = {}
         self._spans_ingested = 0
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
@@ -55,7 +56,7 @@ class ServerMetrics:
 
     def render(self, stats: StoreStatistics) -> str:
         """The Prometheus text exposition of these metrics plus the store's statistics."""
-        lines: List[str] = [
+        lines: list[str] = [
             "# HELP agl_store_http_requests_total HTTP requests by route template, method and status.",
             "# TYPE agl_store_http_requests_total counter",
         ]

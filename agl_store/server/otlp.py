@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import time
 import zlib
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
+from typing import Any
 
 import orjson
 from google.protobuf import json_format
@@ -30,8 +31,8 @@ from starlette.routing import Route
 from ..bounds import check_integer, check_json_depth
 from ..errors import InvalidInputError, PayloadTooLargeError
 from ..models import Event, Link, OtelResource, Span, SpanContext, TraceStatus
-from .metrics import metrics_of
 from ..web.wire import endpoint, store_of
+from .metrics import metrics_of
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -57,11 +58,11 @@ def any_value(value: AnyValue) -> Any:
     return getattr(value, kind)
 
 
-def key_values(items: Iterable[KeyValue]) -> Dict[str, Any]:
+def key_values(items: Iterable[KeyValue]) -> dict[str, Any]:
     return {item.key: any_value(item.value) for item in items}
 
 
-def _first(attributes: Dict[str, Any], keys: Tuple[str, ...]) -> Any:
+def _first(attributes: dict[str, Any], keys: tuple[str, ...]) -> Any:
     for key in keys:
         value = attributes.get(key)
         if value is not None:
@@ -69,11 +70,11 @@ def _first(attributes: Dict[str, Any], keys: Tuple[str, ...]) -> Any:
     return None
 
 
-def _seconds(unix_nano: int) -> Optional[float]:
+def _seconds(unix_nano: int) -> float | None:
     return unix_nano / 1e9 if unix_nano else None
 
 
-def _sequence_id(value: Any) -> Optional[int]:
+def _sequence_id(value: Any) -> int | None:
     """A usable sequence id (0 included, as agent-lightning 0.3 keeps it), or None to let the
     store issue one (for a negative one too, as 0.3 does).
 
@@ -91,12 +92,12 @@ def _sequence_id(value: Any) -> Optional[int]:
     return check_integer(number, "sequence id attribute") if number >= 0 else None
 
 
-def _trace_state(raw: str) -> Dict[str, str]:
+def _trace_state(raw: str) -> dict[str, str]:
     pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def _span(proto: ProtoSpan, resource_attrs: Dict[str, Any], resource: OtelResource) -> Optional[Span]:
+def _span(proto: ProtoSpan, resource_attrs: dict[str, Any], resource: OtelResource) -> Span | None:
     attributes = key_values(proto.attributes)
     rollout_id = _first(attributes, ROLLOUT_ID_KEYS) or _first(resource_attrs, ROLLOUT_ID_KEYS)
     attempt_id = _first(attributes, ATTEMPT_ID_KEYS) or _first(resource_attrs, ATTEMPT_ID_KEYS)
@@ -135,9 +136,9 @@ def _span(proto: ProtoSpan, resource_attrs: Dict[str, Any], resource: OtelResour
     )
 
 
-def spans_from_request(request: ExportTraceServiceRequest) -> Tuple[List[Span], int]:
+def spans_from_request(request: ExportTraceServiceRequest) -> tuple[list[Span], int]:
     """The request's spans as store spans, and how many were rejected for lacking ids."""
-    spans: List[Span] = []
+    spans: list[Span] = []
     rejected = 0
     for resource_spans in request.resource_spans:
         resource_attrs = key_values(resource_spans.resource.attributes)
@@ -223,7 +224,7 @@ def decompress(
         return body  # as gzip.decompress had it: zero members
     deadline = time.monotonic() + seconds
     view = memoryview(body)
-    parts: List[bytes] = []
+    parts: list[bytes] = []
     size = position = members = 0
     try:
         while True:  # one round per gzip member (gzip.decompress reads them all too)
@@ -252,7 +253,7 @@ def decompress(
     return b"".join(parts)
 
 
-def decode_request(body: bytes, content_type: str, encoding: str, max_body_bytes: int) -> Tuple[List[Span], int]:
+def decode_request(body: bytes, content_type: str, encoding: str, max_body_bytes: int) -> tuple[list[Span], int]:
     """A raw `/v1/traces` body as store spans and the count rejected for lacking ids."""
     return spans_from_request(parse_request(decompress(body, encoding, max_body_bytes), content_type))
 
@@ -284,7 +285,7 @@ async def not_implemented(request: Request) -> Response:
     return Response(status_code=501)
 
 
-def routes(max_body_bytes: int) -> List[Route]:
+def routes(max_body_bytes: int) -> list[Route]:
     """`/v1/traces`, refusing bodies over `max_body_bytes` once decompressed; the other OTLP
     signals answer 501 as agent-lightning 0.3's do."""
 

@@ -6,7 +6,7 @@ client sends validate here unchanged; the models after `# --- agl additions` are
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -16,31 +16,32 @@ from ..errors import InvalidInputError, invalid_sort_by
 from ..models import AttemptStatus, EnqueueRolloutRequest, RolloutConfig, RolloutMode, RolloutStatus, TaskInput
 from ..queries import Paging
 
+
 class StartRolloutBody(BaseModel):
     input: TaskInput
-    mode: Optional[RolloutMode] = None
-    resources_id: Optional[str] = None
-    config: Optional[RolloutConfig] = None
-    metadata: Optional[Dict[str, Any]] = None
-    worker_id: Optional[str] = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+    worker_id: str | None = None
 
 
 class WorkerIdBody(BaseModel):
-    worker_id: Optional[str] = None
+    worker_id: str | None = None
 
 
 class EnqueueManyBody(BaseModel):
-    rollouts: List[EnqueueRolloutRequest]
+    rollouts: list[EnqueueRolloutRequest]
 
 
 class DequeueManyBody(BaseModel):
     limit: int = 1
-    worker_id: Optional[str] = None
+    worker_id: str | None = None
 
 
 class WaitBody(BaseModel):
-    rollout_ids: List[str]
-    timeout: Optional[float] = Field(default=None, ge=0)
+    rollout_ids: list[str]
+    timeout: float | None = Field(default=None, ge=0)
 
 
 class NextSequenceIdBody(BaseModel):
@@ -49,41 +50,41 @@ class NextSequenceIdBody(BaseModel):
 
 
 class UpdateRolloutBody(BaseModel):
-    input: Optional[TaskInput] = None
-    mode: Optional[RolloutMode] = None
-    resources_id: Optional[str] = None
-    status: Optional[RolloutStatus] = None
-    config: Optional[RolloutConfig] = None
-    metadata: Optional[Dict[str, Any]] = None
+    input: TaskInput | None = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    status: RolloutStatus | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class UpdateAttemptBody(BaseModel):
-    status: Optional[AttemptStatus] = None
-    worker_id: Optional[str] = None
-    last_heartbeat_time: Optional[float] = None
-    metadata: Optional[Dict[str, Any]] = None
+    status: AttemptStatus | None = None
+    worker_id: str | None = None
+    last_heartbeat_time: float | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class UpdateWorkerBody(BaseModel):
-    heartbeat_stats: Optional[Dict[str, Any]] = None
+    heartbeat_stats: dict[str, Any] | None = None
 
 
 # --- agl additions ---------------------------------------------------------------------
 
 
 class ManySequenceIdsBody(BaseModel):
-    rollout_attempt_ids: List[Tuple[str, str]]
+    rollout_attempt_ids: list[tuple[str, str]]
 
 
 class DeleteRolloutsBody(BaseModel):
-    rollout_ids: List[str]
+    rollout_ids: list[str]
 
 
 class ExpireRolloutsBody(BaseModel):
     older_than_seconds: float = Field(ge=0)
 
 
-def check_page(query: Paging, item_model: Type[BaseModel]) -> None:
+def check_page(query: Paging, item_model: type[BaseModel]) -> None:
     """Reject paging that agent-lightning 0.3 rejects, naming the field."""
     if query.sort_by is not None and query.sort_by not in item_model.model_fields:
         raise invalid_sort_by(query.sort_by, item_model.model_fields)
@@ -95,7 +96,7 @@ def check_page(query: Paging, item_model: Type[BaseModel]) -> None:
     check_integer(query.offset, "offset")
 
 
-def page_of(items: Any, query: Paging) -> Dict[str, Any]:
+def page_of(items: Any, query: Paging) -> dict[str, Any]:
     """The PaginatedResult wire shape: items, limit, offset, total (matches before paging)."""
     total = getattr(items, "total", None)
     return {

@@ -5,7 +5,7 @@ changes (propagating to its rollout by `agl_store.transitions`' rules, and to it
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Dict, Optional
+from typing import Any
 
 import orjson
 
@@ -29,14 +29,14 @@ class AttemptChanges:
         self.last_heartbeat_time, self.metadata = last_heartbeat_time, metadata
 
 
-def get_latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Optional[Attempt]:
+def get_latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Attempt | None:
     (latest_id,) = rollout_columns(conn, rollout_id, "latest_attempt_id")
     if latest_id is None:
         return None
     return _get_attempt(conn, rollout_id, latest_id)
 
 
-def resolve_attempt_id(rollout_id: str, attempt_id: str, latest_id: Optional[str]) -> str:
+def resolve_attempt_id(rollout_id: str, attempt_id: str, latest_id: str | None) -> str:
     """`attempt_id`, or the rollout's latest attempt for `"latest"` (NotFoundError if it has none)."""
     if attempt_id != LATEST_ATTEMPT:
         return attempt_id
@@ -45,7 +45,7 @@ def resolve_attempt_id(rollout_id: str, attempt_id: str, latest_id: Optional[str
     return latest_id
 
 
-def _get_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Optional[Attempt]:
+def _get_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Attempt | None:
     row = fetchone(
         conn,
         f"SELECT {ATTEMPT_COLUMNS} FROM attempts a WHERE a.rollout_id = ? AND a.attempt_id = ?",
@@ -54,7 +54,7 @@ def _get_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> 
     return None if row is None else attempt_from_row(row)
 
 
-def new_attempt(txn: Txn, rollout_id: str, sequence_id: int, worker_id: Optional[str]) -> Attempt:
+def new_attempt(txn: Txn, rollout_id: str, sequence_id: int, worker_id: str | None) -> Attempt:
     return Attempt(
         rollout_id=rollout_id,
         attempt_id=new_id("at"),
@@ -96,11 +96,11 @@ def change_attempt(
     attempt: Attempt,
     rollout_status: str,
     config: RolloutConfig,
-    latest_id: Optional[str],
+    latest_id: str | None,
     changes: AttemptChanges,
 ) -> Attempt:
     """The one place an attempt's status changes, with propagation to rollout and worker."""
-    updates: Dict[str, Any] = {}
+    updates: dict[str, Any] = {}
     status = changes.status
     if status is not UNSET:
         check_attempt_move(attempt.rollout_id, attempt.attempt_id, attempt.status, status)

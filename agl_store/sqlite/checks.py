@@ -4,7 +4,7 @@ never takes the write lock: each names the field, and encodes what it checked fo
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Tuple, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -43,7 +43,7 @@ def validate(model: type[T], value: Any, field: str) -> T:
         raise InvalidInputError(f"{field}: {exc.errors()[0]['msg']} ({exc.error_count()} error(s))") from exc
 
 
-def check_mode(mode: Any) -> Optional[str]:
+def check_mode(mode: Any) -> str | None:
     if mode is not None and mode not in ROLLOUT_MODES:
         raise InvalidInputError(f"mode: unknown rollout mode {mode!r}; expected one of {list(ROLLOUT_MODES)} or None")
     return mode
@@ -82,7 +82,7 @@ def as_list(values: Any, field: str) -> list:
     return list(values)
 
 
-def check_sort(sort_by: Optional[str], allowed: frozenset[str], sort_order: Any) -> None:
+def check_sort(sort_by: str | None, allowed: frozenset[str], sort_order: Any) -> None:
     if sort_order not in ("asc", "desc"):
         raise InvalidInputError(f"sort_order must be 'asc' or 'desc', got {sort_order!r}")
     if sort_by is not None and sort_by not in allowed:
@@ -98,7 +98,7 @@ def check_paging(limit: Any, offset: Any) -> None:
     check_integer(offset, "offset")
 
 
-def new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any, metadata: Any) -> NewRollout:
+def new_rollout(input: Any, mode: Any, resources_id: str | None, config: Any, metadata: Any) -> NewRollout:
     rollout = Rollout(
         rollout_id=new_id("ro"),
         input=input,
@@ -117,7 +117,7 @@ def new_rollout(input: Any, mode: Any, resources_id: Optional[str], config: Any,
     )
 
 
-def encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> EncodedSpan:
+def encode_span(span: Any, index: int, packed: bytes | None = None) -> EncodedSpan:
     if not isinstance(span, Span):
         span = validate(Span, span, f"spans[{index}]")
     # 0 is agent-lightning 0.3's "no particular order" (its `Span.from_attributes` default).
@@ -135,7 +135,7 @@ def encode_span(span: Any, index: int, packed: Optional[bytes] = None) -> Encode
         raise InvalidInputError(f"spans[{index}].{exc.message}") from None
 
 
-def encode_resources(resources: Any) -> Tuple[NamedResources, bytes]:
+def encode_resources(resources: Any) -> tuple[NamedResources, bytes]:
     try:
         validated = _RESOURCES.validate_python(resources)
     except ValidationError as exc:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Callable, List, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..pages import Page, page_total
 
@@ -16,7 +17,7 @@ class PagedQuery:
     __slots__ = ("select", "count", "where", "params", "order", "limit", "offset")
 
     def __init__(
-        self, *, select: str, count: str, where: str, params: List[Any], order: str, limit: int, offset: int
+        self, *, select: str, count: str, where: str, params: list[Any], order: str, limit: int, offset: int
     ) -> None:
         self.select, self.count, self.where, self.params = select, count, where, params
         self.order, self.limit, self.offset = order, limit, offset

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from ..base import UNSET
 from ..models import Attempt, AttemptedRollout, Rollout
@@ -26,9 +26,7 @@ class NewRollout:
         self.row_input, self.row_config, self.row_metadata = row_input, row_config, row_metadata
 
 
-def _insert_rollout(
-    txn: Txn, new: NewRollout, status: str, queue_seq: Optional[int], attempt: Optional[Attempt]
-) -> None:
+def _insert_rollout(txn: Txn, new: NewRollout, status: str, queue_seq: int | None, attempt: Attempt | None) -> None:
     rollout = new.rollout
     config = rollout.config
     txn.conn.execute(
@@ -53,7 +51,7 @@ def _insert_rollout(
     )
 
 
-def start_rollout(txn: Txn, new: NewRollout, worker_id: Optional[str]) -> AttemptedRollout:
+def start_rollout(txn: Txn, new: NewRollout, worker_id: str | None) -> AttemptedRollout:
     rollout = new.rollout
     if rollout.resources_id is None:
         rollout.resources_id = latest_resources_id(txn.conn)
@@ -65,7 +63,7 @@ def start_rollout(txn: Txn, new: NewRollout, worker_id: Optional[str]) -> Attemp
     return AttemptedRollout(**{**rollout.__dict__, "status": "preparing"}, attempt=attempt)
 
 
-def enqueue_rollouts(txn: Txn, news: List[NewRollout]) -> List[Rollout]:
+def enqueue_rollouts(txn: Txn, news: list[NewRollout]) -> list[Rollout]:
     last = next_counter(txn.conn, "queue", len(news))
     latest_id = latest_resources_id(txn.conn)
     out = []
@@ -77,7 +75,7 @@ def enqueue_rollouts(txn: Txn, news: List[NewRollout]) -> List[Rollout]:
     return out
 
 
-def dequeue(txn: Txn, limit: int, worker_id: Optional[str]) -> List[AttemptedRollout]:
+def dequeue(txn: Txn, limit: int, worker_id: str | None) -> list[AttemptedRollout]:
     rows = txn.conn.execute(
         ROLLOUT_SELECT + " WHERE r.queue_seq IS NOT NULL ORDER BY r.queue_seq LIMIT ?", (limit,)
     ).fetchall()
@@ -103,7 +101,7 @@ def dequeue(txn: Txn, limit: int, worker_id: Optional[str]) -> List[AttemptedRol
     return claimed
 
 
-def start_attempt(txn: Txn, rollout_id: str, worker_id: Optional[str]) -> AttemptedRollout:
+def start_attempt(txn: Txn, rollout_id: str, worker_id: str | None) -> AttemptedRollout:
     """A new attempt of any rollout, finished ones included (a manual retry): it is the
     latest, so the rollout is `preparing` and follows it from now on."""
     status, count = rollout_columns(txn.conn, rollout_id, "status, attempt_count")
@@ -121,7 +119,7 @@ def start_attempt(txn: Txn, rollout_id: str, worker_id: Optional[str]) -> Attemp
     return rollout
 
 
-def update_rollout(txn: Txn, rollout_id: str, columns: Dict[str, Any], status: Any) -> Rollout:
+def update_rollout(txn: Txn, rollout_id: str, columns: dict[str, Any], status: Any) -> Rollout:
     (old,) = rollout_columns(txn.conn, rollout_id, "status")
     if status is not UNSET:
         move_rollout(txn, rollout_id, old, status)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Optional, Tuple
 
 from ..errors import ConflictError
 from ..models import NamedResources, ResourcesUpdate
@@ -11,12 +10,12 @@ from .schema import RESOURCES_COLUMNS, resources_from_row
 from .transactions import Txn, fetchone, next_counter
 
 
-def latest_resources_id(conn: sqlite3.Connection) -> Optional[str]:
+def latest_resources_id(conn: sqlite3.Connection) -> str | None:
     row = fetchone(conn, "SELECT resources_id FROM resources ORDER BY touched DESC LIMIT 1")
     return None if row is None else row[0]
 
 
-def put_resources(txn: Txn, resources_id: str, encoded: Tuple[NamedResources, bytes], update: bool) -> ResourcesUpdate:
+def put_resources(txn: Txn, resources_id: str, encoded: tuple[NamedResources, bytes], update: bool) -> ResourcesUpdate:
     resources, blob = encoded
     touched = next_counter(txn.conn, "resources")
     row = fetchone(txn.conn, "SELECT create_time, version FROM resources WHERE resources_id = ?", (resources_id,))
@@ -40,7 +39,7 @@ def put_resources(txn: Txn, resources_id: str, encoded: Tuple[NamedResources, by
     )
 
 
-def get_resources(conn: sqlite3.Connection, resources_id: Optional[str]) -> Optional[ResourcesUpdate]:
+def get_resources(conn: sqlite3.Connection, resources_id: str | None) -> ResourcesUpdate | None:
     if resources_id is None:
         row = fetchone(conn, f"SELECT {RESOURCES_COLUMNS} FROM resources ORDER BY touched DESC LIMIT 1")
     else:

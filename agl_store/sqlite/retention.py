@@ -5,7 +5,6 @@ back to the file system and truncating the WAL.
 from __future__ import annotations
 
 import sqlite3
-from typing import List, Tuple
 
 import orjson
 
@@ -24,7 +23,7 @@ EXPIRED_ROLLOUTS_SQL = (
 )
 
 
-def finished_rollouts(conn: sqlite3.Connection, ids: List[str]) -> List[str]:
+def finished_rollouts(conn: sqlite3.Connection, ids: list[str]) -> list[str]:
     """The listed rollouts that exist, in order; ConflictError, before anything is deleted,
     when one of them is not finished. A finished rollout never moves again, so this still
     holds while they are deleted, chunk by chunk."""
@@ -40,7 +39,7 @@ def finished_rollouts(conn: sqlite3.Connection, ids: List[str]) -> List[str]:
     return [rid for rid in ids if rid in statuses]
 
 
-def delete_finished(txn: Txn, ids: List[str], max_spans: int) -> Tuple[int, int]:
+def delete_finished(txn: Txn, ids: list[str], max_spans: int) -> tuple[int, int]:
     """Delete finished rollouts in order, with their attempts and spans, removing at most
     `max_spans` spans: one bounded transaction of a longer deletion. Returns how many of
     `ids` are done (a prefix) and how many rollouts this removed.
@@ -72,7 +71,7 @@ def any_expired(conn: sqlite3.Connection, ended_before: float) -> bool:
     return conn.execute(f"SELECT EXISTS ({EXPIRED_ROLLOUTS_SQL})", (ended_before, 1)).fetchone()[0] == 1
 
 
-def expire_finished(txn: Txn, ended_before: float, max_spans: int) -> Tuple[int, bool]:
+def expire_finished(txn: Txn, ended_before: float, max_spans: int) -> tuple[int, bool]:
     """One bounded transaction of `expire_rollouts`: removes the oldest rollouts that finished
     before `ended_before`, at most `max_spans` spans. Returns (rollouts removed, more to do)."""
     ids = [row[0] for row in txn.conn.execute(EXPIRED_ROLLOUTS_SQL, (ended_before, MAX_ROLLOUTS_PER_CHUNK))]

@@ -14,7 +14,8 @@ Either way the answer is the same: rows in the requested order, ties by insertio
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -41,10 +42,10 @@ class RolloutPageQuery:
     def __init__(
         self,
         page_sql: str,
-        page_params: List[Any],
+        page_params: list[Any],
         count_sql: str,
-        count_params: List[Any],
-        counted_statuses: Optional[Sequence[str]],
+        count_params: list[Any],
+        counted_statuses: Sequence[str] | None,
         limit: int,
         offset: int,
     ) -> None:
@@ -57,11 +58,11 @@ class RolloutPageQuery:
 
 def rollout_page_query(
     *,
-    statuses: Optional[Sequence[str]],
+    statuses: Sequence[str] | None,
     clauses: Sequence[str],
     params: Sequence[Any],
     logic: str,
-    sort_by: Optional[str],
+    sort_by: str | None,
     descending: bool,
     limit: int,
     offset: int,
@@ -100,12 +101,12 @@ def rollout_page_query(
 
 
 def _index_ordered(
-    statuses: List[str],
+    statuses: list[str],
     clauses: Sequence[str],
     params: Sequence[Any],
-    sort_by: Optional[str],
+    sort_by: str | None,
     direction: str,
-    counted: Optional[Sequence[str]],
+    counted: Sequence[str] | None,
     limit: int,
     offset: int,
 ) -> RolloutPageQuery:
@@ -120,7 +121,7 @@ def _index_ordered(
         f"SELECT {ROLLOUT_COLUMNS}, {ATTEMPT_COLUMNS} FROM ({keys}) AS page "
         f"CROSS JOIN rollouts r ON r.rowid = page.k {LATEST_ATTEMPT_JOIN} ORDER BY {page_order}"
     )
-    page_params: List[Any] = [value for status in statuses for value in (status, *params)]
+    page_params: list[Any] = [value for status in statuses for value in (status, *params)]
     return RolloutPageQuery(
         page_sql,
         [*page_params, limit, offset],

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import orjson
 
@@ -17,7 +17,7 @@ from .transactions import Txn, fetchone, next_counter
 TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in sorted(TERMINAL_ROLLOUT_STATUSES)) + ")"
 
 
-def get_rollout(conn: sqlite3.Connection, rollout_id: str) -> Optional[Rollout]:
+def get_rollout(conn: sqlite3.Connection, rollout_id: str) -> Rollout | None:
     row = fetchone(conn, ROLLOUT_SELECT + " WHERE r.rollout_id = ?", (rollout_id,))
     return None if row is None else rollout_from_row(row)
 
@@ -37,14 +37,14 @@ def require_rollout(conn: sqlite3.Connection, rollout_id: str) -> Rollout:
     return rollout
 
 
-def get_rollouts(conn: sqlite3.Connection, rollout_ids: List[str]) -> Dict[str, Rollout]:
+def get_rollouts(conn: sqlite3.Connection, rollout_ids: list[str]) -> dict[str, Rollout]:
     rows = conn.execute(
         ROLLOUT_SELECT + " WHERE r.rollout_id IN (SELECT value FROM json_each(?))", (orjson.dumps(rollout_ids),)
     ).fetchall()
     return {row[0]: rollout_from_row(row) for row in rows}
 
 
-def rollout_statuses(conn: sqlite3.Connection, rollout_ids: List[str]) -> Dict[str, str]:
+def rollout_statuses(conn: sqlite3.Connection, rollout_ids: list[str]) -> dict[str, str]:
     """The status of each listed rollout the store knows; unknown ids are left out."""
     rows = conn.execute(
         "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Any, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
 from ..models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, RolloutConfig, Span, Worker
 from ..packed_attributes import pack_attributes, unpack_attributes
 
-Migration = Tuple[str, Sequence[str]]
+Migration = tuple[str, Sequence[str]]
 
 ROLLOUT_COUNT_PREFIX = "rollouts:"
 """`row_counts` holds the number of rollouts of each status under this prefix + the status."""
 
-MIGRATIONS: Tuple[Migration, ...] = (
+MIGRATIONS: tuple[Migration, ...] = (
     (
         "0001_initial",
         (

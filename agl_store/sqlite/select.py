@@ -3,7 +3,7 @@ and an ORDER BY whose default order breaks ties, so pages are stable."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any
 
 import orjson
 
@@ -15,9 +15,7 @@ from .rollout_pages import RolloutPageQuery, rollout_page_query
 from .schema import ATTEMPT_COLUMNS, RESOURCES_COLUMNS, SPAN_COLUMNS, WORKER_COLUMNS
 
 
-def order_by(
-    table: Optional[str], sort_by: Optional[str], allowed: frozenset[str], sort_order: Any, *, default: str
-) -> str:
+def order_by(table: str | None, sort_by: str | None, allowed: frozenset[str], sort_order: Any, *, default: str) -> str:
     check_sort(sort_by, allowed, sort_order)
     direction = sort_order.upper()
     if sort_by is None:
@@ -36,8 +34,8 @@ class Where:
     """Filter clauses and their parameters, joined by the query's filter_logic."""
 
     def __init__(self) -> None:
-        self.clauses: List[str] = []
-        self.params: List[Any] = []
+        self.clauses: list[str] = []
+        self.params: list[Any] = []
 
     def add(self, clause: str, param: Any) -> None:
         self.clauses.append(clause)

@@ -5,7 +5,8 @@ each span gives its attempt.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from ..bounds import MAX_INTEGER
 from ..errors import ConflictError, NotFoundError
@@ -46,7 +47,7 @@ def read_span_page(
     return run_paged(conn, query, decode)
 
 
-def _attempt_states(txn: Txn, pairs: Sequence[Tuple[str, str]]) -> Dict[Tuple[str, str], Tuple[str, str, bool]]:
+def _attempt_states(txn: Txn, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str, bool]]:
     """(attempt status, rollout status, is latest) of each attributed pair; NotFoundError
     for an unknown rollout or attempt. Unattributed pairs (rollout "") are skipped."""
     states = {}
@@ -85,24 +86,24 @@ def _advance_sequence(conn: sqlite3.Connection, rollout_id: str, floor: int, cou
     return value
 
 
-def issue_sequence_ids(txn: Txn, pairs: List[Tuple[str, str]]) -> List[int]:
+def issue_sequence_ids(txn: Txn, pairs: list[tuple[str, str]]) -> list[int]:
     # The rollout must exist; its attempt is not checked, as in agent-lightning 0.3: the
     # numbers are per rollout, and callers ask with "latest" or before the attempt is known.
     for rollout_id in dict.fromkeys(rollout_id for rollout_id, _ in pairs):
         if rollout_id != UNATTRIBUTED_ROLLOUT_ID:
             rollout_columns(txn.conn, rollout_id, "1")
     # Every entry asks for an id, so every entry gets one.
-    return cast(List[int], _issue_sequence_ids(txn.conn, [(rollout_id, None) for rollout_id, _ in pairs]))
+    return cast(list[int], _issue_sequence_ids(txn.conn, [(rollout_id, None) for rollout_id, _ in pairs]))
 
 
-def _issue_sequence_ids(conn: sqlite3.Connection, wanted: List[Tuple[str, Optional[int]]]) -> List[Optional[int]]:
+def _issue_sequence_ids(conn: sqlite3.Connection, wanted: list[tuple[str, int | None]]) -> list[int | None]:
     """Per `(rollout_id, sequence_id brought or None)`: the id issued for a None, else None.
 
     Each rollout's counter is first pushed past the ids the spans bring, then advanced once
     by the number of ids it issues, which are handed out in order.
     """
-    floors: Dict[str, int] = {}
-    missing: Dict[str, int] = {}
+    floors: dict[str, int] = {}
+    missing: dict[str, int] = {}
     for rid, seq in wanted:
         if seq is None:
             missing[rid] = missing.get(rid, 0) + 1
@@ -112,7 +113,7 @@ def _issue_sequence_ids(conn: sqlite3.Connection, wanted: List[Tuple[str, Option
     for rid in floors.keys() | missing.keys():
         count = missing.get(rid, 0)
         next_ids[rid] = _advance_sequence(conn, rid, floors.get(rid, 0), count) - count + 1
-    issued: List[Optional[int]] = []
+    issued: list[int | None] = []
     for rid, seq in wanted:
         if seq is None:
             issued.append(next_ids[rid])
@@ -132,7 +133,7 @@ ROWS_PER_INSERT = 256
 """Span rows per INSERT statement (13 parameters each, well under SQLite's 32,766)."""
 
 
-def _insert_rows(conn: sqlite3.Connection, rows: List[tuple]) -> int:
+def _insert_rows(conn: sqlite3.Connection, rows: list[tuple]) -> int:
     """Insert span rows, many per statement; how many went in (duplicates are ignored).
 
     One statement per chunk rather than `executemany` (a step per row): each step releases
@@ -148,14 +149,14 @@ def _insert_rows(conn: sqlite3.Connection, rows: List[tuple]) -> int:
     return inserted
 
 
-def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
+def add_spans(txn: Txn, encoded: list[EncodedSpan]) -> list[Span]:
     conn = txn.conn
     _resolve_latest_attempts(conn, encoded)
     pairs = [(e.span.rollout_id, e.span.attempt_id) for e in encoded]
     states = _attempt_states(txn, pairs)
 
     issued = _issue_sequence_ids(conn, [(e.span.rollout_id, e.span.sequence_id) for e in encoded])
-    rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued)]
+    rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued, strict=False)]
 
     if len(rows) == 1:
         keep = [_insert_rows(conn, rows) == 1]
@@ -175,7 +176,7 @@ def add_spans(txn: Txn, encoded: List[EncodedSpan]) -> List[Span]:
     return stored
 
 
-def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: List[EncodedSpan]) -> None:
+def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: list[EncodedSpan]) -> None:
     """Spans sent with attempt id "latest" belong to their rollout's latest attempt: stored
     (and returned) under its id."""
     for e in encoded:
@@ -186,7 +187,7 @@ def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: List[EncodedSpan
             e.row = e.row[:1] + (attempt_id,) + e.row[2:]
 
 
-def _insert_many(conn: sqlite3.Connection, rows: List[tuple]) -> List[bool]:
+def _insert_many(conn: sqlite3.Connection, rows: list[tuple]) -> list[bool]:
     """Insert span rows; which of them went in (duplicates are ignored)."""
     before = conn.execute("SELECT coalesce(max(pk), 0) FROM spans").fetchone()[0]
     if _insert_rows(conn, rows) == len(rows):
@@ -202,7 +203,7 @@ def _insert_many(conn: sqlite3.Connection, rows: List[tuple]) -> List[bool]:
     return keep
 
 
-def _on_heartbeat(txn: Txn, pair: Tuple[str, str], state: Tuple[str, str, bool]) -> None:
+def _on_heartbeat(txn: Txn, pair: tuple[str, str], state: tuple[str, str, bool]) -> None:
     """A span arrived for an attempt: it is alive; a preparing (or unresponsive) attempt and
     its rollout, if this is its latest attempt, are now running."""
     rollout_id, attempt_id = pair

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Dict
+from typing import Any
 
 from .schema import ROLLOUT_COUNT_PREFIX
 
 
-def read_statistics(conn: sqlite3.Connection) -> Dict[str, Any]:
+def read_statistics(conn: sqlite3.Connection) -> dict[str, Any]:
     """Counts from `row_counts` (kept by triggers, so no table is counted) and free space."""
     counts = dict(conn.execute("SELECT name, value FROM row_counts").fetchall())
     by_status = {

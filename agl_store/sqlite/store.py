@@ -26,8 +26,9 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
 
@@ -71,6 +72,7 @@ from .checks import (
     new_rollout,
     validate,
 )
+from .paged import run_paged
 from .resources import get_resources, put_resources
 from .rollout_pages import read_rollout_page
 from .rollouts import get_rollout, get_rollouts, rollout_statuses
@@ -83,7 +85,6 @@ from .schema import (
     span_from_row,
     worker_from_row,
 )
-from .paged import run_paged
 from .select import select_attempts, select_resources, select_rollouts, select_spans, select_workers
 from .spans import add_spans, issue_sequence_ids, read_span_page
 from .threads import ConnectionThread, ReaderPool
@@ -158,7 +159,7 @@ class SQLiteStore(LightningStore):
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    async def open(self) -> "SQLiteStore":
+    async def open(self) -> SQLiteStore:
         """Connect, apply pending migrations and start the watchdog. Idempotent."""
         if self._closed:
             raise StoreClosedError("this SQLiteStore was closed; create a new one")
@@ -173,7 +174,7 @@ class SQLiteStore(LightningStore):
             apply_migrations(conn)
 
         writer = await ConnectionThread.open(self.path, "agl-store-writer", set_up_writer)
-        readers: List[ConnectionThread] = []
+        readers: list[ConnectionThread] = []
         try:
             if not self.in_memory:  # after the writer: the file is in WAL mode and migrated
                 set_up_reader = functools.partial(configure_reader, busy_timeout_ms=busy_timeout_ms)
@@ -190,7 +191,7 @@ class SQLiteStore(LightningStore):
         self._watchdog = asyncio.create_task(self._run_watchdog(), name=f"agl-store-watchdog:{self.path}")
         return self
 
-    async def __aenter__(self) -> "SQLiteStore":
+    async def __aenter__(self) -> SQLiteStore:
         return await self.open()
 
     async def close(self) -> None:
@@ -268,7 +269,7 @@ class SQLiteStore(LightningStore):
 
     async def statistics(self) -> StoreStatistics:
         stats = await self._call(statistics.read_statistics)
-        files: Dict[str, Any] = {"database_bytes": None, "wal_bytes": None, "unused_bytes": None}
+        files: dict[str, Any] = {"database_bytes": None, "wal_bytes": None, "unused_bytes": None}
         if not self.in_memory:
             database, wal = _file_bytes(Path(self.path)), _file_bytes(Path(self.path + "-wal"))
             files = {"database_bytes": database + wal, "wal_bytes": wal, "unused_bytes": stats["unused_bytes"]}
@@ -283,7 +284,7 @@ class SQLiteStore(LightningStore):
         mode: RolloutMode | None = None,
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
-        metadata: Dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
         worker_id: str | None = None,
     ) -> AttemptedRollout:
         new = new_rollout(input, mode, resources_id, config, metadata)
@@ -295,7 +296,7 @@ class SQLiteStore(LightningStore):
         mode: RolloutMode | None = None,
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
-        metadata: Dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Rollout:
         new = new_rollout(input, mode, resources_id, config, metadata)
         return (await self._write(queue.enqueue_rollouts, [new]))[0]
@@ -312,12 +313,12 @@ class SQLiteStore(LightningStore):
             return []
         return await self._write(queue.enqueue_rollouts, news)
 
-    async def dequeue_rollout(self, worker_id: Optional[str] = None) -> Optional[AttemptedRollout]:
+    async def dequeue_rollout(self, worker_id: str | None = None) -> AttemptedRollout | None:
         claimed = await self._write(queue.dequeue, 1, worker_id)
         return claimed[0] if claimed else None
 
     async def dequeue_many_rollouts(
-        self, *, limit: int = 1, worker_id: Optional[str] = None
+        self, *, limit: int = 1, worker_id: str | None = None
     ) -> Sequence[AttemptedRollout]:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidInputError(f"limit must be an int >= 0, got {limit!r}")
@@ -325,20 +326,20 @@ class SQLiteStore(LightningStore):
             return []
         return await self._write(queue.dequeue, limit, worker_id)
 
-    async def start_attempt(self, rollout_id: str, worker_id: Optional[str] = None) -> AttemptedRollout:
+    async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
         return await self._write(queue.start_attempt, rollout_id, worker_id)
 
     async def update_rollout(
         self,
         rollout_id: str,
         input: TaskInput = UNSET,
-        mode: Optional[RolloutMode] = UNSET,
-        resources_id: Optional[str] = UNSET,
+        mode: RolloutMode | None = UNSET,
+        resources_id: str | None = UNSET,
         status: RolloutStatus = UNSET,
         config: RolloutConfig = UNSET,
-        metadata: Optional[Dict[str, Any]] = UNSET,
+        metadata: dict[str, Any] | None = UNSET,
     ) -> Rollout:
-        columns: Dict[str, Any] = {}
+        columns: dict[str, Any] = {}
         if input is not UNSET:
             columns["input"] = dumps(input, "input")
         if mode is not UNSET:
@@ -363,7 +364,7 @@ class SQLiteStore(LightningStore):
         status: AttemptStatus = UNSET,
         worker_id: str = UNSET,
         last_heartbeat_time: float = UNSET,
-        metadata: Dict[str, Any] = UNSET,
+        metadata: dict[str, Any] = UNSET,
     ) -> Attempt:
         if status is not UNSET:
             check_attempt_status(status)
@@ -378,10 +379,10 @@ class SQLiteStore(LightningStore):
         changes = attempts.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
         return await self._write(attempts.update_attempt, rollout_id, attempt_id, changes)
 
-    async def get_rollout_by_id(self, rollout_id: str) -> Optional[Rollout]:
+    async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
         return await self._call(get_rollout, rollout_id)
 
-    async def get_latest_attempt(self, rollout_id: str) -> Optional[Attempt]:
+    async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
         return await self._call(attempts.get_latest_attempt, rollout_id)
 
     async def find_rollouts(self, query: RolloutQuery) -> Sequence[Rollout]:
@@ -390,7 +391,7 @@ class SQLiteStore(LightningStore):
     async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Sequence[Attempt]:
         return await self._call(run_paged, select_attempts(rollout_id, query), attempt_from_row)
 
-    async def wait_for_rollouts(self, *, rollout_ids: List[str], timeout: Optional[float] = None) -> List[Rollout]:
+    async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise InvalidInputError(f"timeout must be None or a number >= 0, got {timeout!r}")
         ids = list(dict.fromkeys(as_list(rollout_ids, "rollout_ids")))
@@ -416,7 +417,7 @@ class SQLiteStore(LightningStore):
 
     # --- spans ---------------------------------------------------------------------------
 
-    async def add_span(self, span: Span) -> Optional[Span]:
+    async def add_span(self, span: Span) -> Span | None:
         stored = await self._write(add_spans, [encode_span(span, 0)])
         return stored[0] if stored else None
 
@@ -426,7 +427,7 @@ class SQLiteStore(LightningStore):
             return []
         return await self._write(add_spans, encoded)
 
-    async def add_packed_spans(self, spans: Sequence[Span], packed: Sequence[Optional[bytes]]) -> Sequence[Span]:
+    async def add_packed_spans(self, spans: Sequence[Span], packed: Sequence[bytes | None]) -> Sequence[Span]:
         """`add_many_spans` for spans whose token arrays the client packed already.
 
         `packed[i]` is span i's blob (`packed_attributes.pack_attributes`) or None; the span's
@@ -435,7 +436,9 @@ class SQLiteStore(LightningStore):
         still `null`) with their sequence ids: the HTTP server only reports positions.
         """
         check_packed_batch([span.attributes for span in spans], packed)
-        encoded = [encode_span(span, index, blob) for index, (span, blob) in enumerate(zip(spans, packed))]
+        encoded = [
+            encode_span(span, index, blob) for index, (span, blob) in enumerate(zip(spans, packed, strict=False))
+        ]
         if not encoded:
             return []
         return await self._write(add_spans, encoded)
@@ -446,13 +449,13 @@ class SQLiteStore(LightningStore):
         attempt_id: str,
         readable_span: Any,
         sequence_id: int | None = None,
-    ) -> Optional[Span]:
+    ) -> Span | None:
         return await self.add_span(span_from_otel(readable_span, rollout_id, attempt_id, sequence_id))
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
         return (await self._write(issue_sequence_ids, [(rollout_id, attempt_id)]))[0]
 
-    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
         pairs = [(str(rollout_id), str(attempt_id)) for rollout_id, attempt_id in rollout_attempt_ids]
         if not pairs:
             return []
@@ -491,10 +494,10 @@ class SQLiteStore(LightningStore):
             raise InvalidInputError(f"resources_id must be a non-empty string, got {resources_id!r}")
         return await self._write(put_resources, resources_id, encode_resources(resources), True)
 
-    async def get_resources_by_id(self, resources_id: str) -> Optional[ResourcesUpdate]:
+    async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
         return await self._call(get_resources, resources_id)
 
-    async def get_latest_resources(self) -> Optional[ResourcesUpdate]:
+    async def get_latest_resources(self) -> ResourcesUpdate | None:
         return await self._call(get_resources, None)
 
     async def find_resources(self, query: ResourcesQuery) -> Sequence[ResourcesUpdate]:
@@ -502,7 +505,7 @@ class SQLiteStore(LightningStore):
 
     # --- workers ---------------------------------------------------------------------------
 
-    async def update_worker(self, worker_id: str, heartbeat_stats: Dict[str, Any] = UNSET) -> Worker:
+    async def update_worker(self, worker_id: str, heartbeat_stats: dict[str, Any] = UNSET) -> Worker:
         if not isinstance(worker_id, str) or not worker_id:
             raise InvalidInputError(f"worker_id must be a non-empty string, got {worker_id!r}")
         stats = (
@@ -515,7 +518,7 @@ class SQLiteStore(LightningStore):
     async def find_workers(self, query: WorkerQuery) -> Sequence[Worker]:
         return await self._call(run_paged, select_workers(query), worker_from_row)
 
-    async def get_worker_by_id(self, worker_id: str) -> Optional[Worker]:
+    async def get_worker_by_id(self, worker_id: str) -> Worker | None:
         return await self._call(workers.get_worker, worker_id)
 
     # --- retention -------------------------------------------------------------------------

@@ -13,27 +13,28 @@ import asyncio
 import queue
 import sqlite3
 import threading
-from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ..errors import StoreClosedError
 
 T = TypeVar("T")
 
-_Job = Tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], Tuple[Any, ...]]
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
 class ConnectionThread:
     """One sqlite3 connection, opened, used and closed on one dedicated thread."""
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[Optional[_Job]] = queue.SimpleQueue()
-        self._conn: Optional[sqlite3.Connection] = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._conn: sqlite3.Connection | None = None
         self._closed = False
         # A daemon: a store never closed must not keep the interpreter from exiting.
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
     @classmethod
-    async def open(cls, path: str, name: str, setup: Callable[[sqlite3.Connection], Any]) -> "ConnectionThread":
+    async def open(cls, path: str, name: str, setup: Callable[[sqlite3.Connection], Any]) -> ConnectionThread:
         """Connect to `path` in autocommit mode (every transaction explicit) and run `setup` on it."""
         opened = cls(name)
         opened._thread.start()
@@ -80,7 +81,7 @@ class ConnectionThread:
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
 
-def _settle(future: "asyncio.Future[Any]", outcome: Any, failed: bool) -> None:
+def _settle(future: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
     if future.cancelled():  # the caller gave up waiting; the function ran anyway
         return
     if failed:
@@ -93,7 +94,7 @@ class ReaderPool:
     """Connections that serve reads, each call taking whichever one is free."""
 
     def __init__(self, readers: Sequence[ConnectionThread]) -> None:
-        self._readers: List[ConnectionThread] = list(readers)
+        self._readers: list[ConnectionThread] = list(readers)
         self._idle: asyncio.Queue[ConnectionThread] = asyncio.Queue()
         for reader in self._readers:
             self._idle.put_nowait(reader)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from typing import Any, Callable, Iterator, List, Sequence, Tuple, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -39,16 +40,16 @@ class Txn:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.now = time.time()
-        self.finished: List[str] = []
+        self.finished: list[str] = []
 
 
-WriteOutcome = Tuple[bool, Any, Sequence[str]]
+WriteOutcome = tuple[bool, Any, Sequence[str]]
 """(succeeded, its return value or exception, rollouts it finished)."""
 
 
 def run_writes(
-    conn: sqlite3.Connection, writes: Sequence[Tuple[Callable[..., Any], Tuple[Any, ...]]]
-) -> List[WriteOutcome]:
+    conn: sqlite3.Connection, writes: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]
+) -> list[WriteOutcome]:
     """Run write functions `fn(txn, *args)` in one transaction, each in its own savepoint,
     so a failing one leaves no trace and the others still commit. An error of the
     transaction itself (BEGIN, COMMIT) propagates: then nothing was written."""
@@ -61,7 +62,7 @@ def run_writes(
         except Exception as exc:  # rolled back by atomic()
             return [(False, exc, ())]
         return [(True, value, txn.finished)]
-    outcomes: List[WriteOutcome] = []
+    outcomes: list[WriteOutcome] = []
     with atomic(conn):
         for fn, args in writes:
             txn = Txn(conn)

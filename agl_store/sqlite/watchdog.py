@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import List, Tuple
 
 from ..base import UNSET
 from ..models import AttemptedRollout, Rollout
@@ -31,7 +30,7 @@ def any_unhealthy(conn: sqlite3.Connection, now: float) -> bool:
     return bool(conn.execute(f"SELECT EXISTS ({_UNHEALTHY_SQL})", {"now": now}).fetchone()[0])
 
 
-def find_unhealthy(conn: sqlite3.Connection, now: float) -> List[Tuple[Rollout, str]]:
+def find_unhealthy(conn: sqlite3.Connection, now: float) -> list[tuple[Rollout, str]]:
     rows = conn.execute(_UNHEALTHY_SQL, {"now": now}).fetchall()
     # Each row is a ROLLOUT_SELECT row, then the status the attempt earned.
     return [(rollout_from_row(row[:-1]), row[-1]) for row in rows]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Optional
+from typing import Any
 
 from ..base import UNSET
 from ..models import Attempt, Worker
@@ -67,6 +67,6 @@ def heartbeat_worker(txn: Txn, worker_id: str, stats: Any) -> Worker:
     return worker
 
 
-def get_worker(conn: sqlite3.Connection, worker_id: str) -> Optional[Worker]:
+def get_worker(conn: sqlite3.Connection, worker_id: str) -> Worker | None:
     row = fetchone(conn, f"SELECT {WORKER_COLUMNS} FROM workers WHERE worker_id = ?", (worker_id,))
     return None if row is None else worker_from_row(row)

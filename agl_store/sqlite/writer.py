@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from typing import Any, Awaitable, Callable, List, Tuple, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ..errors import StoreError
 from .transactions import run_writes
@@ -40,7 +41,7 @@ class WriteBatcher:
     def __init__(self, run: Callable[..., Awaitable[Any]], on_finished: Callable[[], None]) -> None:
         self._run = run
         self._on_finished = on_finished
-        self._pending: List[Tuple[Callable[..., Any], Tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._pending: list[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Collection
-from typing import Optional
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -25,7 +24,7 @@ def render_store_error(message: str) -> bytes:
     return error_body("unauthorized", message)
 
 
-def bearer_token(scope: Scope) -> Optional[bytes]:
+def bearer_token(scope: Scope) -> bytes | None:
     """The token of the request's `Authorization: Bearer <token>` header; None without one.
 
     The scheme name is case-insensitive (RFC 7235): `bearer x` and `BEARER x` carry `x`.

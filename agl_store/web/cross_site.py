@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Collection, Mapping
-from typing import List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -64,7 +63,7 @@ def is_json(kind: str) -> bool:
     return kind == JSON_MEDIA_TYPE or (kind.startswith("application/") and kind.endswith("+json"))
 
 
-def _header(scope: Scope, name: bytes) -> Optional[str]:
+def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
             return value.decode("latin-1")
@@ -85,7 +84,7 @@ class CrossSiteGuard:
         *,
         keyless: bool,
         loopback: bool,
-        media_types: Optional[Mapping[str, Optional[Collection[str]]]] = None,
+        media_types: Mapping[str, Collection[str] | None] | None = None,
         render: Renderer = render_store_error,
     ) -> None:
         self.app = app
@@ -114,7 +113,7 @@ class CrossSiteGuard:
 
         await self.app(scope, receive, send_nosniff)
 
-    def _refusal(self, scope: Scope) -> Optional[Tuple[int, str, str]]:
+    def _refusal(self, scope: Scope) -> tuple[int, str, str] | None:
         """(status, code, message) when the request must be refused, else None."""
         host = _header(scope, b"host")
         if self.check_host and host is not None and not is_loopback(host):
@@ -137,7 +136,7 @@ class CrossSiteGuard:
             return self._media_type_refusal(scope)
         return None
 
-    def _media_type_refusal(self, scope: Scope) -> Optional[Tuple[int, str, str]]:
+    def _media_type_refusal(self, scope: Scope) -> tuple[int, str, str] | None:
         declared = _header(scope, b"content-type")
         length = _header(scope, b"content-length")
         if _header(scope, b"transfer-encoding") is None and (length == "0" or (length is None and declared is None)):
@@ -158,7 +157,7 @@ class CrossSiteGuard:
 
     async def _refuse(self, send: Send, status: int, code: str, message: str) -> None:
         body = self._render(code, message)
-        headers: List[Tuple[bytes, bytes]] = [
+        headers: list[tuple[bytes, bytes]] = [
             (b"content-type", JSON_MEDIA_TYPE.encode()),
             (b"content-length", str(len(body)).encode()),
             NOSNIFF,

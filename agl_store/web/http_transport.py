@@ -131,7 +131,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 method, url, data=content, headers=headers, params=params, timeout=limits, allow_redirects=False
             ) as answer:
                 return answer.status, answer.headers, await answer.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             connecting = isinstance(exc, aiohttp.ClientConnectorError)
             raise translate_error(exc, httpx.Request(method, url), connecting) from exc
 
@@ -139,4 +139,3 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if self._session is not None:
             await self._session.close()
             self._session = None
-

@@ -6,7 +6,6 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class KeyOption:
             self.flag + "-file", dest=self.dest + "_file", metavar="PATH", help=f"read {self.flag} from a file"
         )
 
-    def read(self, args: argparse.Namespace) -> tuple[Optional[str], str]:
+    def read(self, args: argparse.Namespace) -> tuple[str | None, str]:
         """(the key or None, where it came from); ValueError for an unreadable or empty file."""
         given = getattr(args, self.dest)
         if given:

@@ -17,7 +17,8 @@ import asyncio
 import signal
 import socket
 import sys
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from starlette.types import ASGIApp
 
@@ -36,12 +37,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def start_uvicorn(server: Any, sock: socket.socket, *, timeout_s: Optional[float] = None) -> "asyncio.Task[None]":
+async def start_uvicorn(server: Any, sock: socket.socket, *, timeout_s: float | None = None) -> asyncio.Task[None]:
     """Run `server.serve(sockets=[sock])` (a `uvicorn.Server`) as a task; returns it once the server listens.
 
     The SIGINT / SIGTERM handlers the caller had are put back once uvicorn has installed its
     own; install yours before calling this, since uvicorn puts back the ones it found when the
-    server stops (a signal caught while starting stops the server and is re-raised then). Raises RuntimeError when the server stops before listening (the cause attached) or
+    server stops (a signal caught while starting stops the server and is re-raised then). Raises
+    RuntimeError when the server stops before listening (the cause attached) or
     does not listen within `timeout_s`; stop it with `server.should_exit = True` and await the task.
     """
     callers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}

@@ -8,7 +8,8 @@ HTTP status. `detail` is there because agent-lightning 0.3 clients read it.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Sequence, Type, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -103,7 +104,7 @@ def validate_json(adapter: TypeAdapter[T], body: bytes) -> T:
     return _validated(adapter.validate_python, parse_json(body))
 
 
-def validate_model(model: Type[M], body: bytes, *, allow_empty: bool = False) -> M:
+def validate_model(model: type[M], body: bytes, *, allow_empty: bool = False) -> M:
     """Like `validate_json` for a model; an empty body is the model's defaults when allowed."""
     stripped = body.strip()
     if not stripped or stripped == b"null":
@@ -113,7 +114,7 @@ def validate_model(model: Type[M], body: bytes, *, allow_empty: bool = False) ->
     return _validated(model.model_validate, parse_json(body))
 
 
-def validate_query(model: Type[M], request: Request, list_fields: Sequence[str] = ()) -> M:
+def validate_query(model: type[M], request: Request, list_fields: Sequence[str] = ()) -> M:
     """Validate query parameters against a model; `list_fields` take repeated keys."""
     params = request.query_params
     data: dict[str, Any] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Dict, Optional, Protocol, Set
+from typing import Protocol
 
 from agl_store.base import LightningStore
 from agl_store.models import LLM, AttemptedRollout
@@ -50,8 +50,8 @@ class RolloutDispatcher:
         runner: Runner,
         *,
         max_concurrency: int = 64,
-        store_url: Optional[str] = None,
-        llm_resource: Optional[str] = None,
+        store_url: str | None = None,
+        llm_resource: str | None = None,
         worker_id: str = WORKER_ID,
     ) -> None:
         if max_concurrency <= 0:
@@ -62,10 +62,10 @@ class RolloutDispatcher:
         self.store_url = store_url
         self.llm_resource = llm_resource
         self.worker_id = worker_id
-        self._running: Set["asyncio.Task[None]"] = set()
-        self._loop_task: Optional["asyncio.Task[None]"] = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._llms: Dict[Optional[str], LLM] = {}
+        self._llms: dict[str | None, LLM] = {}
 
     def is_running(self) -> bool:
         return self._loop_task is not None and not self._loop_task.done()
@@ -107,10 +107,10 @@ class RolloutDispatcher:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), POLL_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
-    def _finished(self, task: "asyncio.Task[None]") -> None:
+    def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         self._wake.set()
 

@@ -9,8 +9,9 @@ is an error of that rollout only (`MissingInputField`).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any
 
 RESULT_PREFIX = "AGL_RESULT "
 """The agent launcher's last stdout line: `AGL_RESULT {"reward": 1.0}` (see `launch`)."""
@@ -30,7 +31,7 @@ class RolloutEndpoints:
     base_url: str
     model: str
     key: str = ""
-    store_url: Optional[str] = None
+    store_url: str | None = None
 
 
 def resolve_path(input: Any, path: str) -> Any:
@@ -56,12 +57,12 @@ def env_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def mapped_env(input: Any, env_map: Mapping[str, str]) -> Dict[str, str]:
+def mapped_env(input: Any, env_map: Mapping[str, str]) -> dict[str, str]:
     """The `env_map` variables of one rollout; MissingInputField names the first missing path."""
     return {name: env_value(resolve_path(input, path)) for name, path in env_map.items()}
 
 
-def agl_env(rollout_id: str, attempt_id: str, input: Any, endpoints: RolloutEndpoints) -> Dict[str, str]:
+def agl_env(rollout_id: str, attempt_id: str, input: Any, endpoints: RolloutEndpoints) -> dict[str, str]:
     """agl's variables: ids, the per-rollout base URL (also as `OPENAI_BASE_URL`, so an
     unmodified OpenAI-SDK agent is traced), the key, the model, the store and the whole input."""
     env = {
@@ -81,12 +82,12 @@ def agl_env(rollout_id: str, attempt_id: str, input: Any, endpoints: RolloutEndp
 
 def rollout_env(
     rollout_id: str, attempt_id: str, input: Any, env_map: Mapping[str, str], endpoints: RolloutEndpoints
-) -> Dict[str, str]:
+) -> dict[str, str]:
     """`env_map` variables plus agl's (agl's win on a name clash: the ids must be right)."""
     return {**mapped_env(input, env_map), **agl_env(rollout_id, attempt_id, input, endpoints)}
 
 
-def parse_result(stdout: str) -> Optional[Dict[str, Any]]:
+def parse_result(stdout: str) -> dict[str, Any] | None:
     """The payload of the last `AGL_RESULT` line of an agent's stdout, or None."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):

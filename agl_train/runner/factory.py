@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from .dispatch import Runner
 from .local import LocalRunner
 from .runner_settings import RunnerSettings
 
 
-def make_runner(settings: RunnerSettings) -> Optional[Runner]:
+def make_runner(settings: RunnerSettings) -> Runner | None:
     """`LocalRunner` for `local.agent_class`, `K8sRunner` for `k8s.job_template_path`, None for
     neither (rollouts then wait in the store's queue for runners started elsewhere)."""
     if settings.agent_class:

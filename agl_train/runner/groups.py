@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 from agl_store.base import LightningStore
 from agl_store.errors import StoreError
@@ -38,14 +39,14 @@ class Group:
 
     uid: str
     input: Any
-    rollout_ids: List[str]
-    outcomes: Dict[str, str] = field(default_factory=dict)
+    rollout_ids: list[str]
+    outcomes: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         return len(self.outcomes) == len(self.rollout_ids)
 
-    def succeeded(self) -> List[str]:
+    def succeeded(self) -> list[str]:
         return [rid for rid in self.rollout_ids if self.outcomes.get(rid) == STATUS_SUCCEEDED]
 
 
@@ -53,12 +54,12 @@ class Group:
 class Collected:
     """The groups a step trains on, and how their rollouts ended."""
 
-    groups: List[Group]
+    groups: list[Group]
     counts: Mapping[str, int]
     carried_over: int
 
     @property
-    def metrics(self) -> Dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         return {
             "rollout/n_done": float(self.counts.get("succeeded", 0)),
             "rollout/n_failed": float(self.counts.get("failed", 0)),
@@ -80,7 +81,7 @@ class GroupTracker:
         store: LightningStore,
         n: int,
         *,
-        rollout_config: Optional[RolloutConfig] = None,
+        rollout_config: RolloutConfig | None = None,
         mode: RolloutMode = "train",
     ) -> None:
         if n <= 0:
@@ -89,12 +90,12 @@ class GroupTracker:
         self.n = n
         self.rollout_config = rollout_config or RolloutConfig()
         self.mode = mode
-        self.in_flight: List[Group] = []
-        self._completed_order: List[Group] = []
+        self.in_flight: list[Group] = []
+        self._completed_order: list[Group] = []
 
     async def submit(
-        self, inputs: Sequence[Any], *, resources_id: Optional[str] = None, metadata: Optional[Mapping[str, Any]] = None
-    ) -> List[Group]:
+        self, inputs: Sequence[Any], *, resources_id: str | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> list[Group]:
         """Enqueue `n` rollouts for each input, in one store transaction."""
         uids = [uuid.uuid4().hex for _ in inputs]
         requests = [
@@ -105,13 +106,13 @@ class GroupTracker:
                 config=self.rollout_config,
                 metadata={**(metadata or {}), UID_KEY: uid},
             )
-            for item, uid in zip(inputs, uids)
+            for item, uid in zip(inputs, uids, strict=False)
             for _ in range(self.n)
         ]
         rollouts = list(await self.store.enqueue_many_rollouts(requests)) if requests else []
         groups = [
             Group(uid=uid, input=item, rollout_ids=[r.rollout_id for r in rollouts[k * self.n : (k + 1) * self.n]])
-            for k, (item, uid) in enumerate(zip(inputs, uids))
+            for k, (item, uid) in enumerate(zip(inputs, uids, strict=False))
         ]
         self.in_flight += groups
         return groups
@@ -131,9 +132,9 @@ class GroupTracker:
             if group.complete:
                 self._completed_order.append(group)
 
-    async def _finished(self, rollout_ids: List[str]) -> Dict[str, Any]:
+    async def _finished(self, rollout_ids: list[str]) -> dict[str, Any]:
         """The finished rollouts among `rollout_ids`, by id."""
-        by_id: Dict[str, Any] = {}
+        by_id: dict[str, Any] = {}
         # Chunked: a large async batch has thousands of rollouts in flight, one query each
         # chunk keeps request bodies small on a served store.
         for start in range(0, len(rollout_ids), QUERY_CHUNK):
@@ -172,7 +173,7 @@ class GroupTracker:
                 counts[outcome] += 1
         return Collected(groups=taken, counts=counts, carried_over=len(self.in_flight))
 
-    async def abandon(self) -> Dict[str, int]:
+    async def abandon(self) -> dict[str, int]:
         """Cancel every rollout still in flight and forget its group; returns the counts
         (unfinished rollouts count as timed out)."""
         counts = {key: 0 for key in COUNT_KEYS}

@@ -29,8 +29,9 @@ import os
 import re
 import ssl
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any
 
 import httpx
 import jinja2
@@ -89,7 +90,7 @@ def job_name_for(rollout_id: str, attempt_id: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", raw)[:63].rstrip("-")
 
 
-def render_job(template: Union[str, jinja2.Template], context: Mapping[str, Any]) -> Dict[str, Any]:
+def render_job(template: str | jinja2.Template, context: Mapping[str, Any]) -> dict[str, Any]:
     """Render the Job manifest of one rollout and check that it is a `batch/v1` Job.
 
     `metadata.name` defaults to `context["job_name"]`; `spec.backoffLimit` to 0 (one attempt
@@ -143,10 +144,10 @@ class KubeClient:
         server: str,
         *,
         namespace: str = "default",
-        token: Optional[str] = None,
-        verify: Union[bool, str, ssl.SSLContext] = True,
+        token: str | None = None,
+        verify: bool | str | ssl.SSLContext = True,
         timeout_s: float = 30.0,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.namespace = namespace
@@ -156,7 +157,7 @@ class KubeClient:
         )
 
     @classmethod
-    def from_environment(cls, namespace: Optional[str] = None) -> "KubeClient":
+    def from_environment(cls, namespace: str | None = None) -> KubeClient:
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         token_file = SERVICE_ACCOUNT_DIR / "token"
         if host and token_file.exists():
@@ -172,7 +173,7 @@ class KubeClient:
         return cls.from_kubeconfig(path, namespace=namespace)
 
     @classmethod
-    def from_kubeconfig(cls, path: Path, namespace: Optional[str] = None) -> "KubeClient":
+    def from_kubeconfig(cls, path: Path, namespace: str | None = None) -> KubeClient:
         """The current context of a kubeconfig file (token auth; CA file or data)."""
         if not path.exists():
             raise FileNotFoundError(f"no in-cluster service account and no kubeconfig at {path}")
@@ -183,7 +184,7 @@ class KubeClient:
         user = by_name("users").get(context.get("user"), {})
         if "server" not in cluster:
             raise ValueError(f"kubeconfig {path}: the current context names no cluster server")
-        verify: Union[bool, str] = True
+        verify: bool | str = True
         if cluster.get("insecure-skip-tls-verify"):
             verify = False
         elif cluster.get("certificate-authority"):
@@ -206,29 +207,29 @@ class KubeClient:
             raise KubeError(response.status_code, response.text[:500])
         return response
 
-    def _jobs(self, namespace: Optional[str]) -> str:
+    def _jobs(self, namespace: str | None) -> str:
         return f"/apis/batch/v1/namespaces/{namespace or self.namespace}/jobs"
 
-    async def create_job(self, manifest: Mapping[str, Any], namespace: Optional[str] = None) -> Dict[str, Any]:
+    async def create_job(self, manifest: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
         return (await self._call("POST", self._jobs(namespace), json=dict(manifest))).json()
 
-    async def get_job(self, name: str, namespace: Optional[str] = None) -> Dict[str, Any]:
+    async def get_job(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         return (await self._call("GET", f"{self._jobs(namespace)}/{name}")).json()
 
-    async def delete_job(self, name: str, namespace: Optional[str] = None) -> None:
+    async def delete_job(self, name: str, namespace: str | None = None) -> None:
         """Delete the Job and (in the background) its pods; a Job already gone is fine."""
         try:
-            await self._call(
-                "DELETE", f"{self._jobs(namespace)}/{name}", json={"propagationPolicy": "Background"}
-            )
+            await self._call("DELETE", f"{self._jobs(namespace)}/{name}", json={"propagationPolicy": "Background"})
         except KubeError as exc:
             if exc.status_code != 404:
                 raise
 
-    async def job_logs(self, name: str, namespace: Optional[str] = None) -> str:
+    async def job_logs(self, name: str, namespace: str | None = None) -> str:
         """The log of the Job's newest pod ('' when it has none)."""
         ns = namespace or self.namespace
-        pods = (await self._call("GET", f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": f"job-name={name}"})).json()
+        pods = (
+            await self._call("GET", f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": f"job-name={name}"})
+        ).json()
         items = sorted(pods.get("items", []), key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
         if not items:
             return ""
@@ -239,7 +240,7 @@ class KubeClient:
         await self._http.aclose()
 
 
-def job_state(job: Mapping[str, Any]) -> Optional[str]:
+def job_state(job: Mapping[str, Any]) -> str | None:
     """`succeeded` / `failed` once the Job has ended (by its conditions or pod counts), else None."""
     status = job.get("status") or {}
     for condition in status.get("conditions") or []:
@@ -272,7 +273,7 @@ class K8sRunner:
         self.poll_s = poll_s
         self.delete_finished = delete_finished
 
-    def context(self, rollout: AttemptedRollout, endpoints: RolloutEndpoints) -> Dict[str, Any]:
+    def context(self, rollout: AttemptedRollout, endpoints: RolloutEndpoints) -> dict[str, Any]:
         """The names a template sees for this rollout (see the module docstring)."""
         rollout_id, attempt_id = rollout.rollout_id, rollout.attempt.attempt_id
         return {
@@ -302,7 +303,7 @@ class K8sRunner:
             return RolloutOutcome(rollout_id, attempt_id, "failed", message=f"creating Job {name}: {exc}")
         try:
             state = await asyncio.wait_for(self._wait(name, namespace), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.client.delete_job(name, namespace)
             message = f"Job {name} deleted after the rollout timeout of {self.timeout_s:g} s"
             return RolloutOutcome(rollout_id, attempt_id, "timeout", message=message)
@@ -318,7 +319,7 @@ class K8sRunner:
         reward = None if payload is None else payload.get("reward")
         return RolloutOutcome(rollout_id, attempt_id, "succeeded", reward=reward)
 
-    async def _wait(self, name: str, namespace: Optional[str]) -> str:
+    async def _wait(self, name: str, namespace: str | None) -> str:
         while True:
             try:
                 state = job_state(await self.client.get_job(name, namespace))
@@ -328,7 +329,7 @@ class K8sRunner:
                 return state
             await asyncio.sleep(self.poll_s)
 
-    async def _logs(self, name: str, namespace: Optional[str]) -> str:
+    async def _logs(self, name: str, namespace: str | None) -> str:
         try:
             return await self.client.job_logs(name, namespace)
         except (KubeError, httpx.HTTPError) as exc:

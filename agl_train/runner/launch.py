@@ -16,7 +16,7 @@ import inspect
 import json
 import math
 import sys
-from typing import Any, Dict, Optional
+from typing import Any
 
 from .env import RESULT_PREFIX
 
@@ -35,7 +35,7 @@ def load_agent_class(spec: str) -> Any:
         raise ValueError(f"module {module_name!r} has no attribute {attribute!r} (agent_class {spec!r})") from None
 
 
-def reward_payload(result: Any) -> Dict[str, Optional[float]]:
+def reward_payload(result: Any) -> dict[str, float | None]:
     """`run()`'s return value as `{"reward": float | None}`; anything else is a TypeError."""
     if isinstance(result, dict):
         result = result.get("reward")
@@ -46,7 +46,7 @@ def reward_payload(result: Any) -> Dict[str, Optional[float]]:
     return {"reward": float(result)}
 
 
-def run_agent(spec: str) -> Dict[str, Optional[float]]:
+def run_agent(spec: str) -> dict[str, float | None]:
     """Instantiate the agent, run it once, return the reward payload."""
     agent = load_agent_class(spec)()
     result = agent.run()

@@ -14,8 +14,8 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
 
 from agl_store.models import AttemptedRollout
 
@@ -31,13 +31,13 @@ class ProcessResult:
     """How an agent process ended: `timed_out`, else its exit code and output."""
 
     timed_out: bool
-    returncode: Optional[int] = None
+    returncode: int | None = None
     stdout: str = ""
     stderr: str = ""
 
 
 async def run_process(
-    command: Sequence[str], env: Mapping[str, str], timeout_s: float, cwd: Optional[str] = None
+    command: Sequence[str], env: Mapping[str, str], timeout_s: float, cwd: str | None = None
 ) -> ProcessResult:
     """Run `command` with `env` over this host's environment; kill its process group past `timeout_s`."""
     process = await asyncio.create_subprocess_exec(
@@ -50,7 +50,7 @@ async def run_process(
     )
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         await _kill_group(process)
         return ProcessResult(timed_out=True)
     except asyncio.CancelledError:
@@ -64,7 +64,7 @@ async def run_process(
     )
 
 
-def run_process_blocking(command: List[str], env: Dict[str, str], timeout_s: float, cwd: Optional[str]) -> ProcessResult:
+def run_process_blocking(command: list[str], env: dict[str, str], timeout_s: float, cwd: str | None) -> ProcessResult:
     """`run_process` for a Ray task (a plain function on the remote node)."""
     return asyncio.run(run_process(command, env, timeout_s, cwd))
 
@@ -89,8 +89,8 @@ class LocalRunner:
         timeout_s: float,
         *,
         python: str = sys.executable,
-        cwd: Optional[str] = None,
-        extra_env: Optional[Mapping[str, str]] = None,
+        cwd: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
         use_ray: bool = False,
     ) -> None:
         if not agent_class:
@@ -103,7 +103,7 @@ class LocalRunner:
         self.extra_env = dict(extra_env or {})
         self.use_ray = use_ray
 
-    def command(self) -> List[str]:
+    def command(self) -> list[str]:
         return [self.python, "-m", "agl_train.runner.launch", self.agent_class]
 
     async def run(self, rollout: AttemptedRollout, endpoints: RolloutEndpoints) -> RolloutOutcome:
@@ -128,7 +128,7 @@ class LocalRunner:
         return RolloutOutcome(rollout_id, attempt_id, "succeeded", reward=reward, exit_code=0)
 
 
-async def _run_on_ray(command: List[str], env: Dict[str, str], timeout_s: float, cwd: Optional[str]) -> ProcessResult:
+async def _run_on_ray(command: list[str], env: dict[str, str], timeout_s: float, cwd: str | None) -> ProcessResult:
     import ray
 
     remote = ray.remote(num_cpus=1)(run_process_blocking)
@@ -140,7 +140,7 @@ async def _kill_group(process: asyncio.subprocess.Process) -> None:
     _signal_group(process.pid, signal.SIGTERM)
     try:
         await asyncio.wait_for(process.wait(), KILL_GRACE_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     # The agent's own children share its group and may outlive it: the group goes too.
     _signal_group(process.pid, signal.SIGKILL)

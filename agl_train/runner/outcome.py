@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Literal
 
 from agl_store.base import LightningStore
 from agl_store.errors import StoreError
@@ -31,11 +31,11 @@ class RolloutOutcome:
     rollout_id: str
     attempt_id: str
     status: OutcomeStatus
-    reward: Optional[float] = None
+    reward: float | None = None
     message: str = ""
-    exit_code: Optional[int] = None
+    exit_code: int | None = None
 
-    def metadata(self) -> Dict[str, Any]:
+    def metadata(self) -> dict[str, Any]:
         return {
             METADATA_KEY: {
                 "status": self.status,

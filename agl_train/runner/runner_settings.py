@@ -7,8 +7,9 @@ to wait, how many prompt groups to keep in flight.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 GATEWAY_TIMEOUT_S = 300.0
 """Timeout of every call the trainer makes to the gateway; fixed, not a config key."""
@@ -23,7 +24,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def check_async_batch(train_batch_size: int, async_train_batch_size: Optional[int]) -> None:
+def check_async_batch(train_batch_size: int, async_train_batch_size: int | None) -> None:
     """Async rollout keeps more groups in flight than a step trains on; ValueError otherwise."""
     if async_train_batch_size is None or async_train_batch_size <= train_batch_size:
         raise ValueError(
@@ -50,23 +51,27 @@ class RunnerSettings:
     """The gateway's admin key: the trainer pauses, resumes and repoints the proxy and uses its store."""
     agl_agent_key: str = ""
     """The key handed to agents in the LLM resource; empty: `agl_key` (a proxy with one key)."""
-    hooks: Optional[str] = None
+    hooks: str | None = None
     rollout_timeout_seconds: float = 1800.0
-    agent_class: Optional[str] = None
+    agent_class: str | None = None
     env_map: Mapping[str, str] = field(default_factory=dict)
     local_use_ray: bool = False
-    job_template_path: Optional[str] = None
-    k8s_namespace: Optional[str] = None
+    job_template_path: str | None = None
+    k8s_namespace: str | None = None
     train_batch_size: int = 1
     rollout_n: int = 1
     async_enabled: bool = False
-    async_train_batch_size: Optional[int] = None
+    async_train_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.rollout_timeout_seconds <= 0:
-            raise ValueError(f"agentlightning.rollout_timeout_seconds must be positive, got {self.rollout_timeout_seconds}")
+            raise ValueError(
+                f"agentlightning.rollout_timeout_seconds must be positive, got {self.rollout_timeout_seconds}"
+            )
         if self.agent_class and self.job_template_path:
-            raise ValueError("set one of agentlightning.local.agent_class and agentlightning.k8s.job_template_path, not both")
+            raise ValueError(
+                "set one of agentlightning.local.agent_class and agentlightning.k8s.job_template_path, not both"
+            )
         if self.train_batch_size <= 0 or self.rollout_n <= 0:
             raise ValueError(
                 f"data.train_batch_size and rollout.n must be positive, got {self.train_batch_size}, {self.rollout_n}"
@@ -88,7 +93,7 @@ class RunnerSettings:
         return int(self.async_train_batch_size) if self.async_enabled else self.train_batch_size
 
     @classmethod
-    def from_config(cls, config: Any) -> "RunnerSettings":
+    def from_config(cls, config: Any) -> RunnerSettings:
         """Read a composed trainer config (DictConfig or nested dicts)."""
         agl = _plain(config["agentlightning"])
         local = agl.get("local") or {}

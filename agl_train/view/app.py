@@ -10,8 +10,9 @@ would not.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Dict, Optional
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -30,11 +31,11 @@ async def _health(request: Any) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-def create_view_app(store_url: str, *, key: Optional[str] = None, settings: Optional[ViewSettings] = None) -> Starlette:
+def create_view_app(store_url: str, *, key: str | None = None, settings: ViewSettings | None = None) -> Starlette:
     """The view of the store at `store_url`; `key` is the store's bearer key and the view's."""
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[Dict[str, Any]]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         store = await open_store(store_url, key=key)
         try:
             yield {"store": store}

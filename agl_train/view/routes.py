@@ -11,9 +11,10 @@ The API lives under `/view/api/` and reads the store from the app's lifespan sta
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, TypeVar, get_args
+from typing import Any, TypeVar, get_args
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,7 +35,7 @@ STATIC_FILES = {
     "/view/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/view/app.css": ("app.css", "text/css; charset=utf-8"),
 }
-OPEN_PATHS: FrozenSet[str] = frozenset(STATIC_FILES)
+OPEN_PATHS: frozenset[str] = frozenset(STATIC_FILES)
 """Paths served without the bearer key: the page shell only, never data."""
 
 # Agent output is untrusted: even if something slipped past textContent, no inline script,
@@ -55,12 +56,12 @@ N = TypeVar("N", int, float)
 class ViewSettings:
     """How the view builds token rows: the tokenizer that decodes them and the trainer's aggregator settings."""
 
-    tokenizer: Optional[str] = None
+    tokenizer: str | None = None
     """A local tokenizer directory (a model directory); None shows raw token ids."""
     options: TokenViewOptions = field(default_factory=TokenViewOptions)
 
 
-def _number(request: Request, name: str, kind: Callable[[str], N], default: Optional[N] = None) -> Optional[N]:
+def _number(request: Request, name: str, kind: Callable[[str], N], default: N | None = None) -> N | None:
     """Query parameter `name` as `kind` (int or float); absent or empty gives `default`."""
     raw = request.query_params.get(name)
     if raw is None or raw == "":
@@ -107,11 +108,11 @@ class ViewRoutes:
 
     def __init__(self, settings: ViewSettings) -> None:
         self.settings = settings
-        self._tokenizer: Optional[TokenDecoder] = None
+        self._tokenizer: TokenDecoder | None = None
         self._tokenizer_lock = asyncio.Lock()
         self._summaries = SummaryCache()
 
-    async def tokenizer(self) -> Optional[TokenDecoder]:
+    async def tokenizer(self) -> TokenDecoder | None:
         """The configured tokenizer (loaded in a thread the first time), or None."""
         if self.settings.tokenizer is None:
             return None
@@ -120,9 +121,9 @@ class ViewRoutes:
                 self._tokenizer = await asyncio.to_thread(load_tokenizer, self.settings.tokenizer)
         return self._tokenizer
 
-    def routes(self) -> List[BaseRoute]:
+    def routes(self) -> list[BaseRoute]:
         """The page shell and the API routes, to add to a Starlette app that has a store in its state."""
-        static: List[BaseRoute] = [
+        static: list[BaseRoute] = [
             Route(path, _static_page(name, media)) for path, (name, media) in STATIC_FILES.items()
         ]
         return static + [
@@ -133,7 +134,7 @@ class ViewRoutes:
             endpoint(f"{API_PREFIX}/rollouts/{{rollout_id}}/spans/{{span_id}}", self.span, methods=["GET"]),
         ]
 
-    async def config(self, request: Request) -> Dict[str, Any]:
+    async def config(self, request: Request) -> dict[str, Any]:
         options = self.settings.options
         return {
             "tokenizer": self.settings.tokenizer is not None,
@@ -150,16 +151,16 @@ class ViewRoutes:
             "call_span": {"request": call_span.REQUEST, "response": call_span.RESPONSE, "error": call_span.ERROR},
         }
 
-    async def rollouts(self, request: Request) -> Dict[str, Any]:
+    async def rollouts(self, request: Request) -> dict[str, Any]:
         return await list_rollouts(store_of(request), rollout_filter(request), self._summaries)
 
-    async def rollout(self, request: Request) -> Dict[str, Any]:
+    async def rollout(self, request: Request) -> dict[str, Any]:
         return await rollout_detail(store_of(request), request.path_params["rollout_id"])
 
-    async def span(self, request: Request) -> Dict[str, Any]:
+    async def span(self, request: Request) -> dict[str, Any]:
         return await span_detail(store_of(request), request.path_params["rollout_id"], request.path_params["span_id"])
 
-    async def tokens(self, request: Request) -> Dict[str, Any]:
+    async def tokens(self, request: Request) -> dict[str, Any]:
         options = self._options(request)
         tokenizer = await self.tokenizer()
         return await token_view(store_of(request), request.path_params["rollout_id"], options, tokenizer)

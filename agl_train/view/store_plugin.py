@@ -12,8 +12,8 @@ command line (`create_app(..., page_settings={"view": {...}})` in Python):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import FrozenSet, List, Mapping
 
 from starlette.routing import BaseRoute
 
@@ -28,8 +28,8 @@ SETTINGS = ("tokenizer", "level", "max_prompt_length", "max_response_length")
 class StorePages:
     """What a store-pages entry point hands the store server: routes, and the paths served without a key."""
 
-    routes: List[BaseRoute]
-    open_paths: FrozenSet[str]
+    routes: list[BaseRoute]
+    open_paths: frozenset[str]
 
 
 def view_settings(settings: Mapping[str, str]) -> ViewSettings:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any
 
 from agl_store import call_span
 from agl_store.base import LightningStore
@@ -35,11 +36,11 @@ MAX_PAGE_SIZE = 200
 class RolloutFilter:
     """The list page's filters and page, passed to `LightningStore.query_rollouts` as they are."""
 
-    status_in: Optional[Sequence[RolloutStatus]] = None
-    mode: Optional[RolloutMode] = None
-    start_time_after: Optional[float] = None
-    start_time_before: Optional[float] = None
-    rollout_id_contains: Optional[str] = None
+    status_in: Sequence[RolloutStatus] | None = None
+    mode: RolloutMode | None = None
+    start_time_after: float | None = None
+    start_time_before: float | None = None
+    rollout_id_contains: str | None = None
     limit: int = 50
     offset: int = 0
 
@@ -53,7 +54,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def span_tokens(span: Span) -> Dict[str, int]:
+def span_tokens(span: Span) -> dict[str, int]:
     """Tokens in and out of an LLM-call span: usage when recorded, else the token-id arrays."""
     attributes = span.attributes
     tokens_in = _int(attributes.get(call_span.INPUT_TOKENS))
@@ -67,13 +68,13 @@ def span_tokens(span: Span) -> Dict[str, int]:
     return {"in": tokens_in, "out": tokens_out}
 
 
-def _duration(start: Optional[float], end: Optional[float], now: float) -> Optional[float]:
+def _duration(start: float | None, end: float | None, now: float) -> float | None:
     if start is None:
         return None
     return (end if end is not None else now) - start
 
 
-def summarize_rollout(rollout: Rollout, spans: Sequence[Span], now: float) -> Dict[str, Any]:
+def summarize_rollout(rollout: Rollout, spans: Sequence[Span], now: float) -> dict[str, Any]:
     """One line of the rollout list: status, attempts, reward, LLM calls, tokens, duration.
 
     `spans` are those of the latest attempt: the ones the trainer reads. The reward is the
@@ -104,15 +105,15 @@ class SummaryCache:
 
     def __init__(self, max_entries: int = 10_000) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[Tuple[str, int, Optional[float]], Dict[str, Any]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, int, float | None], dict[str, Any]] = OrderedDict()
 
     @staticmethod
-    def _key(rollout: Rollout) -> Optional[Tuple[str, int, Optional[float]]]:
+    def _key(rollout: Rollout) -> tuple[str, int, float | None] | None:
         if rollout.status not in TERMINAL_ROLLOUT_STATUSES:
             return None
         return (rollout.rollout_id, _attempt_count(rollout), rollout.end_time)
 
-    def get(self, rollout: Rollout) -> Optional[Dict[str, Any]]:
+    def get(self, rollout: Rollout) -> dict[str, Any] | None:
         """The cached summary of a finished rollout, or None."""
         key = self._key(rollout)
         if key is None or key not in self._entries:
@@ -120,7 +121,7 @@ class SummaryCache:
         self._entries.move_to_end(key)
         return self._entries[key]
 
-    def put(self, rollout: Rollout, summary: Dict[str, Any]) -> None:
+    def put(self, rollout: Rollout, summary: dict[str, Any]) -> None:
         """Keep `summary` when the rollout is finished; running ones are never cached."""
         key = self._key(rollout)
         if key is None:
@@ -130,9 +131,7 @@ class SummaryCache:
             self._entries.popitem(last=False)
 
 
-async def _summary(
-    store: LightningStore, rollout: Rollout, now: float, cache: Optional[SummaryCache]
-) -> Dict[str, Any]:
+async def _summary(store: LightningStore, rollout: Rollout, now: float, cache: SummaryCache | None) -> dict[str, Any]:
     cached = cache.get(rollout) if cache is not None else None
     if cached is not None:
         return cached
@@ -144,8 +143,8 @@ async def _summary(
 
 
 async def list_rollouts(
-    store: LightningStore, query: RolloutFilter, cache: Optional[SummaryCache] = None
-) -> Dict[str, Any]:
+    store: LightningStore, query: RolloutFilter, cache: SummaryCache | None = None
+) -> dict[str, Any]:
     """One page of rollouts, newest first, with their summaries and the total match count.
 
     Only the rollouts on the page have their spans read (finished ones once, with a `cache`).
@@ -167,10 +166,10 @@ async def list_rollouts(
     return {"items": items, "total": total, "limit": limit, "offset": max(0, query.offset)}
 
 
-def span_line(span: Span) -> Dict[str, Any]:
+def span_line(span: Span) -> dict[str, Any]:
     """One span on the rollout's timeline (its request and response are fetched on demand)."""
     attributes = span.attributes
-    line: Dict[str, Any] = {
+    line: dict[str, Any] = {
         "span_id": span.span_id,
         "attempt_id": span.attempt_id,
         "sequence_id": span.sequence_id,
@@ -191,7 +190,7 @@ def span_line(span: Span) -> Dict[str, Any]:
     return line
 
 
-async def rollout_detail(store: LightningStore, rollout_id: str) -> Dict[str, Any]:
+async def rollout_detail(store: LightningStore, rollout_id: str) -> dict[str, Any]:
     """A rollout with its attempts and the spans of all its attempts in sequence order.
 
     The summary (reward, calls, tokens) is that of the latest attempt, as in the list.
@@ -211,7 +210,7 @@ async def rollout_detail(store: LightningStore, rollout_id: str) -> Dict[str, An
     }
 
 
-async def span_detail(store: LightningStore, rollout_id: str, span_id: str) -> Dict[str, Any]:
+async def span_detail(store: LightningStore, rollout_id: str, span_id: str) -> dict[str, Any]:
     """The whole span: request, response, token ids and every other attribute."""
     spans = await store.query_spans(rollout_id, span_id=span_id)
     if not spans:

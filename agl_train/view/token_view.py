@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any
 
 from agl_store.base import LightningStore
 
@@ -84,14 +85,14 @@ def token_roles(row: Row, full: Row) -> str:
     return "".join(roles)
 
 
-def decode_pieces(ids: Iterable[int], tokenizer: Optional[TokenDecoder]) -> Dict[str, str]:
+def decode_pieces(ids: Iterable[int], tokenizer: TokenDecoder | None) -> dict[str, str]:
     """Each distinct id's text (special tokens kept), keyed by the id as a string; empty without a tokenizer."""
     if tokenizer is None:
         return {}
     return {str(i): tokenizer.decode([i], skip_special_tokens=False) for i in sorted(set(ids))}
 
 
-def _break_record(record: PrefixBreak) -> Dict[str, Any]:
+def _break_record(record: PrefixBreak) -> dict[str, Any]:
     return {
         **asdict(record),
         "explanation": BREAK_EXPLANATIONS.get(record.kind, record.kind),
@@ -100,8 +101,8 @@ def _break_record(record: PrefixBreak) -> Dict[str, Any]:
 
 
 def token_view_of_trace(
-    trace: RolloutTrace, options: TokenViewOptions, tokenizer: Optional[TokenDecoder] = None
-) -> Dict[str, Any]:
+    trace: RolloutTrace, options: TokenViewOptions, tokenizer: TokenDecoder | None = None
+) -> dict[str, Any]:
     """The token view of one rollout trace: rows with ids and role letters, breaks, reward, metrics.
 
     `pieces` maps each token id (as a string) to its decoded text; it is empty without a
@@ -111,8 +112,8 @@ def token_view_of_trace(
     # The same rows without limits: the part of a response past the limit is what was truncated.
     full_rows, _ = get_aggregator(options.level)(trace, _UNLIMITED, tokenizer)
     breaks_by_turn = {record.turn_index: record for record in aggregation.breaks}
-    rows: List[Dict[str, Any]] = []
-    all_ids: List[int] = []
+    rows: list[dict[str, Any]] = []
+    all_ids: list[int] = []
     for row, full in zip(aggregation.rows, full_rows, strict=True):
         ids = full.prompt_ids + full.response_ids
         all_ids += ids
@@ -153,8 +154,8 @@ def token_view_of_trace(
 
 
 async def token_view(
-    store: LightningStore, rollout_id: str, options: TokenViewOptions, tokenizer: Optional[TokenDecoder] = None
-) -> Dict[str, Any]:
+    store: LightningStore, rollout_id: str, options: TokenViewOptions, tokenizer: TokenDecoder | None = None
+) -> dict[str, Any]:
     """Read a rollout's latest attempt the way the trainer does and build its token view.
 
     The rows are built and decoded in a worker thread: a long trajectory takes CPU time that

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any
 
 from openai import OpenAI
 
@@ -56,7 +56,7 @@ class CalcAgent:
         self.client = OpenAI(max_retries=int(os.environ.get("CALC_MAX_RETRIES", "30")))
 
     def run(self) -> float:
-        messages: List[Dict[str, Any]] = [
+        messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": self.question},
         ]
@@ -71,7 +71,9 @@ class CalcAgent:
                 break
             messages.append(message.model_dump(exclude_none=True))
             for call in message.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_result(call.function.arguments)})
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": tool_result(call.function.arguments)}
+                )
         return self.reward(final)
 
     def reward(self, final: str) -> float:

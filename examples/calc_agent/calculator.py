@@ -6,9 +6,14 @@ import ast
 import math
 import operator
 import re
-from typing import Optional
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_EXPONENT = 64
 
@@ -43,7 +48,7 @@ def format_number(value: float) -> str:
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def final_number(text: Optional[str]) -> Optional[float]:
+def final_number(text: str | None) -> float | None:
     """The last number in the agent's final message (None if it wrote none)."""
     found = _NUMBER.findall(text or "")
     return float(found[-1]) if found else None

@@ -6,7 +6,6 @@ Each task is `{"question": str, "answer": str}`; `env_map` passes both to the ag
 from __future__ import annotations
 
 import random
-from typing import Dict, List
 
 from examples.calc_agent.calculator import calculate, format_number
 
@@ -19,7 +18,7 @@ TEMPLATES = (
 EXPRESSIONS = ("{a} + {b} * {c}", "({a} + {b}) * {c}", "{a} * {b} + {c}", "{a} * {b} - {c}")
 
 
-def make_tasks(count: int, seed: int) -> List[Dict[str, str]]:
+def make_tasks(count: int, seed: int) -> list[dict[str, str]]:
     rng = random.Random(seed)
     tasks = []
     for _ in range(count):
@@ -34,9 +33,9 @@ def make_tasks(count: int, seed: int) -> List[Dict[str, str]]:
     return tasks
 
 
-def train_tasks() -> List[Dict[str, str]]:
+def train_tasks() -> list[dict[str, str]]:
     return make_tasks(256, seed=0)
 
 
-def val_tasks() -> List[Dict[str, str]]:
+def val_tasks() -> list[dict[str, str]]:
     return make_tasks(32, seed=1)

@@ -17,8 +17,8 @@ sys.path.insert(0, str(REPO))  # so that `examples.calc_agent.agent` imports in 
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from agl_train.entry import run_ppo  # noqa: E402
 from agl_train.config import compose_config  # noqa: E402
+from agl_train.entry import run_ppo  # noqa: E402
 from examples.calc_agent.dataset import train_tasks, val_tasks  # noqa: E402
 
 
@@ -26,7 +26,9 @@ def load_config(argv: list[str]) -> object:
     """agl's config, then this example's config.yaml, then the command line."""
     config = compose_config()
     OmegaConf.set_struct(config, False)  # the example adds env_map entries
-    config = OmegaConf.merge(config, OmegaConf.load(Path(__file__).with_name("config.yaml")), OmegaConf.from_dotlist(argv))
+    config = OmegaConf.merge(
+        config, OmegaConf.load(Path(__file__).with_name("config.yaml")), OmegaConf.from_dotlist(argv)
+    )
     OmegaConf.set_struct(config, True)
     return config
 

@@ -17,7 +17,8 @@ import re
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Dict, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 MAX_TOKENS = 16
 LOWERCASE_WORD = re.compile(r" ?[a-z]+")
@@ -34,7 +35,7 @@ def lowercase_share(tokens: Sequence[str]) -> float:
     return sum(map(is_lowercase_word, tokens)) / len(tokens) if tokens else 0.0
 
 
-def chat(body: Dict[str, Any]) -> Dict[str, Any]:
+def chat(body: dict[str, Any]) -> dict[str, Any]:
     """POST a chat completion to the proxy; waits out 429 (the proxy is paused for a weight update)."""
     request = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",

@@ -23,9 +23,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "artifacts" / "lowercase_words"
@@ -43,12 +44,12 @@ PROMPTS = (
 PROXY_START_TIMEOUT_S = 60.0
 
 
-def tasks(count: int, offset: int = 0) -> List[Dict[str, str]]:
+def tasks(count: int, offset: int = 0) -> list[dict[str, str]]:
     """`count` tasks `{"prompt": ...}` cycling through the fixed prompts."""
     return [{"prompt": PROMPTS[(offset + i) % len(PROMPTS)]} for i in range(count)]
 
 
-def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int = 0) -> List[str]:
+def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int = 0) -> list[str]:
     """The run's config over agl's defaults (GRPO, no critic, sdpa without flash-attn): 4 prompts × 4 rollouts
     per step, one mini-batch per step, on the CPU."""
     return [
@@ -127,8 +128,8 @@ def _wait_for_listening(process: subprocess.Popen[bytes], log_path: Path) -> str
 class Run:
     """What a training run leaves: per-step metrics, validations outside a step, the store file, the trainer."""
 
-    history: List[Dict[str, float]]
-    validations: List[Dict[str, float]]
+    history: list[dict[str, float]]
+    validations: list[dict[str, float]]
     db_path: Path
     trainer: Any
 
@@ -141,12 +142,12 @@ class StepPrinter:
     def __init__(self, path: Path, print_lines: bool = True) -> None:
         self.path = path
         self.print_lines = print_lines
-        self.history: List[Dict[str, float]] = []
-        self.validations: List[Dict[str, float]] = []  # the metrics of validations outside a step
+        self.history: list[dict[str, float]] = []
+        self.validations: list[dict[str, float]] = []  # the metrics of validations outside a step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="step-printer", daemon=True)
 
-    def __enter__(self) -> "StepPrinter":
+    def __enter__(self) -> StepPrinter:
         if self.print_lines:
             print(self.HEADER, flush=True)
         self._thread.start()
@@ -172,7 +173,7 @@ class StepPrinter:
                 return
             time.sleep(0.2)
 
-    def _step(self, record: Dict[str, Any]) -> None:
+    def _step(self, record: dict[str, Any]) -> None:
         metrics = {"step": float(record["step"]), **record["data"]}
         if "training/global_step" in metrics:
             self.history.append(metrics)
@@ -182,7 +183,7 @@ class StepPrinter:
             print(format_step(metrics), flush=True)
 
 
-def format_step(m: Dict[str, float]) -> str:
+def format_step(m: dict[str, float]) -> str:
     """One step as a line: reward, actor/pg_loss, rows, tokens/s, seconds in rollout / update / sync
     (and the validation reward when the step validated); a validation before training as its own line."""
     validation = f"  val reward {m['val/reward_mean']:.3f}" if "val/reward_mean" in m else ""
@@ -197,15 +198,13 @@ def format_step(m: Dict[str, float]) -> str:
     )
 
 
-def train(
-    model_path: Path, vllm_address: str, out: Path, steps: int, seed: int = 0, print_lines: bool = True
-) -> Run:
+def train(model_path: Path, vllm_address: str, out: Path, steps: int, seed: int = 0, print_lines: bool = True) -> Run:
     """`steps` training steps against the vLLM at `vllm_address`, which must serve `model_path`
     in dev mode (`VLLM_SERVER_DEV_MODE=1`); everything the run writes goes under `out`."""
     import torch
 
-    from agl_train.cpu_workers import run_ppo_on_cpu
     from agl_train.config import compose_config
+    from agl_train.cpu_workers import run_ppo_on_cpu
 
     # A 345 K-parameter model gains nothing from a second thread, and OpenMP threads spinning
     # against vLLM and the agents for two cores made each update ~10x slower (measured).
@@ -237,17 +236,17 @@ def _environment(name: str, value: str) -> Iterator[None]:
             os.environ[name] = previous
 
 
-def rewards_by_version(db_path: Path) -> Dict[int, List[float]]:
+def rewards_by_version(db_path: Path) -> dict[int, list[float]]:
     """Per-rollout rewards of the training rollouts in the store at `db_path`, by the weight
     version (`agl.model_version`, the step) of their model call."""
     from agl_store import call_span
     from agl_store.sqlite import SQLiteStore
     from agl_train.traces import final_reward
 
-    async def read() -> Dict[int, List[float]]:
+    async def read() -> dict[int, list[float]]:
         store = await SQLiteStore(str(db_path)).open()
         try:
-            by_version: Dict[int, List[float]] = {}
+            by_version: dict[int, list[float]] = {}
             for rollout in await store.query_rollouts(mode="train", status_in=["succeeded"]):
                 spans = await store.query_spans(rollout.rollout_id, "latest")
                 versions = {s.attributes.get(call_span.MODEL_VERSION) for s in spans if s.name == call_span.NAME}
@@ -261,7 +260,7 @@ def rewards_by_version(db_path: Path) -> Dict[int, List[float]]:
     return asyncio.run(read())
 
 
-def improvement(by_version: Dict[int, List[float]], window: int) -> Dict[str, float]:
+def improvement(by_version: dict[int, list[float]], window: int) -> dict[str, float]:
     """Mean reward of the rollouts of the first and the last `window` steps, their difference,
     and the run's own noise: two standard errors of that difference, from the per-rollout rewards."""
     steps = sorted(by_version)
@@ -277,7 +276,9 @@ def improvement(by_version: Dict[int, List[float]], window: int) -> Dict[str, fl
     return {"first": first_mean, "last": last_mean, "gain": last_mean - first_mean, "band": band}
 
 
-def plot_curve(by_version: Dict[int, List[float]], path: Path, title: str = "lowercase-words task, tiny model, CPU") -> None:
+def plot_curve(
+    by_version: dict[int, list[float]], path: Path, title: str = "lowercase-words task, tiny model, CPU"
+) -> None:
     """The training curve as a PNG: each rollout's reward (dots) and the step mean ± one standard
     deviation, by step. Drawn with Pillow (no plotting library needed)."""
     from PIL import Image, ImageDraw, ImageFont
@@ -310,7 +311,7 @@ def plot_curve(by_version: Dict[int, List[float]], path: Path, title: str = "low
             draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=(160, 190, 230))
         means.append(xy(step, mean))
         bands.append((xy(step, min(1.0, mean + std)), xy(step, max(0.0, mean - std))))
-    for (upper, lower) in bands:
+    for upper, lower in bands:
         draw.line([upper, lower], fill=(30, 90, 180), width=2)
     draw.line(means, fill=(200, 40, 40), width=3)
     for x, y in means:
@@ -322,7 +323,7 @@ def plot_curve(by_version: Dict[int, List[float]], path: Path, title: str = "low
     image.save(path)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from examples.tiny_vllm.tiny_model import DEFAULT_DIR
     from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 

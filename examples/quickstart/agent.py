@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import Any, List
+from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
@@ -34,7 +34,7 @@ async def run_agent(base_url: str, model: str, question: str, api_key: str = "no
     """Answer `question`, calling the calculator when the model asks for it; returns the last reply."""
     llm = ChatOpenAI(base_url=base_url, api_key=api_key, model=model, temperature=0, max_tokens=48)
     agent = llm.bind_tools([calculator])
-    messages: List[BaseMessage] = [
+    messages: list[BaseMessage] = [
         SystemMessage("You are a careful math assistant. Use the calculator tool for arithmetic."),
         HumanMessage(question),
     ]

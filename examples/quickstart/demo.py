@@ -17,8 +17,8 @@ import contextlib
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from agl_store.client import LightningStoreClient
 
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(args: argparse.Namespace, backend: str, model: str, db: Path, tokenizer: Optional[str]) -> None:
+async def _serve(args: argparse.Namespace, backend: str, model: str, db: Path, tokenizer: str | None) -> None:
     task = asyncio.current_task()
     assert task is not None
     for stop_signal in STOP_SIGNALS:  # cancel the rollouts and the wait: the proxy stops on the way out

@@ -20,8 +20,8 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import AsyncIterator, Iterator, List, Mapping, Optional, Sequence
 
 from agl_store import LightningStore, ProxyLLM, Span, call_span, reward_span
 from agl_store.client import LightningStoreClient
@@ -51,7 +51,7 @@ async def agl_proxy_serve(
     db: Path,
     *,
     port: int = 0,
-    env: Optional[Mapping[str, str]] = None,
+    env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
 ) -> AsyncIterator[str]:
     """`agl proxy serve [extra_args]` as a subprocess; yields its URL once it listens, echoing its own lines."""
@@ -102,9 +102,9 @@ async def run_rollout(
     return rollout.rollout_id
 
 
-async def rollout_spans(store: LightningStore, rollout_id: str) -> List[Span]:
+async def rollout_spans(store: LightningStore, rollout_id: str) -> list[Span]:
     """The rollout's spans once the proxy's background export has written its call spans."""
-    spans: List[Span] = []
+    spans: list[Span] = []
     for _ in range(100):
         spans = await store.query_spans(rollout_id)
         if any(s.name == call_span.NAME for s in spans):
@@ -113,7 +113,7 @@ async def rollout_spans(store: LightningStore, rollout_id: str) -> List[Span]:
     return spans
 
 
-def print_spans(rollout_id: str, spans: List[Span], *, max_prompt_ids: int = 12, max_response_ids: int = 0) -> None:
+def print_spans(rollout_id: str, spans: list[Span], *, max_prompt_ids: int = 12, max_response_ids: int = 0) -> None:
     """What the model saw and produced in each call, as token ids (the first `max_*_ids` of each list; 0: all)."""
     print(f"\nspans of rollout {rollout_id}:")
     for span in spans:
@@ -131,7 +131,7 @@ def print_spans(rollout_id: str, spans: List[Span], *, max_prompt_ids: int = 12,
             print(f"      response token_ids ({len(ids)}): {shown}  finish={choice['finish_reason']}")
 
 
-def _short(ids: List[int], count: int) -> str:
+def _short(ids: list[int], count: int) -> str:
     return f"{ids[:count]} ..." if 0 < count < len(ids) else str(ids)
 
 
@@ -155,7 +155,7 @@ async def main_async(args: argparse.Namespace) -> None:
             await show(proxy_url, model)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", help="a running vLLM's OpenAI base URL (default: start the tiny test model)")
     parser.add_argument("--proxy", help="a running `agl proxy serve` (with its embedded store) to use instead")

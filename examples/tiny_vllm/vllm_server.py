@@ -112,7 +112,13 @@ def running_vllm_server(
         *VLLM_FLAGS,
         *extra_args,
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **(extra_env or {})}
+    env = {
+        **os.environ,
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        **(extra_env or {}),
+    }
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         # A new session makes the server and the engine processes it forks one process group to stop.

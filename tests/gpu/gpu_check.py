@@ -13,13 +13,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import List
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 
-def overrides(model_path: str, base_url: str, steps: int, out: str) -> List[str]:
+def overrides(model_path: str, base_url: str, steps: int, out: str) -> list[str]:
     """A 1-GPU run: 4 prompts × 2 rollouts per step, one model call per rollout (CoinAgent);
     sizes only, every other key keeps agl's default."""
     return [
@@ -56,7 +55,7 @@ def overrides(model_path: str, base_url: str, steps: int, out: str) -> List[str]
     ]
 
 
-def tasks(count: int, offset: int = 0) -> List[dict]:
+def tasks(count: int, offset: int = 0) -> list[dict]:
     return [{"question": f"What is {i} + {i + 1}?"} for i in range(offset, offset + count)]
 
 
@@ -72,8 +71,8 @@ def main() -> int:
     from omegaconf import OmegaConf
 
     from agl_train.attention import resolve_attn_implementation
-    from agl_train.entry import check_inputs, run_ppo
     from agl_train.config import compose_config
+    from agl_train.entry import check_inputs, run_ppo
 
     config = compose_config(overrides(args.model, args.base_url, args.steps, args.out))
     train, val = tasks(4 * args.steps), tasks(4, offset=1000)
@@ -87,7 +86,9 @@ def main() -> int:
 
         resolved = config.copy()
         OmegaConf.resolve(resolved)
-        validate_config(resolved, use_reference_policy=need_reference_policy(resolved), use_critic=need_critic(resolved))
+        validate_config(
+            resolved, use_reference_policy=need_reference_policy(resolved), use_critic=need_critic(resolved)
+        )
         print(json.dumps({"dry_run": "ok", "train_tasks": len(train), "val_tasks": len(val)}))
         return 0
     run_ppo(config, train, val)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Tuple
+from typing import Any
 
 import httpx
 import pytest
@@ -28,10 +29,10 @@ async def store(tmp_path: Path) -> AsyncIterator[FlakyStore]:
 
 
 @pytest.fixture
-def new_rollout(store: FlakyStore) -> Callable[[], Awaitable[Tuple[str, str]]]:
+def new_rollout(store: FlakyStore) -> Callable[[], Awaitable[tuple[str, str]]]:
     """Starts a rollout in the store; returns (rollout_id, attempt_id)."""
 
-    async def make() -> Tuple[str, str]:
+    async def make() -> tuple[str, str]:
         rollout = await store.inner.start_rollout(input={"task": "test"})
         return rollout.rollout_id, rollout.attempt.attempt_id
 
@@ -39,7 +40,7 @@ def new_rollout(store: FlakyStore) -> Callable[[], Awaitable[Tuple[str, str]]]:
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[Tuple[FakeBackend, str]]:
+async def backend() -> AsyncIterator[tuple[FakeBackend, str]]:
     """A fake vLLM-shaped backend: (its state, its OpenAI base URL)."""
     fake = FakeBackend(name="a")
     async with serve(fake.app()) as url:
@@ -65,7 +66,7 @@ async def proxy_factory(store: FlakyStore) -> AsyncIterator[Callable[..., Any]]:
 
 
 @pytest.fixture
-async def proxy(proxy_factory: Callable[..., Any], backend: Tuple[FakeBackend, str]) -> LLMProxy:
+async def proxy(proxy_factory: Callable[..., Any], backend: tuple[FakeBackend, str]) -> LLMProxy:
     return await proxy_factory([model_entry("tiny", backend[1])])
 
 
@@ -75,5 +76,5 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def chat_body(**extra: Any) -> Dict[str, Any]:
+def chat_body(**extra: Any) -> dict[str, Any]:
     return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **extra}

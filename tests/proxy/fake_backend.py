@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -21,12 +21,12 @@ from starlette.routing import Route
 WORDS = ["Hello", " from", " the", " fake", " backend", "."]
 
 
-def fake_token_ids(text: str) -> List[int]:
+def fake_token_ids(text: str) -> list[int]:
     """A deterministic 'tokenization': one id per character."""
     return [ord(c) % 1000 for c in text]
 
 
-def word_ids(words: List[str]) -> List[int]:
+def word_ids(words: list[str]) -> list[int]:
     return [100 + i for i, _ in enumerate(words)]
 
 
@@ -38,13 +38,13 @@ class FakeBackend:
     """`ok`, `hang`, `error500`, `garbage`, `drop` (stream cut after two chunks), `reject400`,
     `internal404` (an HTML page, as an internal service that is no LLM backend answers)."""
     name: str = "fake"
-    requests: List[Dict[str, Any]] = field(default_factory=list)
-    headers: List[Dict[str, str]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     """With mode `hang`, calls wait for this event (or forever)."""
     chunk_delay_s: float = 0.0
 
-    def prompt_ids(self, body: Dict[str, Any]) -> List[int]:
+    def prompt_ids(self, body: dict[str, Any]) -> list[int]:
         if "messages" in body:
             return fake_token_ids("".join(str(m.get("content") or "") for m in body["messages"]))
         prompt = body.get("prompt")
@@ -94,10 +94,10 @@ class FakeBackend:
             return StreamingResponse(self._stream(body, chat, n, prompt_ids), media_type="text/event-stream")
         return Response(orjson.dumps(self._full(body, chat, n, prompt_ids)), media_type="application/json")
 
-    def _full(self, body: Dict[str, Any], chat: bool, n: int, prompt_ids: List[int]) -> Dict[str, Any]:
+    def _full(self, body: dict[str, Any], chat: bool, n: int, prompt_ids: list[int]) -> dict[str, Any]:
         choices = []
         for i in range(n):
-            choice: Dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": "stop", "stop_reason": None}
+            choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": "stop", "stop_reason": None}
             if chat:
                 choice["message"] = {
                     "role": "assistant",
@@ -123,7 +123,7 @@ class FakeBackend:
             if body.get("return_token_ids"):
                 choice["token_ids"] = word_ids(WORDS)
             choices.append(choice)
-        response: Dict[str, Any] = {
+        response: dict[str, Any] = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{self.name}",
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
@@ -139,7 +139,7 @@ class FakeBackend:
             response["prompt_token_ids"] = prompt_ids
         return response
 
-    async def _stream(self, body: Dict[str, Any], chat: bool, n: int, prompt_ids: List[int]):
+    async def _stream(self, body: dict[str, Any], chat: bool, n: int, prompt_ids: list[int]):
         ids = word_ids(WORDS)
         base = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{self.name}",
@@ -167,7 +167,7 @@ class FakeBackend:
             for i in range(n):
                 last = k == len(WORDS) - 1
                 if chat:
-                    choice: Dict[str, Any] = {
+                    choice: dict[str, Any] = {
                         "index": i,
                         "delta": {"content": word},
                         "logprobs": None,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import uvicorn
 
@@ -37,7 +38,7 @@ class FlakyStore(LightningStore):
         self.down = False
         self.writable = asyncio.Event()
         self.writable.set()
-        self.calls: List[str] = []
+        self.calls: list[str] = []
 
     def _check(self, name: str) -> None:
         self.calls.append(name)
@@ -49,7 +50,7 @@ class FlakyStore(LightningStore):
         await self.writable.wait()
         return await self.inner.add_many_spans(spans)
 
-    async def add_span(self, span: Span) -> Optional[Span]:
+    async def add_span(self, span: Span) -> Span | None:
         self._check("add_span")
         await self.writable.wait()
         return await self.inner.add_span(span)
@@ -58,7 +59,7 @@ class FlakyStore(LightningStore):
         self._check("get_next_span_sequence_id")
         return await self.inner.get_next_span_sequence_id(rollout_id, attempt_id)
 
-    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[Tuple[str, str]]) -> Sequence[int]:
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
         self._check("get_many_span_sequence_ids")
         return await self.inner.get_many_span_sequence_ids(rollout_attempt_ids)
 
@@ -79,9 +80,9 @@ class FlakyStore(LightningStore):
 
 def model_entry(
     name: str, api_base: str, provider: str = "hosted_vllm", backend_model: str = "tiny", **info: Any
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """One LiteLLM `model_list` entry."""
-    entry: Dict[str, Any] = {
+    entry: dict[str, Any] = {
         "model_name": name,
         "litellm_params": {"model": f"{provider}/{backend_model}", "api_base": api_base},
     }
@@ -101,5 +102,5 @@ async def wait_for_spans(store: LightningStore, rollout_id: str, count: int, tim
         await asyncio.sleep(0.02)
 
 
-def pairs(spans: Sequence[Span]) -> List[Tuple[Optional[int], str]]:
+def pairs(spans: Sequence[Span]) -> list[tuple[int | None, str]]:
     return [(s.sequence_id, s.attributes.get("agl.backend")) for s in spans]

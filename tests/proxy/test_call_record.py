@@ -18,5 +18,7 @@ def test_the_span_of_a_call_carries_every_attribute_of_the_call_span_schema() ->
     schema = {value for name, value in vars(call_span).items() if name.isupper() and name != "NAME"}
     assert span.name == call_span.NAME and set(span.attributes) == schema
     assert span.attributes[call_span.PROMPT_TOKEN_IDS] == [1, 2]
-    assert span.attributes[call_span.CHOICES] == [{"index": 0, "token_ids": [3], "logprobs": None, "finish_reason": None}]
+    assert span.attributes[call_span.CHOICES] == [
+        {"index": 0, "token_ids": [3], "logprobs": None, "finish_reason": None}
+    ]
     assert span.attributes[call_span.OUTPUT_TOKENS] == 1 and span.end_time == 1.5

@@ -7,8 +7,8 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, Dict, Optional, Set, Tuple
 
 import httpx
 import openai
@@ -24,13 +24,13 @@ from .helpers import model_entry, wait_for_spans
 AGL = str(Path(sys.executable).parent / "agl")
 
 
-async def _start(*args: str, env: Optional[Dict[str, str]] = None) -> tuple[asyncio.subprocess.Process, str]:
+async def _start(*args: str, env: dict[str, str] | None = None) -> tuple[asyncio.subprocess.Process, str]:
     process, url, _ = await _start_with_line(*args, env=env)
     return process, url
 
 
 async def _start_with_line(
-    *args: str, env: Optional[Dict[str, str]] = None
+    *args: str, env: dict[str, str] | None = None
 ) -> tuple[asyncio.subprocess.Process, str, str]:
     """The process, its URL and the line it printed when it started listening."""
     process = await asyncio.create_subprocess_exec(
@@ -158,12 +158,12 @@ def test_the_admin_key_defaults_to_the_agents_key_and_the_store_key_to_the_admin
         build_parser().parse_args([*serve, "--key", "k", "--key-file", "f"])
 
 
-async def _under_load(proxy_url: str, db: Path, stop: Callable[[], Awaitable[object]]) -> Tuple[Set[str], Set[str]]:
+async def _under_load(proxy_url: str, db: Path, stop: Callable[[], Awaitable[object]]) -> tuple[set[str], set[str]]:
     """16 agents on 4 rollouts call the proxy until `stop()` (run once 300 calls were answered)
     ends it; returns the markers of the answered calls and those found in the stored spans."""
     async with LightningStoreClient(proxy_url) as client:
         rollouts = [await client.start_rollout(input={"agent": i}) for i in range(4)]
-    answered: Set[str] = set()
+    answered: set[str] = set()
 
     async def agent(index: int, http: httpx.AsyncClient) -> None:
         rollout = rollouts[index % len(rollouts)]
@@ -197,7 +197,9 @@ async def test_sigterm_under_load_loses_no_answered_call(backend, tmp_path: Path
     assert answered and answered <= stored
 
 
-async def test_sigkill_under_load_loses_at_most_the_span_buffer_and_the_calls_in_flight(backend, tmp_path: Path) -> None:
+async def test_sigkill_under_load_loses_at_most_the_span_buffer_and_the_calls_in_flight(
+    backend, tmp_path: Path
+) -> None:
     db = tmp_path / "agl.db"
     process, proxy_url = await _start("--backend", backend[1], "--model", "tiny", "--db", str(db), "--span-buffer", "8")
 

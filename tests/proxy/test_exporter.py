@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from agl_proxy.exporter import SpanExporter
 from agl_proxy.call_record import CallRecord
+from agl_proxy.exporter import SpanExporter
 
 from .conftest import chat_body
 from .helpers import model_entry, wait_for_spans

@@ -12,7 +12,8 @@ import asyncio, sys, httpx
 from agl_proxy import LLMProxy
 
 async def main(url):
-    proxy = LLMProxy(model_list=[{"model_name": "tiny", "litellm_params": {"model": "hosted_vllm/tiny", "api_base": url}}], port=0)
+    entry = {"model_name": "tiny", "litellm_params": {"model": "hosted_vllm/tiny", "api_base": url}}
+    proxy = LLMProxy(model_list=[entry], port=0)
     await proxy.start()
     async with httpx.AsyncClient() as http:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}

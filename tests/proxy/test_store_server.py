@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
-from typing import List, Tuple
 
 import pytest
 
@@ -17,7 +16,7 @@ from .helpers import model_entry, wait_for_spans
 from .test_cli import AGL, _start, _stop
 
 
-async def _store_server(db: Path, port: int = 0) -> Tuple[asyncio.subprocess.Process, str]:
+async def _store_server(db: Path, port: int = 0) -> tuple[asyncio.subprocess.Process, str]:
     process = await asyncio.create_subprocess_exec(
         AGL,
         "store",
@@ -39,7 +38,7 @@ async def _store_server(db: Path, port: int = 0) -> Tuple[asyncio.subprocess.Pro
 
 async def test_two_proxy_processes_number_one_rollout_in_call_order(backend, tmp_path: Path, http) -> None:
     store_process, store_url = await _store_server(tmp_path / "shared.db")
-    proxies: List[asyncio.subprocess.Process] = []
+    proxies: list[asyncio.subprocess.Process] = []
     try:
         urls = []
         for _ in range(2):

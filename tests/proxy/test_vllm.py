@@ -7,7 +7,7 @@ chat-template ids.
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 import openai
 import pytest
@@ -88,7 +88,7 @@ async def test_langchain_agent_with_a_tool_conversation(vllm_proxy, vllm_server,
         base_url=vllm_proxy.as_resource().get_base_url(*ids), api_key="unused", model=vllm_server.model, **SAMPLING
     )
     agent = llm.bind_tools(TOOLS)
-    history: List[Any] = [SystemMessage(MESSAGES[0]["content"]), HumanMessage(MESSAGES[1]["content"])]
+    history: list[Any] = [SystemMessage(MESSAGES[0]["content"]), HumanMessage(MESSAGES[1]["content"])]
     first = await agent.ainvoke(history)
     history += [
         AIMessage(content="", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}]),

@@ -12,7 +12,8 @@ import asyncio
 import json
 import os
 import sys
-from typing import Any, Awaitable, Dict
+from collections.abc import Awaitable
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm, imported by agentlightning, stays offline
 
@@ -74,16 +75,16 @@ async def http_status(call: Awaitable[Any]) -> int:
     return 200
 
 
-async def error_detail(store: LightningStoreClient, path: str, body: Dict[str, Any]) -> Any:
+async def error_detail(store: LightningStoreClient, path: str, body: dict[str, Any]) -> Any:
     """The error body of a request the client would send, read through the client's own session."""
     session = await store._get_session()
     async with session.post(store.server_address + path, json=body) as response:
         return (await response.json())["detail"]
 
 
-async def main(url: str) -> Dict[str, Any]:
+async def main(url: str) -> dict[str, Any]:
     store = LightningStoreClient(url, retry_delays=(), health_retry_delays=())
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     try:
         # --- resources, and the latest of them on enqueue -----------------------------------
         llm = await store.add_resources({"main_llm": LLM(endpoint="http://llm/v1", model="m")})

@@ -8,8 +8,8 @@ served one runs its default watchdog, so tests wait on outcomes, never on durati
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 

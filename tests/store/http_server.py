@@ -12,9 +12,9 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Dict, List, Optional
 
 from agl_store.client import LightningStoreClient
 
@@ -29,18 +29,18 @@ class StoreServerProcess:
     def __init__(
         self,
         db: str | Path,
-        key: Optional[str] = None,
-        extra_args: List[str] | None = None,
-        env: Optional[Dict[str, str]] = None,
+        key: str | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.db = str(db)
         self.key = key
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.url = ""
-        self.output: List[str] = []
-        self._process: Optional[asyncio.subprocess.Process] = None
-        self._reader: Optional[asyncio.Task[None]] = None
+        self.output: list[str] = []
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         """Start the server, wait until it answers /health, and return its base URL."""
@@ -107,7 +107,7 @@ class StoreServerProcess:
 
 
 @asynccontextmanager
-async def start_store_server(db_path: str | Path, key: Optional[str] = None) -> AsyncIterator[LightningStoreClient]:
+async def start_store_server(db_path: str | Path, key: str | None = None) -> AsyncIterator[LightningStoreClient]:
     """Start a real store server on `db_path` and yield an opened client; stop both after."""
     server = StoreServerProcess(db_path, key=key)
     await server.start()

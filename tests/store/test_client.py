@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, List, Tuple
 
 import orjson
 import pytest
@@ -33,16 +33,16 @@ STATISTICS = {
     "total_resources": 0,
     "total_workers": 0,
 }
-Answer = Tuple[int, bytes]
+Answer = tuple[int, bytes]
 
 
 class FaultServer:
     """An ASGI app that plays back a script of (status, body) answers, then repeats the last."""
 
-    def __init__(self, script: List[Answer], delay: float = 0.0) -> None:
+    def __init__(self, script: list[Answer], delay: float = 0.0) -> None:
         self.script = list(script)
         self.delay = delay
-        self.requests: List[str] = []
+        self.requests: list[str] = []
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         if scope["type"] == "lifespan":
@@ -75,7 +75,7 @@ async def serving(app: FaultServer, sock: socket.socket | None = None) -> AsyncI
     while not server.started:
         await asyncio.sleep(0.01)
     try:
-        yield "http://127.0.0.1:%d" % sock.getsockname()[1]
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         await task
@@ -128,7 +128,7 @@ async def test_5xx_after_the_last_retry_raises_the_servers_error() -> None:
 async def test_connection_refused_is_retried_then_reported_as_unavailable() -> None:
     with socket.socket() as reserved:
         reserved.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
-        url = "http://127.0.0.1:%d" % reserved.getsockname()[1]
+        url = f"http://127.0.0.1:{reserved.getsockname()[1]}"
         async with fast_client(url, retries=2) as client:
             with pytest.raises(StoreUnavailableError, match="after 3 attempts"):
                 await client.statistics()
@@ -160,7 +160,7 @@ async def test_a_server_that_comes_up_during_the_retries_is_reached() -> None:
     # The client's own transport (aiohttp), as in production: its refused connection must read as retryable.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    url = "http://127.0.0.1:%d" % sock.getsockname()[1]
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     client_log = logging.getLogger("agl_store.client")
     failed, level = FirstFailedAttempt(), client_log.level
     client_log.addHandler(failed)

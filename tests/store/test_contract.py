@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -55,7 +56,7 @@ async def running_rollout(store: LightningStore, **config: Any) -> AttemptedRoll
     return rollout
 
 
-def llm_span(rollout_id: str, attempt_id: str, *, sequence_id: Optional[int] = None, **fields: Any) -> Span:
+def llm_span(rollout_id: str, attempt_id: str, *, sequence_id: int | None = None, **fields: Any) -> Span:
     return Span(
         rollout_id=rollout_id,
         attempt_id=attempt_id,

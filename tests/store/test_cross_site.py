@@ -4,7 +4,7 @@ and ordinary clients keep working. One `agl store serve` subprocess serves the m
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest

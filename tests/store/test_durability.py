@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import pytest
 
@@ -30,10 +29,10 @@ class Writer:
         self.client = LightningStoreClient(url, retries=0, timeout=10.0)
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
-        self.acknowledged: Dict[str, int] = {}  # span_id -> sequence_id
+        self.acknowledged: dict[str, int] = {}  # span_id -> sequence_id
         self.last_metadata_step = 0
 
-    async def run(self, enough: asyncio.Event, total: List[int]) -> None:
+    async def run(self, enough: asyncio.Event, total: list[int]) -> None:
         step = 0
         async with self.client:
             while True:
@@ -65,7 +64,7 @@ async def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     server = StoreServerProcess(db)
     await server.start()
-    rollouts: List[Tuple[str, str]] = []
+    rollouts: list[tuple[str, str]] = []
     async with LightningStoreClient(server.url) as setup:
         for i in range(WRITERS):
             attempted = await setup.start_rollout(input={"writer": i})

@@ -4,7 +4,8 @@ and the store stays readable. One `agl store serve` subprocess serves the whole 
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Dict, List, Tuple
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -19,7 +20,7 @@ from .http_server import StoreServerProcess
 
 EXAMPLES = 100
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-Server = Tuple[StoreServerProcess, Dict[str, str]]
+Server = tuple[StoreServerProcess, dict[str, str]]
 """The served store and the ids of a running rollout, its attempt and a resource set in it."""
 
 
@@ -76,7 +77,7 @@ SPAN_FIELDS = [
     "events", "links", "start_time", "end_time", "context", "parent", "resource",
 ]  # fmt: skip
 PAGE_FIELDS = ["limit", "offset", "sort_by", "sort_order"]
-BODY_FIELDS: Dict[str, List[str]] = {
+BODY_FIELDS: dict[str, list[str]] = {
     "/v1/agl/queues/rollouts/enqueue": ["rollouts"],
     "/v1/agl/queues/rollouts/dequeue": ["limit", "worker_id"],
     "/v1/agl/rollouts": ["input", "mode", "resources_id", "config", "metadata", "worker_id"],
@@ -98,7 +99,7 @@ BODY_FIELDS: Dict[str, List[str]] = {
     "/v1/agl/workers/{worker_id}": ["heartbeat_stats"],
     "/v1/agl/waits/rollouts": ["rollout_ids"],
 }  # fmt: skip
-QUERY_FIELDS: Dict[str, List[str]] = {
+QUERY_FIELDS: dict[str, list[str]] = {
     "/v1/agl/rollouts": [*PAGE_FIELDS, "status_in", "rollout_id_in", "mode", "start_time_after", "filter_logic"],
     "/v1/agl/rollouts/{rollout_id}/attempts": PAGE_FIELDS,
     "/v1/agl/spans": [*PAGE_FIELDS, "rollout_id", "attempt_id", "trace_id", "name_contains", "filter_logic"],
@@ -112,14 +113,14 @@ QUERY_FIELDS: Dict[str, List[str]] = {
 }
 
 
-def a_span_like(ids: Dict[str, str]) -> st.SearchStrategy[Dict[str, Any]]:
+def a_span_like(ids: dict[str, str]) -> st.SearchStrategy[dict[str, Any]]:
     """A span body that is valid but for the fields the draw replaces."""
     base = {**{key: ids[key] for key in ("rollout_id", "attempt_id")}, "name": "fuzz"}
     drawn = st.fixed_dictionaries({}, optional={field: VALUES for field in SPAN_FIELDS})
     return drawn.map(lambda extra: {**base, **extra})
 
 
-def body_for(path: str, ids: Dict[str, str]) -> st.SearchStrategy[Any]:
+def body_for(path: str, ids: dict[str, str]) -> st.SearchStrategy[Any]:
     if path == "/v1/agl/spans":
         return st.one_of(a_span_like(ids), JSON)
     if path == "/v1/agl/waits/rollouts":  # a long poll: only timeouts that end at once
@@ -131,7 +132,7 @@ def body_for(path: str, ids: Dict[str, str]) -> st.SearchStrategy[Any]:
     return st.one_of(st.fixed_dictionaries({}, optional={field: VALUES for field in fields}), JSON)
 
 
-def otlp_body(ids: Dict[str, str]) -> st.SearchStrategy[Any]:
+def otlp_body(ids: dict[str, str]) -> st.SearchStrategy[Any]:
     """OTLP/JSON export requests whose attribute values are drawn."""
     any_value = st.one_of(
         st.builds(lambda v: {"intValue": v}, st.one_of(EDGE_INTS, EDGE_INTS.map(str), st.text(max_size=5))),
@@ -163,7 +164,7 @@ def otlp_body(ids: Dict[str, str]) -> st.SearchStrategy[Any]:
     )
 
 
-def with_ids(path: str, ids: Dict[str, str]) -> str:
+def with_ids(path: str, ids: dict[str, str]) -> str:
     return path.format(worker_id="w", **ids)
 
 

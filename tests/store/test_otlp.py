@@ -7,7 +7,7 @@ import base64
 import gzip
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import httpx
 import orjson
@@ -61,7 +61,7 @@ def proto_span(span_number: int, name: str = "agl.llm_call", **attributes: Any) 
     )
 
 
-def export_request(resource_attributes: Dict[str, Any], spans: List[ProtoSpan]) -> ExportTraceServiceRequest:
+def export_request(resource_attributes: dict[str, Any], spans: list[ProtoSpan]) -> ExportTraceServiceRequest:
     return ExportTraceServiceRequest(
         resource_spans=[
             ResourceSpans(

@@ -3,7 +3,8 @@ auth and metrics. One `agl store serve` subprocess serves the whole module."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Dict
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import orjson
@@ -43,7 +44,7 @@ async def store(server: StoreServerProcess) -> AsyncIterator[LightningStoreClien
         yield client
 
 
-def error_of(response: httpx.Response) -> Dict[str, Any]:
+def error_of(response: httpx.Response) -> dict[str, Any]:
     body = response.json()
     assert body["detail"] == body["error"]["message"]  # agent-lightning clients read `detail`
     return dict(body["error"])
@@ -248,7 +249,14 @@ async def unchanged_after(
 @pytest.mark.parametrize(
     ("method", "path", "request_args", "status", "code", "message"),
     [
-        ("POST", "/spans", {"content": b'{"rollout_id": "r",', "headers": JSON}, 400, "invalid_input", "malformed JSON body"),
+        (
+            "POST",
+            "/spans",
+            {"content": b'{"rollout_id": "r",', "headers": JSON},
+            400,
+            "invalid_input",
+            "malformed JSON body",
+        ),
         # A body or query that does not fit the route's schema: 422, as agent-lightning 0.3's FastAPI answers.
         ("POST", "/queues/rollouts/enqueue", {"json": {}}, 422, "validation_error", "rollouts: Field required"),
         (
@@ -341,7 +349,7 @@ async def test_bad_requests(
     http: httpx.AsyncClient,
     method: str,
     path: str,
-    request_args: Dict[str, Any],
+    request_args: dict[str, Any],
     status: int,
     code: str,
     message: str,

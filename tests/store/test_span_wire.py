@@ -7,7 +7,7 @@ that both wire forms give back exactly the spans that were stored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import httpx
 import orjson
@@ -29,7 +29,7 @@ from agl_store.sqlite import SQLiteStore
 from .http_server import start_store_server
 
 
-def llm_call_attributes(seed: int) -> Dict[str, Any]:
+def llm_call_attributes(seed: int) -> dict[str, Any]:
     prompt = [seed * 1000 + i for i in range(40)]
     output = [7, 8, 9, 10, 11, 12, 13, 14, 15, 2_000_000_000]
     return {
@@ -42,7 +42,7 @@ def llm_call_attributes(seed: int) -> Dict[str, Any]:
     }
 
 
-def spans_of(rollout_id: str, attempt_id: str) -> List[Span]:
+def spans_of(rollout_id: str, attempt_id: str) -> list[Span]:
     spans = [
         Span(rollout_id=rollout_id, attempt_id=attempt_id, name="agl.llm_call", attributes=llm_call_attributes(seed))
         for seed in range(3)
@@ -140,7 +140,7 @@ async def test_a_packed_blob_that_does_not_fit_its_span_is_refused(tmp_path: Pat
 
 async def test_the_client_falls_back_to_plain_writes_on_a_server_without_packed_ones(tmp_path: Path) -> None:
     async with start_store_server(tmp_path / "store.db") as real:
-        forwarded: List[str] = []
+        forwarded: list[str] = []
 
         async def old_server(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
             """The real server minus /spans/batch/packed, as a server before it answers."""

@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import sys
 from pathlib import Path
-from typing import List
 
 import pytest
 
@@ -155,7 +154,7 @@ async def test_two_processes_share_sequence_ids_and_the_queue(tmp_path: Path) ->
             assert process.returncode == 0, err.decode()
             results.append(json.loads(out))
 
-        all_seqs: List[int] = []
+        all_seqs: list[int] = []
         for result in results:
             assert result["seqs"] == sorted(result["seqs"]) and len(set(result["seqs"])) == len(result["seqs"])
             all_seqs += result["seqs"]
@@ -373,7 +372,9 @@ async def test_expire_with_nothing_to_expire_reads_the_end_time_index(tmp_path: 
         pass
     conn = sqlite3.connect(tmp_path / "plan.db")
     try:
-        plan = " / ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + retention.EXPIRED_ROLLOUTS_SQL, (1.0, 10)))
+        plan = " / ".join(
+            row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + retention.EXPIRED_ROLLOUTS_SQL, (1.0, 10))
+        )
     finally:
         conn.close()
     assert plan == "SEARCH rollouts USING INDEX rollouts_end_time (end_time<?)"

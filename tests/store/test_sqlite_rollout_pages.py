@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from agl_store.sqlite.rollout_pages import rollout_page_query
 from agl_store.sqlite.schema import apply_migrations
 
 
-def page_plan(**query: Any) -> List[str]:
+def page_plan(**query: Any) -> list[str]:
     """EXPLAIN QUERY PLAN lines of the keys subquery (`CO-ROUTINE page` and what is under it)."""
     conn = sqlite3.connect(":memory:", isolation_level=None)
     try:
@@ -34,7 +35,7 @@ def page_plan(**query: Any) -> List[str]:
 
 
 @pytest.mark.parametrize("sort_by", [None, "start_time", "end_time", "status"])
-def test_a_page_filtered_by_status_is_read_in_index_order(sort_by: Optional[str]) -> None:
+def test_a_page_filtered_by_status_is_read_in_index_order(sort_by: str | None) -> None:
     lines = page_plan(statuses=["succeeded", "failed"], sort_by=sort_by, descending=True)
 
     assert "MERGE (UNION ALL)" in lines  # one status at a time, merged
@@ -69,14 +70,14 @@ async def varied_store(tmp_path: Path) -> Any:
 
 def expected_page(
     everything: Sequence[Rollout],
-    statuses: Optional[Sequence[str]],
-    mode: Optional[str],
+    statuses: Sequence[str] | None,
+    mode: str | None,
     logic: str,
-    sort_by: Optional[str],
+    sort_by: str | None,
     descending: bool,
     limit: int,
     offset: int,
-) -> tuple[List[str], int]:
+) -> tuple[list[str], int]:
     """What a plain filter and sort gives: rowid (insertion) order breaks ties, nulls sort first."""
     tests = []
     if statuses is not None:

@@ -15,8 +15,9 @@ from typing import Any
 
 import httpx
 
-from .conversations import tool_history, tools
 from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
+
+from .conversations import tool_history, tools
 
 _KEEP = 6  # items kept from a long array
 
@@ -80,9 +81,13 @@ def _examples(model: str) -> Iterator[tuple[str, str, str, Any, bool]]:
     yield "Chat, streamed, `return_token_ids`", "POST", "/v1/chat/completions", {**chat, "stream": True}, True
     usage = {**chat, "stream": True, "stream_options": {"include_usage": True}}
     yield "Chat, streamed, `stream_options.include_usage`", "POST", "/v1/chat/completions", usage, True
-    yield "Chat, without `return_token_ids` (the default)", "POST", "/v1/chat/completions", {
-        k: v for k, v in chat.items() if k != "return_token_ids"
-    }, False
+    yield (
+        "Chat, without `return_token_ids` (the default)",
+        "POST",
+        "/v1/chat/completions",
+        {k: v for k, v in chat.items() if k != "return_token_ids"},
+        False,
+    )
     eos = {**chat, "messages": [{"role": "user", "content": "Hi"}], "logit_bias": {"2": 100}}
     yield "Chat, stopped by EOS (`logit_bias` forces `<|im_end|>`, id 2)", "POST", "/v1/chat/completions", eos, False
     yield "Chat, stopped by EOS, streamed", "POST", "/v1/chat/completions", {**eos, "stream": True}, True
@@ -125,10 +130,16 @@ def _examples(model: str) -> Iterator[tuple[str, str, str, Any, bool]]:
     yield "Error: `max_tokens` over the context", "POST", "/v1/chat/completions", {**chat, "max_tokens": 4096}, False
     yield "Error: unknown model", "POST", "/v1/chat/completions", {**chat, "model": "nope"}, False
     yield "Error: invalid parameter", "POST", "/v1/chat/completions", {**chat, "temperature": -1}, False
-    yield "Error: token id outside the vocabulary", "POST", "/v1/completions", {
-        **completion,
-        "prompt": [1, 999999],
-    }, False
+    yield (
+        "Error: token id outside the vocabulary",
+        "POST",
+        "/v1/completions",
+        {
+            **completion,
+            "prompt": [1, 999999],
+        },
+        False,
+    )
 
 
 def capture(base_url: str, model: str) -> str:

@@ -13,7 +13,9 @@ class EnvEchoAgent:
 
     def run(self) -> float:
         with open(os.environ["ECHO_FILE"], "w", encoding="utf-8") as handle:
-            json.dump({k: v for k, v in os.environ.items() if k.startswith(("AGL_", "OPENAI_", "QUESTION", "LEVEL"))}, handle)
+            json.dump(
+                {k: v for k, v in os.environ.items() if k.startswith(("AGL_", "OPENAI_", "QUESTION", "LEVEL"))}, handle
+            )
         return float(os.environ.get("REWARD", "0.5"))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 from agl_store.models import Span, reward_span
 from agl_train.aggregate import Limits
@@ -13,7 +13,7 @@ from agl_train.traces import LLMCall, RolloutTrace
 def llm_call_span(
     prompt: Sequence[int],
     *responses: Sequence[int],
-    sequence_id: Optional[int] = None,
+    sequence_id: int | None = None,
     rollout_id: str = "ro-1",
     attempt_id: str = "at-1",
     logprobs: bool = True,
@@ -45,11 +45,11 @@ def llm_call_span(
     )
 
 
-def reward(value: float, sequence_id: Optional[int] = None, rollout_id: str = "ro-1", attempt_id: str = "at-1") -> Span:
+def reward(value: float, sequence_id: int | None = None, rollout_id: str = "ro-1", attempt_id: str = "at-1") -> Span:
     return reward_span(rollout_id, attempt_id, value, sequence_id=sequence_id)
 
 
-def call(prompt: Sequence[int], response: Sequence[int], logprobs: Optional[List[float]] = None) -> LLMCall:
+def call(prompt: Sequence[int], response: Sequence[int], logprobs: list[float] | None = None) -> LLMCall:
     return LLMCall(prompt_ids=list(prompt), response_ids=list(response), logprobs=logprobs)
 
 

@@ -4,9 +4,9 @@ the store's routes on the same port, and the proxy published as the rollouts' LL
 from __future__ import annotations
 
 import shutil
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import pytest
 
@@ -33,7 +33,10 @@ async def stack(vllm_server, tmp_path: Path) -> AsyncIterator[Stack]:
     from agl_store.sqlite import SQLiteStore
 
     store = await SQLiteStore(str(tmp_path / "agl.db")).open()
-    entry = {"model_name": "tiny", "litellm_params": {"model": f"hosted_vllm/{vllm_server.model}", "api_base": vllm_server.base_url}}
+    entry = {
+        "model_name": "tiny",
+        "litellm_params": {"model": f"hosted_vllm/{vllm_server.model}", "api_base": vllm_server.base_url},
+    }
     proxy = LLMProxy(
         model_list=[entry], store=store, port=0, logprobs=True, store_app=create_store_app(store, manage_store=False)
     )

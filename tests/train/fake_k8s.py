@@ -8,7 +8,7 @@ how each Job ends through `outcome`: "Complete" with a log, "Failed", or never e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,14 +18,14 @@ from starlette.routing import Route
 
 @dataclass
 class FakeKube:
-    outcome: Optional[str] = "Complete"  # "Complete", "Failed" or None (runs forever)
+    outcome: str | None = "Complete"  # "Complete", "Failed" or None (runs forever)
     log: str = ""
     polls_before_end: int = 1
     token: str = "sekret"
-    jobs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    created: List[Dict[str, Any]] = field(default_factory=list)
-    deleted: List[str] = field(default_factory=list)
-    polls: Dict[str, int] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    created: list[dict[str, Any]] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    polls: dict[str, int] = field(default_factory=dict)
 
     def app(self) -> Starlette:
         def authorized(request: Request) -> bool:
@@ -53,7 +53,7 @@ class FakeKube:
                 self.deleted.append(name)
                 return JSONResponse({"kind": "Status", "status": "Success"})
             self.polls[name] = self.polls.get(name, 0) + 1
-            status: Dict[str, Any] = {"active": 1}
+            status: dict[str, Any] = {"active": 1}
             if self.outcome and self.polls[name] > self.polls_before_end:
                 status = {"conditions": [{"type": self.outcome, "status": "True"}]}
             return JSONResponse({**self.jobs[name], "status": status})

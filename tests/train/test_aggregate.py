@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import replace
-from typing import List
 
 import pytest
 import torch
@@ -138,11 +137,11 @@ def test_limits_come_from_the_trace_aggregator_or_from_data_by_level() -> None:
 
 
 @st.composite
-def conversations(draw: st.DrawFn) -> List[LLMCall]:
+def conversations(draw: st.DrawFn) -> list[LLMCall]:
     """Calls of a tool agent: usually extending the context, sometimes re-rendering it."""
     tokens = st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=6)
-    calls: List[LLMCall] = []
-    context: List[int] = draw(tokens)
+    calls: list[LLMCall] = []
+    context: list[int] = draw(tokens)
     for _ in range(draw(st.integers(min_value=1, max_value=6))):
         if calls and draw(st.booleans()):
             context = context + draw(tokens)  # a tool result joins the context
@@ -156,7 +155,7 @@ def conversations(draw: st.DrawFn) -> List[LLMCall]:
 
 @settings(max_examples=200, deadline=None)
 @given(conversations())
-def test_merging_then_unmerging_gives_back_every_generated_token_once(calls: List[LLMCall]) -> None:
+def test_merging_then_unmerging_gives_back_every_generated_token_once(calls: list[LLMCall]) -> None:
     rows, breaks = trajectory_rows(trace("ro-1", calls), Limits(10_000, 10_000))
 
     # Un-merge: the calls of each row, in order, are its next `n_calls` calls.
@@ -167,14 +166,14 @@ def test_merging_then_unmerging_gives_back_every_generated_token_once(calls: Lis
         full = row.prompt_ids + row.response_ids
         assert full == merged[-1].prompt_ids + merged[-1].response_ids
         assert row.prompt_ids == merged[0].prompt_ids
-        generated = [t for t, m in zip(row.response_ids, row.response_mask) if m == 1]
+        generated = [t for t, m in zip(row.response_ids, row.response_mask, strict=False) if m == 1]
         assert generated == [t for c in merged for t in c.response_ids]
         for c in merged:  # each call's tokens sit where the call saw and produced them, with mask 1
             start = len(c.prompt_ids) - len(row.prompt_ids)
             assert full[: len(c.prompt_ids)] == c.prompt_ids
             assert row.response_mask[start : start + len(c.response_ids)] == [1] * len(c.response_ids)
             assert row.logprobs[start : start + len(c.response_ids)] == c.logprobs
-        assert all(lp == 0.0 for lp, m in zip(row.logprobs, row.response_mask) if m == 0)
+        assert all(lp == 0.0 for lp, m in zip(row.logprobs, row.response_mask, strict=False) if m == 0)
     assert position == len(calls)
     assert len(breaks) == len(rows) - 1
 
@@ -183,7 +182,7 @@ def _as_read_by_the_trainer(call: LLMCall) -> LLMCall:
     """`call` as the trainer's store client reads it: packed arrays; short ones (< 8 ids) and
     ones beyond int32 still lists."""
 
-    def pack(ids: List[int]):
+    def pack(ids: list[int]):
         try:
             return array("i", ids) if len(ids) >= 8 else list(ids)
         except OverflowError:
@@ -195,7 +194,9 @@ def _as_read_by_the_trainer(call: LLMCall) -> LLMCall:
 def _plain(rows):
     """Rows with every token field a list, for comparing an array path's rows with a list path's."""
     return [
-        replace(r, prompt_ids=list(r.prompt_ids), response_ids=list(r.response_ids), response_mask=list(r.response_mask))
+        replace(
+            r, prompt_ids=list(r.prompt_ids), response_ids=list(r.response_ids), response_mask=list(r.response_mask)
+        )
         for r in rows
     ]
 
@@ -232,7 +233,7 @@ def test_a_short_list_beyond_int32_merged_into_an_array_row_keeps_the_row_exact(
 @settings(max_examples=200, deadline=None)
 @given(conversations(), st.sampled_from(["trajectory", "transition"]), st.integers(1, 12), st.integers(1, 12))
 def test_rows_and_tensors_from_int32_arrays_equal_those_from_lists(
-    calls: List[LLMCall], level: str, max_prompt: int, max_response: int
+    calls: list[LLMCall], level: str, max_prompt: int, max_response: int
 ) -> None:
     limits = Limits(max_prompt, max_response)
     lists = aggregate([trace("ro-1", calls)], level, limits)

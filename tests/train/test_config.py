@@ -53,7 +53,11 @@ def test_upstream_verl_keys_still_resolve(config) -> None:
 
 def test_runner_settings_from_the_defaults(config) -> None:
     settings = RunnerSettings.from_config(config)
-    assert (settings.agl_base_url, settings.agl_key, settings.rollout_timeout_seconds) == ("http://localhost:8080", "", 1800.0)
+    assert (settings.agl_base_url, settings.agl_key, settings.rollout_timeout_seconds) == (
+        "http://localhost:8080",
+        "",
+        1800.0,
+    )
     assert (settings.agent_class, settings.job_template_path, settings.groups_in_flight) == (None, None, 1024)
 
 
@@ -170,8 +174,9 @@ def test_verl_reads_the_resolved_attention_from_the_model_config(config, tiny_mo
 def test_the_default_logger_runs_offline_and_writes_a_local_file(config, tmp_path, monkeypatch) -> None:
     import json
 
-    from agl_train._verl import DataProto  # noqa: F401  (imports verl with its import-time warnings silenced)
     from verl.utils.tracking import Tracking
+
+    from agl_train._verl import DataProto  # noqa: F401  (imports verl with its import-time warnings silenced)
 
     monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path))
     tracking = Tracking("agl-test", "defaults", default_backend=list(config.trainer.logger))
@@ -191,7 +196,11 @@ def test_the_gpu_check_runs_on_agls_defaults(tiny_model_path, tmp_path) -> None:
 
     command = [sys.executable, "tests/gpu/gpu_check.py", "--model", str(tiny_model_path), "--base-url", "http://x"]
     done = subprocess.run(
-        [*command, "--dry-run", "--out", str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        [*command, "--dry-run", "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -15,8 +15,8 @@ def test_a_checkpoint_saved_by_verl_restores_the_actors_weights(tiny_model_path:
     from omegaconf import OmegaConf
 
     from agl_train.attention import resolve_attn_implementation
-    from agl_train.cpu_workers import LocalWorkerGroup, use_cpu
     from agl_train.config import compose_config
+    from agl_train.cpu_workers import LocalWorkerGroup, use_cpu
     from agl_train.verl_loss import register_per_rollout_loss
     from examples.lowercase_words.train import overrides
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agl_train.config import compose_config
 from agl_train.dataset import InMemoryDataset, check_dataset, collate_inputs
 from agl_train.entry import WORKER_SETUP_HOOK, ray_init_kwargs, run_ppo, worker_process_setup_hook
-from agl_train.config import compose_config
 
 TASKS = [{"question": "1+1", "answer": "2"}, {"question": "2*3", "answer": "6"}, {"question": "9-4", "answer": "5"}]
 
@@ -37,7 +37,11 @@ def test_run_ppo_checks_the_validation_set_and_the_settings_too(config) -> None:
     with pytest.raises(ValueError, match="val_dataset is empty"):
         run_ppo(config, TASKS, [])
     bad = compose_config(
-        ["agentlightning.async_rollout.enabled=true", "agentlightning.async_rollout.async_train_batch_size=2", "data.train_batch_size=2"]
+        [
+            "agentlightning.async_rollout.enabled=true",
+            "agentlightning.async_rollout.async_train_batch_size=2",
+            "data.train_batch_size=2",
+        ]
     )
     with pytest.raises(ValueError, match="async_train_batch_size"):
         run_ppo(bad, TASKS, TASKS)

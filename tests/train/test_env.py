@@ -7,19 +7,31 @@ import pytest
 from agl_train.runner.env import MissingInputField, RolloutEndpoints, parse_result, rollout_env
 
 ENDPOINTS = RolloutEndpoints(
-    base_url="http://127.0.0.1:8080/rollout/ro-1/attempt/at-1/v1", model="tiny", key="k", store_url="http://127.0.0.1:8080"
+    base_url="http://127.0.0.1:8080/rollout/ro-1/attempt/at-1/v1",
+    model="tiny",
+    key="k",
+    store_url="http://127.0.0.1:8080",
 )
 
 
 def test_env_map_reads_dotted_paths_and_agl_adds_ids_urls_and_key() -> None:
     task = {"question": "What is 2 + 2?", "meta": {"level": 3, "tags": ["a", "b"]}}
     env = rollout_env(
-        "ro-1", "at-1", task, {"QUESTION": "input.question", "LEVEL": "input.meta.level", "TAG": "input.meta.tags.1"}, ENDPOINTS
+        "ro-1",
+        "at-1",
+        task,
+        {"QUESTION": "input.question", "LEVEL": "input.meta.level", "TAG": "input.meta.tags.1"},
+        ENDPOINTS,
     )
 
     assert (env["QUESTION"], env["LEVEL"], env["TAG"]) == ("What is 2 + 2?", "3", "b")
     assert env["AGL_BASE_URL"] == env["OPENAI_BASE_URL"] == ENDPOINTS.base_url
-    assert (env["AGL_ROLLOUT_ID"], env["AGL_ATTEMPT_ID"], env["AGL_KEY"], env["OPENAI_API_KEY"]) == ("ro-1", "at-1", "k", "k")
+    assert (env["AGL_ROLLOUT_ID"], env["AGL_ATTEMPT_ID"], env["AGL_KEY"], env["OPENAI_API_KEY"]) == (
+        "ro-1",
+        "at-1",
+        "k",
+        "k",
+    )
     assert (env["AGL_MODEL"], env["AGL_STORE_URL"]) == ("tiny", "http://127.0.0.1:8080")
 
 

@@ -10,7 +10,6 @@ import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Dict, List
 
 import httpx
 import pytest
@@ -72,17 +71,22 @@ def test_after_the_last_sync_vllm_serves_the_trained_weights(run: Run, dev_vllm_
         json={"model": dev_vllm_server.model, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0},
         timeout=60,
     ).json()
-    served = [entry[str(token)]["logprob"] for entry, token in zip(answer["choices"][0]["prompt_logprobs"][1:], prompt[1:])]
+    served = [
+        entry[str(token)]["logprob"]
+        for entry, token in zip(answer["choices"][0]["prompt_logprobs"][1:], prompt[1:], strict=False)
+    ]
     trained = teacher_forced_logprobs(run.trainer.actor_rollout_wg.model, prompt)
     initial = teacher_forced_logprobs(AutoModelForCausalLM.from_pretrained(dev_vllm_server.model_path), prompt)
 
-    diff = max(abs(a - b) for a, b in zip(served, trained))
-    moved = max(abs(a - b) for a, b in zip(initial, trained))
-    print(f"\nvLLM vs trainer logprobs after the last sync: max abs diff {diff:.2e} (training moved them by {moved:.2f})")
+    diff = max(abs(a - b) for a, b in zip(served, trained, strict=False))
+    moved = max(abs(a - b) for a, b in zip(initial, trained, strict=False))
+    print(
+        f"\nvLLM vs trainer logprobs after the last sync: max abs diff {diff:.2e} (training moved them by {moved:.2f})"
+    )
     assert diff < LOGPROB_TOLERANCE < moved
 
 
-def teacher_forced_logprobs(model: torch.nn.Module, ids: List[int]) -> List[float]:
+def teacher_forced_logprobs(model: torch.nn.Module, ids: list[int]) -> list[float]:
     """log p(ids[i] | ids[:i]) for i ≥ 1, from an HF causal LM."""
     model.eval()
     with torch.no_grad():
@@ -92,10 +96,12 @@ def teacher_forced_logprobs(model: torch.nn.Module, ids: List[int]) -> List[floa
 
 
 def test_every_span_of_a_step_carries_that_steps_weight_version(run: Run) -> None:
-    assert asyncio.run(llm_calls_by_version(run.db_path)) == {str(step): ROLLOUTS_PER_STEP for step in range(1, STEPS + 1)}
+    assert asyncio.run(llm_calls_by_version(run.db_path)) == {
+        str(step): ROLLOUTS_PER_STEP for step in range(1, STEPS + 1)
+    }
 
 
-async def llm_calls_by_version(db_path: Path) -> Dict[str, int]:
+async def llm_calls_by_version(db_path: Path) -> dict[str, int]:
     from agl_store.sqlite import SQLiteStore
 
     store = await SQLiteStore(str(db_path)).open()
@@ -135,7 +141,9 @@ def test_a_vllm_without_dev_mode_is_refused_with_what_to_set(run: Run, tmp_path:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        sync = DiskWeightSync(run.trainer.actor_rollout_wg, ExternalReplicas([f"127.0.0.1:{server.server_port}"]), tmp_path)
+        sync = DiskWeightSync(
+            run.trainer.actor_rollout_wg, ExternalReplicas([f"127.0.0.1:{server.server_port}"]), tmp_path
+        )
         with pytest.raises(RuntimeError, match="no reload_weights endpoint: start vLLM with VLLM_SERVER_DEV_MODE=1"):
             sync.update_weights(STEPS + 1)
     finally:

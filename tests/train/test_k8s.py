@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import yaml
@@ -41,7 +41,7 @@ def attempted(task: Any, rollout_id: str = "ro-1", attempt_id: str = "at-1") -> 
     )
 
 
-def rendered_env(manifest: Dict[str, Any]) -> Dict[str, str]:
+def rendered_env(manifest: dict[str, Any]) -> dict[str, str]:
     container = manifest["spec"]["template"]["spec"]["containers"][0]
     return {item["name"]: item["value"] for item in container["env"]}
 
@@ -54,7 +54,9 @@ def test_yaml_escape_round_trips_any_text(text: str) -> None:
 
 @pytest.mark.parametrize("question", TRICKY)
 def test_the_example_template_renders_a_job_whose_env_carries_the_input_exactly(question: str) -> None:
-    runner = K8sRunner(TEMPLATE, client=None, env_map={"QUESTION": "input.question", "ANSWER": "input.answer"}, timeout_s=60)  # type: ignore[arg-type]
+    runner = K8sRunner(
+        TEMPLATE, client=None, env_map={"QUESTION": "input.question", "ANSWER": "input.answer"}, timeout_s=60
+    )  # type: ignore[arg-type]
     manifest = render_job(runner.template, runner.context(attempted({"question": question, "answer": 42}), ENDPOINTS))
 
     assert (manifest["apiVersion"], manifest["kind"]) == ("batch/v1", "Job")
@@ -138,7 +140,9 @@ async def test_a_refused_create_fails_the_rollout(kube) -> None:
     fake, _ = kube
     async with serve(fake.app()) as url:
         client = KubeClient(url, token="wrong")
-        outcome = await K8sRunner(TEMPLATE, client, env_map={}, timeout_s=30).run(attempted({"question": "q"}), ENDPOINTS)
+        outcome = await K8sRunner(TEMPLATE, client, env_map={}, timeout_s=30).run(
+            attempted({"question": "q"}), ENDPOINTS
+        )
         await client.aclose()
     assert outcome.status == "failed" and "401" in outcome.message
 
@@ -150,7 +154,9 @@ def test_a_kubeconfig_gives_server_namespace_and_token(tmp_path: Path) -> None:
             {
                 "current-context": "dev",
                 "contexts": [{"name": "dev", "context": {"cluster": "c", "user": "u", "namespace": "agents"}}],
-                "clusters": [{"name": "c", "cluster": {"server": "https://k8s.example:6443", "insecure-skip-tls-verify": True}}],
+                "clusters": [
+                    {"name": "c", "cluster": {"server": "https://k8s.example:6443", "insecure-skip-tls-verify": True}}
+                ],
                 "users": [{"name": "u", "user": {"token": "abc"}}],
             }
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -113,7 +112,9 @@ async def test_an_agent_that_raises_fails_its_rollout_with_the_traceback(stack) 
     assert attempt.metadata[METADATA_KEY]["exit_code"] == 1
 
 
-async def test_past_the_timeout_the_agent_and_its_children_are_killed_and_the_rollout_fails(stack, tmp_path: Path) -> None:
+async def test_past_the_timeout_the_agent_and_its_children_are_killed_and_the_rollout_fails(
+    stack, tmp_path: Path
+) -> None:
     pids = tmp_path / "pids"
     runner = LocalRunner(
         "tests.train.agents:SleepyAgent", {}, timeout_s=3, cwd=str(REPO_ROOT), extra_env={"ECHO_FILE": str(pids)}

@@ -25,7 +25,9 @@ async def test_pause_state_resume(proxy) -> None:
         assert (await control.state())["reason"] == "weight update"
         async with httpx.AsyncClient() as http:
             refused = await http.post(
-                proxy.url + "/v1/chat/completions", json={"model": "m", "messages": []}, headers={"authorization": "Bearer sekret"}
+                proxy.url + "/v1/chat/completions",
+                json={"model": "m", "messages": []},
+                headers={"authorization": "Bearer sekret"},
             )
         assert refused.status_code == 429 and refused.headers["retry-after"]
         assert (await control.resume())["paused"] is False
@@ -39,7 +41,10 @@ async def test_replicas_are_registered_under_one_model_name(proxy) -> None:
     try:
         entries = vllm_model_list(["10.0.0.1:8000", "http://10.0.0.2:8000/v1"], "/models/qwen", version="3")
         served = await control.update_model_list(entries)
-        assert [e["litellm_params"]["api_base"] for e in served] == ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+        assert [e["litellm_params"]["api_base"] for e in served] == [
+            "http://10.0.0.1:8000/v1",
+            "http://10.0.0.2:8000/v1",
+        ]
         assert proxy.state.registry.model_names == ["/models/qwen"]
         assert served[0]["model_info"] == {"agl_model_version": "3"}
     finally:

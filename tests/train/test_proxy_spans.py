@@ -4,7 +4,7 @@ writes spans into a SQLite store, and the trainer's rows are built from those sp
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import httpx
 import pytest
@@ -63,7 +63,7 @@ async def spans_settled(store, rollout_id: str, count: int) -> None:
     raise AssertionError(f"only {len(spans)} of {count} spans arrived")
 
 
-async def post(http: httpx.AsyncClient, url: str, body: Dict[str, Any]) -> Dict[str, Any]:
+async def post(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
     response = await http.post(url, json=body)
     assert response.status_code == 200, response.text
     return response.json()
@@ -74,8 +74,8 @@ async def test_a_token_in_agent_becomes_one_row_equal_to_what_vllm_returned(stac
     rollout = await store.start_rollout(input={"question": "weather"})
     rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
     url = f"{proxy.url}/rollout/{rid}/attempt/{aid}/v1/completions"
-    prompt: List[int] = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False))
-    returned: List[Tuple[List[int], List[int]]] = []
+    prompt: list[int] = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=False))
+    returned: list[tuple[list[int], list[int]]] = []
     async with httpx.AsyncClient(timeout=120) as http:
         for turn in range(3):
             body = await post(http, url, {"model": "tiny", "prompt": prompt, "max_tokens": 8})
@@ -92,7 +92,9 @@ async def test_a_token_in_agent_becomes_one_row_equal_to_what_vllm_returned(stac
     (row,) = aggregation.rows
     assert row.prompt_ids == returned[0][0]
     assert row.prompt_ids + row.response_ids == returned[-1][0] + returned[-1][1]
-    assert [t for t, m in zip(row.response_ids, row.response_mask) if m] == [t for _, ids in returned for t in ids]
+    assert [t for t, m in zip(row.response_ids, row.response_mask, strict=False) if m] == [
+        t for _, ids in returned for t in ids
+    ]
     assert row.logprobs is not None and len(row.logprobs) == len(row.response_ids)
     assert (row.n_calls, row.reward, aggregation.breaks) == (3, 1.0, [])
 
@@ -102,8 +104,8 @@ async def test_a_chat_tool_agents_generated_tokens_are_trained_exactly_once(stac
     rollout = await store.start_rollout(input={"question": "weather"})
     rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
     url = f"{proxy.url}/rollout/{rid}/attempt/{aid}/v1/chat/completions"
-    messages: List[Dict[str, Any]] = list(MESSAGES)
-    returned: List[Tuple[List[int], List[int]]] = []
+    messages: list[dict[str, Any]] = list(MESSAGES)
+    returned: list[tuple[list[int], list[int]]] = []
     async with httpx.AsyncClient(timeout=120) as http:
         for turn in range(3):
             body = await post(http, url, {"model": "tiny", "messages": messages, "tools": TOOLS, "max_tokens": 8})
@@ -118,7 +120,7 @@ async def test_a_chat_tool_agents_generated_tokens_are_trained_exactly_once(stac
 
     assert trace.reward == -1.0 and not trace.has_reward
     assert [(c.prompt_ids, c.response_ids) for c in trace.calls] == returned
-    generated = [t for row in aggregation.rows for t, m in zip(row.response_ids, row.response_mask) if m]
+    generated = [t for row in aggregation.rows for t, m in zip(row.response_ids, row.response_mask, strict=False) if m]
     assert generated == [t for _, ids in returned for t in ids]
     assert sum(row.n_calls for row in aggregation.rows) == 3
     assert len(aggregation.breaks) == len(aggregation.rows) - 1

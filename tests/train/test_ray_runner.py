@@ -29,7 +29,9 @@ def ray_cluster():
 def attempted(task) -> AttemptedRollout:
     now = time.time()
     return AttemptedRollout(
-        rollout_id="ro-ray", input=task, start_time=now,
+        rollout_id="ro-ray",
+        input=task,
+        start_time=now,
         attempt=Attempt(rollout_id="ro-ray", attempt_id="at-1", sequence_id=1, start_time=now),
     )
 
@@ -53,8 +55,12 @@ async def test_the_agent_runs_as_a_ray_task_with_its_environment(ray_cluster, tm
 
 async def test_a_ray_task_past_the_timeout_is_killed(ray_cluster, tmp_path: Path) -> None:
     runner = LocalRunner(
-        "tests.train.agents:SleepyAgent", {}, timeout_s=2, cwd=str(REPO_ROOT),
-        extra_env={"ECHO_FILE": str(tmp_path / "pids")}, use_ray=True,
+        "tests.train.agents:SleepyAgent",
+        {},
+        timeout_s=2,
+        cwd=str(REPO_ROOT),
+        extra_env={"ECHO_FILE": str(tmp_path / "pids")},
+        use_ray=True,
     )
     outcome = await runner.run(attempted({}), RolloutEndpoints(base_url="http://p/v1", model="m"))
     assert outcome.status == "timeout"

@@ -43,7 +43,7 @@ def test_a_step_keeps_whole_mini_batches_and_weighs_every_rollout_the_same() -> 
     assert metrics["training/n_sample_dropped/random"] == 0
     # ro-a's two rows together carry a / N, as much as ro-b's single row (N = 4 rows).
     per_rollout = {}
-    for rollout_id, advantages in zip(update.non_tensor_batch["rollout_id"], update.batch["advantages"]):
+    for rollout_id, advantages in zip(update.non_tensor_batch["rollout_id"], update.batch["advantages"], strict=False):
         per_rollout[rollout_id] = per_rollout.get(rollout_id, 0.0) + float(advantages.sum())
     assert per_rollout["ro-a"] == pytest.approx(0.5**0.5 / 4, abs=1e-6)
     assert per_rollout["ro-b"] == pytest.approx(-(0.5**0.5) / 4, abs=1e-6)
@@ -56,7 +56,8 @@ def test_without_rollout_level_advantage_verl_sees_every_row() -> None:
     update, _ = prepare_update(rewards_in(data), s, rng=random.Random(0), adv_estimator="grpo")
 
     firsts = {
-        r: round(float(a[0]), 4) for r, a in zip(update.non_tensor_batch["rollout_id"], update.batch["advantages"])
+        r: round(float(a[0]), 4)
+        for r, a in zip(update.non_tensor_batch["rollout_id"], update.batch["advantages"], strict=False)
     }
     # q1 over rows: rewards [1, 1, 0], mean 2/3, std √(1/3): ro-b gets -(2/3)/√(1/3).
     assert firsts["ro-b"] == round(-(2 / 3) / (1 / 3) ** 0.5, 4)

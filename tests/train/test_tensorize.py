@@ -77,7 +77,9 @@ def test_an_over_long_marked_prompt_keeps_its_last_tokens_for_shape() -> None:
 
 
 def test_non_tensors_name_the_group_rollout_and_turn() -> None:
-    nt = rows_to_non_tensors([row([1], [2], rollout_id="ro-1", turn_index=0), row([1], [2], rollout_id="ro-2", turn_index=3)])
+    nt = rows_to_non_tensors(
+        [row([1], [2], rollout_id="ro-1", turn_index=0), row([1], [2], rollout_id="ro-2", turn_index=3)]
+    )
 
     assert nt["uid"].tolist() == ["g", "g"]
     assert nt["rollout_id"].tolist() == ["ro-1", "ro-2"]

@@ -16,10 +16,13 @@ TASKS = [{"question": f"q{i}"} for i in range(6)]
 
 
 def build(tokenizer, overrides):
-    from agl_train.trainer import AglTrainer  # first: it imports verl with its import-time warnings silenced
     from verl.trainer.ppo.ray_trainer import ResourcePoolManager, Role
 
-    config = compose_config(["data.train_batch_size=2", "data.dataloader_num_workers=0", "trainer.total_epochs=1", *overrides])
+    from agl_train.trainer import AglTrainer  # first: it imports verl with its import-time warnings silenced
+
+    config = compose_config(
+        ["data.train_batch_size=2", "data.dataloader_num_workers=0", "trainer.total_epochs=1", *overrides]
+    )
     pool = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"})
     return AglTrainer(
         config=config,
@@ -44,8 +47,14 @@ def test_the_trainer_reads_batches_of_tasks_and_its_proxy_control_is_lazy(tokeni
 
 def test_an_async_batch_not_larger_than_the_train_batch_is_refused_by_the_constructor(tokenizer) -> None:
     with pytest.raises(ValueError, match="strictly greater than data.train_batch_size"):
-        build(tokenizer, ["agentlightning.async_rollout.enabled=true", "agentlightning.async_rollout.async_train_batch_size=2"])
-    trainer = build(tokenizer, ["agentlightning.async_rollout.enabled=true", "agentlightning.async_rollout.async_train_batch_size=3"])
+        build(
+            tokenizer,
+            ["agentlightning.async_rollout.enabled=true", "agentlightning.async_rollout.async_train_batch_size=2"],
+        )
+    trainer = build(
+        tokenizer,
+        ["agentlightning.async_rollout.enabled=true", "agentlightning.async_rollout.async_train_batch_size=3"],
+    )
     assert trainer.runner_settings.groups_in_flight == 3
 
 
@@ -146,10 +155,11 @@ def test_rollout_data_dir_gets_each_steps_rows(tokenizer, tmp_path) -> None:
 
 
 def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(tokenizer, monkeypatch) -> None:
+    from verl import DataProto
+
     import agl_train.trainer as trainer_module
     from agl_train.runner.groups import Collected
     from agl_train.step import StepData
-    from verl import DataProto
 
     calls = []
     trainer = build(tokenizer, ["trainer.balance_batch=false"])
@@ -197,8 +207,14 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         trainer._loop.stop()
 
     assert calls == [
-        "rollouts", "pause", "sleep_replicas", "old_log_prob", "update_actor",
-        "save_checkpoint", "update_weights", "resume",
+        "rollouts",
+        "pause",
+        "sleep_replicas",
+        "old_log_prob",
+        "update_actor",
+        "save_checkpoint",
+        "update_weights",
+        "resume",
     ]
 
 

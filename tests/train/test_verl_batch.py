@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -45,7 +45,7 @@ def batch(rows: Sequence[Row]) -> DataProto:
     return data
 
 
-def first_token_advantages(data: DataProto) -> List[float]:
+def first_token_advantages(data: DataProto) -> list[float]:
     return [round(v, 4) for v in data.batch["advantages"][:, 0].tolist()]
 
 
@@ -117,13 +117,15 @@ def test_with_one_row_per_rollout_it_equals_verls_compute_advantage(estimator: s
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.integers(0, 2), st.sampled_from([0.0, 0.5, 1.0]), st.lists(st.integers(1, 5), min_size=1, max_size=4)),
+        st.tuples(
+            st.integers(0, 2), st.sampled_from([0.0, 0.5, 1.0]), st.lists(st.integers(1, 5), min_size=1, max_size=4)
+        ),
         min_size=2,
         max_size=8,
     )
 )
 def test_rollout_level_advantage_equals_the_advantage_with_one_row_per_rollout(
-    rollouts: List[Tuple[int, float, List[int]]],
+    rollouts: list[tuple[int, float, list[int]]],
 ) -> None:
     split = [
         make_row(f"ro-{r}", f"q{group}", reward, n_generated=n, turn_index=t)

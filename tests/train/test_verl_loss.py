@@ -48,8 +48,12 @@ def test_with_one_row_per_rollout_it_reduces_to_verls_vanilla_loss_averaged_per_
     rollout_ids = [f"ro-{i}" for i in range(n_rows)]
 
     ours, ours_metrics = compute_policy_loss_per_rollout_mean(
-        old, new, normalize_advantages_by_rollout(advantages, mask, rollout_ids), mask,
-        config=actor_config, rollout_is_weights=weights,
+        old,
+        new,
+        normalize_advantages_by_rollout(advantages, mask, rollout_ids),
+        mask,
+        config=actor_config,
+        rollout_is_weights=weights,
     )
     verl, verl_metrics = core_algos.compute_policy_loss_vanilla(
         old, new, advantages, mask, loss_agg_mode="seq-mean-token-mean", config=actor_config, rollout_is_weights=weights

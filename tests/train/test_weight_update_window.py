@@ -47,25 +47,42 @@ async def test_registered_replicas_serve_the_next_rollouts_tagged_with_the_weigh
     store, proxy, control = bare_proxy
     address = vllm_server.base_url.removeprefix("http://").removesuffix("/v1")  # as verl reports it
 
-    resources_id = await publish_replicas(store, control, [address], version="7", sampling_parameters={"temperature": 1.0})
+    resources_id = await publish_replicas(
+        store, control, [address], version="7", sampling_parameters={"temperature": 1.0}
+    )
 
     assert proxy.state.registry.model_names == [vllm_server.model]
     resources = await store.get_resources_by_id(resources_id)
     llm = resources.resources["main_llm"]
     assert (llm.model, llm.endpoint) == (vllm_server.model, proxy.base_url)
 
-    runner = LocalRunner("tests.train.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT))
+    runner = LocalRunner(
+        "tests.train.agents:CoinAgent", {"QUESTION": "input.question"}, timeout_s=120, cwd=str(REPO_ROOT)
+    )
     dispatcher = RolloutDispatcher(store, runner, store_url=proxy.url)
     await dispatcher.start()
     try:
         settings = TrainSettings(
-            level="transition", limits=Limits(256, 64), reward_fillna_value=0.0, max_ppo_update_times=None,
-            enable_rollout_level_advantage=True, per_rollout_mean=True, ppo_mini_batch_size=1, rollout_n=1,
+            level="transition",
+            limits=Limits(256, 64),
+            reward_fillna_value=0.0,
+            max_ppo_update_times=None,
+            enable_rollout_level_advantage=True,
+            per_rollout_mean=True,
+            ppo_mini_batch_size=1,
+            rollout_n=1,
             train_batch_size=1,
         )
         step = await rollout_step(
-            store, GroupTracker(store, 1), [{"question": "hello"}], settings, rollout_timeout_s=120,
-            pad_token_id=tokenizer.pad_token_id, rng=random.Random(0), resources_id=resources_id, proxy=control,
+            store,
+            GroupTracker(store, 1),
+            [{"question": "hello"}],
+            settings,
+            rollout_timeout_s=120,
+            pad_token_id=tokenizer.pad_token_id,
+            rng=random.Random(0),
+            resources_id=resources_id,
+            proxy=control,
         )
     finally:
         await dispatcher.stop()

@@ -7,10 +7,9 @@ Never `playwright install` (it downloads a browser): the tests use /usr/bin/chro
 from __future__ import annotations
 
 import os
-from typing import List
 
 CHROMIUM = os.environ.get("AGL_TEST_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS: List[str] = [
+CHROMIUM_ARGS: list[str] = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",

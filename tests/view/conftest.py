@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, List
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,6 @@ async def store_url(store: SQLiteStore) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-def encode(tokenizer: Any) -> Callable[[str], List[int]]:
+def encode(tokenizer: Any) -> Callable[[str], list[int]]:
     """Text → token ids of the tiny model, special tokens included (as a chat template renders them)."""
     return lambda text: list(tokenizer.encode(text, add_special_tokens=False))

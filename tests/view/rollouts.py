@@ -14,14 +14,15 @@ prompt limit, so the row is dropped: every colour of the token view appears.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from agl_store.base import LightningStore
 from agl_store.models import Span, reward_span
 from agl_train.aggregate import Limits
 
-Encode = Callable[[str], List[int]]
+Encode = Callable[[str], list[int]]
 
 INJECTION = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 """Agent output that would run if the page ever parsed data as HTML."""
@@ -39,11 +40,11 @@ ANSWER_3 = "Sunny, 21C.<|im_end|>"
 class KnownRollout:
     rollout_id: str
     attempt_id: str
-    calls: List[Dict[str, List[int]]]
+    calls: list[dict[str, list[int]]]
     """Per call: `prompt` and `response` token ids, as recorded in its span."""
 
 
-def known_calls(encode: Encode) -> List[Dict[str, List[int]]]:
+def known_calls(encode: Encode) -> list[dict[str, list[int]]]:
     """The token ids of the three calls (see the module docstring)."""
     prompt_1 = encode(SYSTEM + USER)
     response_1 = encode(ANSWER_1)
@@ -58,14 +59,14 @@ def known_calls(encode: Encode) -> List[Dict[str, List[int]]]:
     ]
 
 
-def known_limits(calls: List[Dict[str, List[int]]]) -> Limits:
+def known_limits(calls: list[dict[str, list[int]]]) -> Limits:
     """Row 2's prompt (call 3's) is over the limit, row 1's is not; row 1's response loses 4 tokens."""
     row_1_response = len(calls[1]["prompt"]) - len(calls[0]["prompt"]) + len(calls[1]["response"])
     return Limits(max_prompt_length=len(calls[2]["prompt"]) - 1, max_response_length=row_1_response - 4)
 
 
 def llm_call_span(
-    rollout_id: str, attempt_id: str, prompt: List[int], response: List[int], start: float, content: str = "ok"
+    rollout_id: str, attempt_id: str, prompt: list[int], response: list[int], start: float, content: str = "ok"
 ) -> Span:
     """An `agl.llm_call` span shaped as the proxy writes it (docs/spans.md)."""
     return Span(
@@ -98,12 +99,12 @@ def llm_call_span(
 
 async def write_rollout(
     store: LightningStore,
-    calls: List[Dict[str, List[int]]],
+    calls: list[dict[str, list[int]]],
     *,
-    reward: Optional[float] = 1.0,
+    reward: float | None = 1.0,
     content: str = "ok",
     input: Any = None,
-    mode: Optional[str] = "train",
+    mode: str | None = "train",
     finish: bool = True,
 ) -> KnownRollout:
     """Start a rollout, write one span per call (and a reward), and mark it succeeded."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator, List
+from typing import Any
 
 import httpx
 import pytest
@@ -49,7 +50,7 @@ async def page(browser: Any) -> AsyncIterator[Any]:
     """A fresh browser context (empty sessionStorage); a script error on the page fails the test."""
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     opened = await context.new_page()
-    errors: List[str] = []
+    errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
     yield opened
     await context.close()
@@ -75,7 +76,7 @@ async def test_pages_render_a_store_filled_by_a_real_proxy_run(vllm_server, stor
     try:
         rollout = await store.start_rollout(input={"question": "weather in Paris"}, mode="train")
         rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
-        messages: List[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]
+        messages: list[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]
         async with httpx.AsyncClient(base_url=f"{proxy.url}/rollout/{rid}/attempt/{aid}/v1", timeout=120) as http:
             for turn in range(3):
                 response = await http.post(
@@ -163,9 +164,7 @@ async def test_a_running_rollouts_spans_appear_as_they_are_recorded(store, store
     await expect(spans.nth(2)).to_contain_text("agl.reward = 0.5")
 
 
-async def test_the_token_view_colours_a_known_rollout(
-    store, page, tiny_model_path, encode, tmp_path
-) -> None:
+async def test_the_token_view_colours_a_known_rollout(store, page, tiny_model_path, encode, tmp_path) -> None:
     known = await write_known_rollout(store, encode)
     limits = known_limits(known_calls(encode))
     view = {"view": {"tokenizer": str(tiny_model_path)}}  # what --page-setting view.tokenizer=DIR gives

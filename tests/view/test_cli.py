@@ -7,8 +7,8 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator, List
 
 import httpx
 import pytest
@@ -32,7 +32,7 @@ async def running_agl(*args: str) -> AsyncIterator[str]:
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
     )  # fmt: skip
     assert process.stdout is not None
-    output: List[str] = []
+    output: list[str] = []
     try:
         while True:
             line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
@@ -123,7 +123,7 @@ async def test_agl_proxy_serve_serves_the_view_of_its_embedded_store(tmp_path: P
 
 
 @pytest.mark.parametrize("bad", [["--level", "episode"], ["--max-prompt-length", "0"]])
-def test_agl_view_refuses_bad_settings(bad: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_agl_view_refuses_bad_settings(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from agl_store.cli import main
 
     try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List
-
 from starlette.routing import BaseRoute
 
 from . import attempts, queues, resources, rollouts, spans, system, workers
@@ -11,7 +9,7 @@ from . import attempts, queues, resources, rollouts, spans, system, workers
 AGL_PREFIX = "/v1/agl"
 
 
-def all_routes() -> List[BaseRoute]:
+def all_routes() -> list[BaseRoute]:
     """Every store route. Fixed paths (`/search`, `/latest`) precede `{id}` paths."""
     return [
         *system.routes(AGL_PREFIX),

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 from starlette.requests import Request
 from starlette.routing import Route
 
 from ...models import Attempt
 from ...queries import AttemptQuery
-from ..schemas import UpdateAttemptBody, WorkerIdBody, check_page, page_of, set_or_unset
 from ...web.wire import endpoint, store_of, validate_model, validate_query
+from ..schemas import UpdateAttemptBody, WorkerIdBody, check_page, page_of, set_or_unset
 
 
 async def start_attempt(request: Request) -> Any:
@@ -47,7 +47,7 @@ async def update_attempt(request: Request) -> Any:
     )
 
 
-def routes(prefix: str) -> List[Route]:
+def routes(prefix: str) -> list[Route]:
     base = prefix + "/rollouts/{rollout_id}/attempts"
     return [
         endpoint(base, start_attempt, methods=["POST"], status_code=201),

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 from starlette.requests import Request
 from starlette.routing import Route
 
 from ...bounds import check_integer
-from ..schemas import DequeueManyBody, EnqueueManyBody, WaitBody
 from ...web.wire import endpoint, store_of, validate_model
+from ..schemas import DequeueManyBody, EnqueueManyBody, WaitBody
 
 WAIT_CAP_SECONDS = 300.0
 """Longest a single wait request is held open; clients poll again for longer waits."""
@@ -47,7 +47,7 @@ async def wait_for_rollouts(request: Request) -> Any:
     return await store_of(request).wait_for_rollouts(rollout_ids=body.rollout_ids, timeout=timeout)
 
 
-def routes(prefix: str) -> List[Route]:
+def routes(prefix: str) -> list[Route]:
     return [
         endpoint(prefix + "/queues/rollouts/enqueue", enqueue_rollouts, methods=["POST"], status_code=201),
         endpoint(prefix + "/queues/rollouts/dequeue", dequeue_rollouts, methods=["POST"]),

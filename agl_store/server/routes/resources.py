@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 from pydantic import TypeAdapter
 from starlette.requests import Request
@@ -10,8 +10,8 @@ from starlette.routing import Route
 
 from ...models import NamedResources, ResourcesUpdate
 from ...queries import ResourcesQuery
-from ..schemas import check_page, page_of
 from ...web.wire import endpoint, store_of, validate_json, validate_query
+from ..schemas import check_page, page_of
 
 NAMED_RESOURCES = TypeAdapter(NamedResources)
 
@@ -42,7 +42,7 @@ async def query_resources(request: Request) -> Any:
     return await _query(request, validate_query(ResourcesQuery, request))
 
 
-def routes(prefix: str) -> List[Route]:
+def routes(prefix: str) -> list[Route]:
     base = prefix + "/resources"
     return [
         endpoint(base, add_resources, methods=["POST"], status_code=201),

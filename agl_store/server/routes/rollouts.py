@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 from starlette.requests import Request
 from starlette.routing import Route
 
 from ...models import Rollout
 from ...queries import RolloutQuery
+from ...web.wire import endpoint, store_of, validate_model, validate_query
 from ..schemas import (
     DeleteRolloutsBody,
     ExpireRolloutsBody,
@@ -18,7 +19,6 @@ from ..schemas import (
     page_of,
     set_or_unset,
 )
-from ...web.wire import endpoint, store_of, validate_model, validate_query
 
 
 async def start_rollout(request: Request) -> Any:
@@ -79,7 +79,7 @@ async def expire_rollouts(request: Request) -> Any:
     return {"deleted": await store_of(request).expire_rollouts(body.older_than_seconds)}
 
 
-def routes(prefix: str) -> List[Route]:
+def routes(prefix: str) -> list[Route]:
     base = prefix + "/rollouts"
     return [
         endpoint(base, start_rollout, methods=["POST"], status_code=201),

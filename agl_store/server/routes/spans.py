@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -10,12 +11,12 @@ from starlette.routing import Route
 
 from ...errors import InvalidInputError
 from ...models import LATEST_ATTEMPT, Span
+from ...packed_attributes import check_packed_batch, fill_packed
 from ...queries import SpanQuery
 from ...span_wire import ENCODING_HEADER, PACKED, SPAN_LIST, page_json, read_frame
-from ...packed_attributes import check_packed_batch, fill_packed
+from ...web.wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
 from ..metrics import metrics_of
 from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, check_page, page_of
-from ...web.wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
 
 
 async def add_span(request: Request) -> Any:
@@ -53,7 +54,7 @@ async def add_packed_spans(request: Request) -> Any:
         stored = await add_packed(spans, blobs)
     else:  # a store that takes only whole spans: unpack here
         check_packed_batch([span.attributes for span in spans], blobs)
-        for span, blob in zip(spans, blobs):
+        for span, blob in zip(spans, blobs, strict=False):
             if blob is not None:
                 fill_packed(span.attributes, blob)
         stored = await store.add_many_spans(spans) if spans else []
@@ -61,15 +62,15 @@ async def add_packed_spans(request: Request) -> Any:
     return {"stored": stored_positions(spans, stored)}
 
 
-def stored_positions(sent: Sequence[Span], stored: Sequence[Span]) -> List[Dict[str, Any]]:
+def stored_positions(sent: Sequence[Span], stored: Sequence[Span]) -> list[dict[str, Any]]:
     """Where each stored span was in the request: the store keeps the request's order and
     leaves duplicates out, so each stored span is the next sent one with its identity."""
-    positions: List[Dict[str, Any]] = []
+    positions: list[dict[str, Any]] = []
     index = 0
     for span in stored:
         while not _same_span(sent[index], span):
             index += 1
-        position: Dict[str, Any] = {"index": index, "sequence_id": span.sequence_id}
+        position: dict[str, Any] = {"index": index, "sequence_id": span.sequence_id}
         if sent[index].attempt_id != span.attempt_id:  # sent as "latest"
             position["attempt_id"] = span.attempt_id
         positions.append(position)
@@ -120,7 +121,7 @@ async def many_sequence_ids(request: Request) -> Any:
     return {"sequence_ids": list(ids)}
 
 
-def routes(prefix: str) -> List[Route]:
+def routes(prefix: str) -> list[Route]:
     base = prefix + "/spans"
     return [
         endpoint(base, add_span, methods=["POST"], status_code=201),

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..metrics import PROMETHEUS_MEDIA_TYPE, metrics_of
 from ...web.wire import endpoint, store_of
+from ..metrics import PROMETHEUS_MEDIA_TYPE, metrics_of
 
 HEALTH_PATHS = ("/health", "/v1/agl/health")
 """Open even when a bearer key is set, so probes and load balancers need no secret."""
@@ -28,7 +28,7 @@ async def prometheus(request: Request) -> Any:
     return Response(metrics_of(request).render(stats), media_type=PROMETHEUS_MEDIA_TYPE)
 
 
-def routes(prefix: str) -> List[Route]:
+def routes(prefix: str) -> list[Route]:
     return [
         endpoint("/health", health, methods=["GET"]),
         endpoint(prefix + "/health", health, methods=["GET"]),

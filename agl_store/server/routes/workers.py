@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 from starlette.requests import Request
 from starlette.routing import Route
 
 from ...models import Worker
 from ...queries import WorkerQuery
-from ..schemas import UpdateWorkerBody, check_page, page_of, set_or_unset
 from ...web.wire import endpoint, store_of, validate_model, validate_query
+from ..schemas import UpdateWorkerBody, check_page, page_of, set_or_unset
 
 
 async def _query(request: Request, query: WorkerQuery) -> Any:
@@ -38,7 +38,7 @@ async def update_worker(request: Request) -> Any:
     )
 
 
-def routes(prefix: str) -> List[Route]:
+def routes(prefix: str) -> list[Route]:
     base = prefix + "/workers"
     return [
         endpoint(base, query_workers, methods=["GET"]),
