@@ -48,8 +48,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
 sys.path.insert(0, str(BENCH_DIR))
 
-from _serving import served  # noqa: E402
 from aggregate_bench import rollout_spans  # noqa: E402
+from store_bench import agl_server  # noqa: E402
 
 from agl_store.client import LightningStoreClient  # noqa: E402
 from agl_store.sqlite import SQLiteStore  # noqa: E402
@@ -60,7 +60,6 @@ from agl_train.verl_batch import to_data_proto  # noqa: E402
 
 LIMITS = Limits(max_prompt_length=2048, max_response_length=8192)
 """agl's default trajectory limits (`agentlightning.trace_aggregator`)."""
-SERVER_START_TIMEOUT_S = 60.0
 
 
 def log(message: str) -> None:
@@ -152,20 +151,7 @@ async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     db_path = workdir / "agl.db"
-    command = lambda port: [  # noqa: E731
-        sys.executable,
-        "-m",
-        "agl_store.cli",
-        "store",
-        "serve",
-        "--db",
-        str(db_path),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with served(command, SERVER_START_TIMEOUT_S, workdir / "server.log", cwd=BENCH_DIR.parent) as (url, _):
+    with agl_server(db_path, workdir / "server.log") as (url, _):
         log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url}")
         async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
             groups = await fill(client, args.rollouts, args.turns, args.tokens)
