@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import orjson
@@ -195,7 +195,7 @@ def create_app(
     if store_app is not None:
         # The store app guards itself against web pages; here it gets the admin key on top,
         # its open paths (its health check, the view's page shell) staying open.
-        store_open_paths = getattr(getattr(store_app, "state", None), "open_paths", frozenset())
+        store_open_paths: Collection[str] = getattr(getattr(store_app, "state", None), "open_paths", frozenset())
         mount = [Middleware(BearerKeyMiddleware, key=admin_key, open_paths=store_open_paths)] if admin_key else []
         routes.append(Mount("/", app=store_app, middleware=mount))
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={ProxyError: _error_response})

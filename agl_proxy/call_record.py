@@ -94,8 +94,9 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
     # Streams carry no usage unless the client asked for it; the token ids say the same.
     if input_tokens is None and prompt_ids is not None:
         input_tokens = len(prompt_ids)
-    if output_tokens is None and choices and all(c["token_ids"] is not None for c in choices):
-        output_tokens = sum(len(c["token_ids"]) for c in choices)
+    choice_ids = [c["token_ids"] for c in choices]
+    if output_tokens is None and choice_ids and all(ids is not None for ids in choice_ids):
+        output_tokens = sum(len(ids) for ids in choice_ids if ids is not None)
     deployment = record.deployment
     return {
         call_span.OPERATION: record.operation,
@@ -120,7 +121,10 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
 
 def build_llm_span(record: CallRecord, sequence_id: int | None = None) -> Span:
     """The span of a finished call; `sequence_id` None lets the store issue one."""
-    ok = record.error is None
+    error = record.error
+    status = TraceStatus(status_code="OK")
+    if error is not None:
+        status = TraceStatus(status_code="ERROR", description=error["message"])
     return Span(
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,
@@ -128,6 +132,6 @@ def build_llm_span(record: CallRecord, sequence_id: int | None = None) -> Span:
         name=call_span.NAME,
         start_time=record.start_time,
         end_time=record.start_time + record.latency_s,
-        status=TraceStatus(status_code="OK" if ok else "ERROR", description=None if ok else record.error["message"]),
+        status=status,
         attributes=llm_call_attributes(record),
     )

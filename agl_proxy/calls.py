@@ -140,6 +140,8 @@ class LLMCallEndpoint:
             start_time=start_time,
             request=body,
         )
+        replicas: Sequence[Deployment] = []
+        no_backend: NoBackendError | None = None
         try:
             replicas = state.registry.resolve(record.requested_model)
         except NotFoundError as exc:
@@ -148,10 +150,7 @@ class LLMCallEndpoint:
             await send_error(send, exc)
             return
         except NoBackendError as exc:
-            replicas: Sequence[Deployment] = []
-            no_backend: NoBackendError | None = exc
-        else:
-            no_backend = None
+            no_backend = exc
         if rollout_id and not attempt_id:
             record.attempt_id = attempt_id = await state.latest_attempt_id(rollout_id)
         sequence = state.exporter.reserve_sequence(rollout_id, attempt_id)

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8080
 STARTUP_TIMEOUT_S = 30.0
-GRACEFUL_SHUTDOWN_S = 10.0
+GRACEFUL_SHUTDOWN_S = 10  # uvicorn takes whole seconds
 
 
 class LLMProxy:

@@ -53,8 +53,8 @@ WAIT_POLL_SECONDS = 300.0
 """Longest single long poll; matches the server's cap, longer waits poll again."""
 
 _PACKED_SPANS = {ENCODING_HEADER: PACKED}
-_ROLLOUTS = TypeAdapter(list[Rollout])
-_ATTEMPTED = TypeAdapter(list[AttemptedRollout])
+_ROLLOUTS: TypeAdapter[list[Rollout]] = TypeAdapter(list[Rollout])
+_ATTEMPTED: TypeAdapter[list[AttemptedRollout]] = TypeAdapter(list[AttemptedRollout])
 
 
 def _rollout(data: dict[str, Any]) -> Rollout:

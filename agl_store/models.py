@@ -37,10 +37,10 @@ ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("preparing", "running", "succeede
 WORKER_STATUSES: tuple[WorkerStatus, ...] = ("idle", "busy", "unknown")
 ROLLOUT_MODES: tuple[RolloutMode, ...] = ("train", "val", "test")
 
-TERMINAL_ROLLOUT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-QUEUED_ROLLOUT_STATUSES: frozenset[str] = frozenset({"queuing", "requeuing"})
-ACTIVE_ROLLOUT_STATUSES: frozenset[str] = frozenset({"preparing", "running"})
-TERMINAL_ATTEMPT_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "unresponsive", "timeout"})
+TERMINAL_ROLLOUT_STATUSES: frozenset[RolloutStatus] = frozenset({"succeeded", "failed", "cancelled"})
+QUEUED_ROLLOUT_STATUSES: frozenset[RolloutStatus] = frozenset({"queuing", "requeuing"})
+ACTIVE_ROLLOUT_STATUSES: frozenset[RolloutStatus] = frozenset({"preparing", "running"})
+TERMINAL_ATTEMPT_STATUSES: frozenset[AttemptStatus] = frozenset({"succeeded", "failed", "unresponsive", "timeout"})
 
 TaskInput = Any
 LATEST_ATTEMPT = "latest"

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import Span, SpanContext, TraceStatus
+from .models import Event, Link, OtelResource, Span, SpanContext, TraceStatus
 
 
 def span_from_otel(readable_span: Any, rollout_id: str, attempt_id: str, sequence_id: int | None) -> Span:
     """Convert an `opentelemetry.sdk.trace.ReadableSpan` into a Span of the attempt."""
     from opentelemetry import trace as trace_api
 
-    def context(ctx: Any) -> SpanContext | None:
-        if ctx is None:
-            return None
+    def context(ctx: Any) -> SpanContext:
         return SpanContext(
             trace_id=trace_api.format_trace_id(ctx.trace_id),
             span_id=trace_api.format_span_id(ctx.span_id),
@@ -28,8 +26,8 @@ def span_from_otel(readable_span: Any, rollout_id: str, attempt_id: str, sequenc
         # OpenTelemetry keeps sequences as tuples; the span schema wants JSON arrays.
         return {k: list(v) if isinstance(v, tuple) else v for k, v in (attributes or {}).items()}
 
-    own = context(readable_span.get_span_context())
-    parent = context(readable_span.parent)
+    own = None if (own_ctx := readable_span.get_span_context()) is None else context(own_ctx)
+    parent = None if readable_span.parent is None else context(readable_span.parent)
     ids: dict[str, Any] = {"trace_id": own.trace_id, "span_id": own.span_id} if own else {}
     resource = readable_span.resource
     return Span(
@@ -44,18 +42,16 @@ def span_from_otel(readable_span: Any, rollout_id: str, attempt_id: str, sequenc
         ),
         attributes=plain(readable_span.attributes),
         events=[
-            {"name": e.name, "attributes": plain(e.attributes), "timestamp": seconds(e.timestamp)}
+            Event(name=e.name, attributes=plain(e.attributes), timestamp=seconds(e.timestamp))
             for e in readable_span.events
         ],
-        links=[
-            {"context": context(link.context), "attributes": plain(link.attributes)} for link in readable_span.links
-        ],
+        links=[Link(context=context(link.context), attributes=plain(link.attributes)) for link in readable_span.links],
         start_time=seconds(readable_span.start_time),
         end_time=seconds(readable_span.end_time),
         context=own,
         parent=parent,
-        resource={
-            "attributes": plain(resource.attributes if resource else {}),
-            "schema_url": (resource.schema_url if resource else "") or "",
-        },
+        resource=OtelResource(
+            attributes=plain(resource.attributes if resource else {}),
+            schema_url=(resource.schema_url if resource else "") or "",
+        ),
     )

@@ -28,7 +28,7 @@ MIN_PACKED_LENGTH = 8
 """Shorter int lists stay JSON: packing would not make them smaller."""
 
 Path = tuple[str | int, ...]
-_CONTAINERS = frozenset({dict, list, tuple})
+_CONTAINERS: frozenset[type] = frozenset({dict, list, tuple})
 _INT_ONLY = {int}
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
@@ -154,7 +154,7 @@ def check_packed(skeleton: dict[str, Any], blob: bytes) -> None:
             raise ValueError(f"index path {path!r} does not end at a null")
 
 
-def _packable(values: Any, found: list[tuple[Path, Any]]) -> array | None:
+def _packable(values: Any, found: list[tuple[Path, Any]]) -> array[int] | None:
     """`values` as an int32 array, or None when it must stay JSON."""
     if len(values) < MIN_PACKED_LENGTH or type(values[0]) is not int:
         return None

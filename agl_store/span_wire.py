@@ -45,7 +45,7 @@ PACKED = "packed-v1"
 PACKED_MEDIA_TYPE = "application/vnd.agl.packed-spans"
 """The Content-Type of a `packed_batch` frame posted to `/spans/batch/packed`."""
 
-SPAN_LIST = TypeAdapter(list[Span])
+SPAN_LIST: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 """Validates a JSON list of spans (pages read here, batches the server takes)."""
 
 

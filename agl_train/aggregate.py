@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from .prefix_break import Detokenizer, PrefixBreak, diagnose_break
 from .traces import LLMCall, RolloutTrace
@@ -86,14 +87,14 @@ class Aggregation:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _copy_ids(ids: Sequence[int], as_array: bool) -> Sequence[int]:
+def _copy_ids(ids: Sequence[int], as_array: bool) -> MutableSequence[int]:
     """A new `array('i')` (as_array) or list of `ids`; an array copies as memory."""
     if as_array:
         return ids[:] if type(ids) is array else array("i", ids)
     return ids.tolist() if type(ids) is array else list(ids)
 
 
-def _mask(value: int, n: int, as_array: bool) -> Sequence[int]:
+def _mask(value: int, n: int, as_array: bool) -> MutableSequence[int]:
     """`n` times `value` (0 or 1): an `array('b')` (as_array) or a list."""
     return array("b", bytes([value]) * n) if as_array else [value] * n
 
@@ -179,8 +180,8 @@ class _Segment:
         self.turn_index = turn_index
         self.as_array = _keeps_arrays(call)
         self.prompt_ids = _copy_ids(call.prompt_ids, self.as_array)
-        self.response_ids: Sequence[int] = _copy_ids(call.response_ids, self.as_array)
-        self.response_mask: Sequence[int] = _mask(1, len(call.response_ids), self.as_array)
+        self.response_ids = _copy_ids(call.response_ids, self.as_array)
+        self.response_mask = _mask(1, len(call.response_ids), self.as_array)
         self.logprobs: list[float] | None = list(call.logprobs) if call.logprobs is not None else None
         self.n_calls = 1
         self.last_call = call
@@ -199,10 +200,11 @@ class _Segment:
                 self.prompt_ids = list(self.prompt_ids)
                 self.response_ids = list(self.response_ids)
                 self.response_mask = list(self.response_mask)
-        self.response_ids += inserted
-        self.response_mask += _mask(0, len(inserted), self.as_array)
-        self.response_ids += added
-        self.response_mask += _mask(1, len(added), self.as_array)
+        # Both sides are arrays or both lists here: extend copies arrays as memory.
+        self.response_ids.extend(inserted)
+        self.response_mask.extend(_mask(0, len(inserted), self.as_array))
+        self.response_ids.extend(added)
+        self.response_mask.extend(_mask(1, len(added), self.as_array))
         if self.logprobs is not None and call.logprobs is not None:
             self.logprobs += [0.0] * len(inserted)
             self.logprobs += call.logprobs
@@ -321,7 +323,7 @@ def aggregate(
     return Aggregation(rows=rows, breaks=breaks, metrics=metrics)
 
 
-def limits_for_level(level: str, trace_aggregator: Mapping, data: Mapping) -> Limits:
+def limits_for_level(level: str, trace_aggregator: Mapping[str, Any], data: Mapping[str, Any]) -> Limits:
     """The length limits that apply at `level`.
 
     `trajectory` uses `agentlightning.trace_aggregator.trajectory_max_{prompt,response}_length`;

@@ -117,9 +117,9 @@ class _CpuDeviceModule(types.ModuleType):
 class CpuPlatform(PlatformBase):
     """verl's device abstraction for the CPU: device `cpu`, collective backend `gloo`."""
 
-    device_name = "cpu"  # type: ignore[assignment]
-    vendor_name = "cpu"  # type: ignore[assignment]
-    device_module = _CpuDeviceModule("agl_cpu_device")  # type: ignore[assignment]
+    device_name = "cpu"
+    vendor_name = "cpu"
+    device_module = _CpuDeviceModule("agl_cpu_device")
 
     def is_available(self) -> bool:
         return True

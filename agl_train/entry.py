@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from .attention import resolve_attn_implementation
 from .config import trainer_settings
@@ -44,9 +44,15 @@ def ray_init_kwargs(config: Any) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    ray_init = OmegaConf.to_container(config.get("ray_kwargs", {}).get("ray_init", {}), resolve=True) or {}
-    runtime_env = OmegaConf.to_container(
-        OmegaConf.merge(get_ppo_ray_runtime_env(config), ray_init.pop("runtime_env", None) or {}), resolve=True
+    # Both are mappings in verl's config schema; to_container is typed for any node.
+    ray_init = cast(
+        dict[str, Any], OmegaConf.to_container(config.get("ray_kwargs", {}).get("ray_init", {}), resolve=True) or {}
+    )
+    runtime_env = cast(
+        dict[str, Any],
+        OmegaConf.to_container(
+            OmegaConf.merge(get_ppo_ray_runtime_env(config), ray_init.pop("runtime_env", None) or {}), resolve=True
+        ),
     )
     runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
     return {**{k: v for k, v in ray_init.items() if v is not None}, "runtime_env": runtime_env}

@@ -68,7 +68,7 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> d
         positions[b, end:] = end - start - 1
         response_mask[b, :n_response] = _values(row.response_mask)[:n_response]
         scores[b, n_response - 1] = row.reward
-        if logprobs is not None:
+        if logprobs is not None and row.logprobs is not None:  # all rows have them, or none is used
             logprobs[b, :n_response] = row.logprobs[:n_response]
 
     tensors = {

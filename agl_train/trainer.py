@@ -180,7 +180,9 @@ class AglTrainer(RayPPOTrainer):
     def _validate(self, merged: bool = False) -> dict[str, float]:
         """Mean reward of one rollout per validation task (`val/reward_mean`)."""
         tasks = [item[INPUT_KEY] for item in self.val_dataset]
-        tracker = GroupTracker(self._store, 1, mode="val")
+        store = self._store
+        assert store is not None
+        tracker = GroupTracker(store, 1, mode="val")
 
         async def run() -> dict[str, float]:
             resources_id = await self._publish_replicas()
@@ -189,7 +191,7 @@ class AglTrainer(RayPPOTrainer):
             collected = await tracker.collect(len(tasks), self.runner_settings.rollout_timeout_seconds + WAIT_GRACE_S)
             await tracker.abandon()
             await self.proxy.wait_spans_exported()
-            traces = await read_succeeded(self._store, collected.groups, self.agl_settings.reward_fillna_value)
+            traces = await read_succeeded(store, collected.groups, self.agl_settings.reward_fillna_value)
             rewards = [trace.reward for trace in traces]
             return {
                 "val/reward_mean": float(np.mean(rewards)) if rewards else 0.0,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run agl's tests from nothing: scripts/setup.sh (.venv with the pinned test requirements, the tiny model), then
-# Chromium for the browser tests and the agent-lightning 0.3 peer venv, then the ruff lint gate, then pytest.
+# Chromium for the browser tests and the agent-lightning 0.3 peer venv, then the lint and type gates
+# (scripts/check.sh), then pytest.
 # Extra arguments go to pytest; the exit code is pytest's. Example: ./scripts/test.sh tests/store -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,9 +29,8 @@ log setup "agent-lightning 0.3 peer venv (.cache/peers; made once, a minute or t
 "$VENV/bin/python" benchmarks/_peers.py ||
     log setup "no peer venv: the agent-lightning 0.3 client test will skip (and fail under CI)"
 
-# The lint gate: ruff's rules and formatting (pyproject.toml [tool.ruff]); a finding fails the run before any test.
-log lint "ruff check and ruff format --check"
-"$VENV/bin/ruff" check --quiet . && "$VENV/bin/ruff" format --check --quiet .
+# The lint and type gates (ruff, mypy): a finding fails the run before any test.
+scripts/check.sh
 
 pytest_args=(-q -p no:cacheprovider)
 if [ -n "${CI:-}" ]; then

@@ -2,7 +2,8 @@
 
 `agl store serve` on the base install must not pay for the trainer's or the proxy's heavy
 dependencies, and no package imports one that depends on it: agl_store imports neither
-agl_proxy nor agl_train, agl_proxy does not import agl_train.
+agl_proxy nor agl_train, agl_proxy does not import agl_train, and none of them imports the
+repository's examples, benchmarks or tests (an installed agl has none of those).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "litellm", "verl", "transformers")
-FORBIDDEN = {"agl_store": ("agl_proxy", "agl_train"), "agl_proxy": ("agl_train",)}
+CHECKOUT_ONLY = ("examples", "benchmarks", "tests")
+FORBIDDEN = {
+    "agl_store": ("agl_proxy", "agl_train", *CHECKOUT_ONLY),
+    "agl_proxy": ("agl_train", *CHECKOUT_ONLY),
+    "agl_train": CHECKOUT_ONLY,
+}
 
 
 def test_store_serve_imports_no_heavy_dependency(tmp_path: Path) -> None:

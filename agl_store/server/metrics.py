@@ -84,8 +84,9 @@ class ServerMetrics:
             "# HELP agl_store_rollouts Rollouts in the store by status.",
             "# TYPE agl_store_rollouts gauge",
         ]
-        for status in ROLLOUT_STATUSES:
-            lines.append(f'agl_store_rollouts{{status="{status}"}} {stats.rollouts_by_status.get(status, 0)}')
+        for rollout_status in ROLLOUT_STATUSES:
+            count = stats.rollouts_by_status.get(rollout_status, 0)
+            lines.append(f'agl_store_rollouts{{status="{rollout_status}"}} {count}')
         lines += [
             "# HELP agl_store_spans Spans in the store.",
             "# TYPE agl_store_spans gauge",

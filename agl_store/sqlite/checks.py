@@ -12,14 +12,14 @@ from pydantic_core import PydanticSerializationError
 
 from ..bounds import check_field_depths, check_integer, check_json_depth
 from ..errors import InvalidInputError, invalid_sort_by
-from ..models import ROLLOUT_MODES, NamedResources, Rollout, RolloutConfig, Span, new_id
+from ..models import ROLLOUT_MODES, NamedResources, Rollout, RolloutConfig, RolloutMode, Span, new_id
 from .queue import NewRollout
 from .schema import span_to_row
 from .spans import EncodedSpan
 
 T = TypeVar("T")
 
-_RESOURCES = TypeAdapter(NamedResources)
+_RESOURCES: TypeAdapter[NamedResources] = TypeAdapter(NamedResources)
 
 
 def _json_default(value: Any) -> Any:
@@ -43,7 +43,7 @@ def validate(model: type[T], value: Any, field: str) -> T:
         raise InvalidInputError(f"{field}: {exc.errors()[0]['msg']} ({exc.error_count()} error(s))") from exc
 
 
-def check_mode(mode: Any) -> str | None:
+def check_mode(mode: Any) -> RolloutMode | None:
     if mode is not None and mode not in ROLLOUT_MODES:
         raise InvalidInputError(f"mode: unknown rollout mode {mode!r}; expected one of {list(ROLLOUT_MODES)} or None")
     return mode
@@ -76,7 +76,7 @@ def check_logic(filter_logic: Any) -> str:
     return filter_logic
 
 
-def as_list(values: Any, field: str) -> list:
+def as_list(values: Any, field: str) -> list[Any]:
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, set, frozenset)):
         raise InvalidInputError(f"{field} must be a list, got {type(values).__name__}")
     return list(values)

@@ -15,7 +15,7 @@ from ..pages import Page
 from .attempts import resolve_attempt_id
 from .paged import PagedQuery, run_paged
 from .rollouts import move_rollout, rollout_columns
-from .schema import SPAN_COLUMNS, span_from_row
+from .schema import SPAN_COLUMNS
 from .transactions import Txn, fetchone
 
 T = TypeVar("T")
@@ -30,15 +30,15 @@ class EncodedSpan:
 
     __slots__ = ("span", "row")
 
-    def __init__(self, span: Span, row: tuple) -> None:
+    def __init__(self, span: Span, row: tuple[Any, ...]) -> None:
         self.span = span
         self.row = row
 
 
 def read_span_page(
-    conn: sqlite3.Connection, query: PagedQuery, latest: bool, decode: Callable[[Any], T] = span_from_row
+    conn: sqlite3.Connection, query: PagedQuery, latest: bool, decode: Callable[[Sequence[Any]], T]
 ) -> Page[T]:
-    """The matching spans, each row through `decode` (the server passes a row-to-JSON one)."""
+    """The matching spans, each row through `decode` (`span_from_row`, or the server's row-to-JSON one)."""
     if latest:
         row = fetchone(conn, "SELECT latest_attempt_id FROM rollouts WHERE rollout_id = ?", (query.params[0],))
         if row is None or row[0] is None:
@@ -133,7 +133,7 @@ ROWS_PER_INSERT = 256
 """Span rows per INSERT statement (13 parameters each, well under SQLite's 32,766)."""
 
 
-def _insert_rows(conn: sqlite3.Connection, rows: list[tuple]) -> int:
+def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
     """Insert span rows, many per statement; how many went in (duplicates are ignored).
 
     One statement per chunk rather than `executemany` (a step per row): each step releases
@@ -187,7 +187,7 @@ def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: list[EncodedSpan
             e.row = e.row[:1] + (attempt_id,) + e.row[2:]
 
 
-def _insert_many(conn: sqlite3.Connection, rows: list[tuple]) -> list[bool]:
+def _insert_many(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[bool]:
     """Insert span rows; which of them went in (duplicates are ignored)."""
     before = conn.execute("SELECT coalesce(max(pk), 0) FROM spans").fetchone()[0]
     if _insert_rows(conn, rows) == len(rows):

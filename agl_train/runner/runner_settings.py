@@ -90,7 +90,10 @@ class RunnerSettings:
     @property
     def groups_in_flight(self) -> int:
         """Prompt groups kept running: `async_train_batch_size` in async mode, else one batch."""
-        return int(self.async_train_batch_size) if self.async_enabled else self.train_batch_size
+        if self.async_enabled:
+            assert self.async_train_batch_size is not None  # __post_init__ requires it in async mode
+            return self.async_train_batch_size
+        return self.train_batch_size
 
     @classmethod
     def from_config(cls, config: Any) -> RunnerSettings:

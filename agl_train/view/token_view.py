@@ -78,7 +78,7 @@ def token_roles(row: Row, full: Row) -> str:
     response limit cut.
     """
     if row.is_drop:
-        return ROLE_DROPPED * len(full.prompt_ids + full.response_ids)
+        return ROLE_DROPPED * (len(full.prompt_ids) + len(full.response_ids))
     roles = [ROLE_PROMPT] * len(row.prompt_ids)
     roles += [ROLE_GENERATED if mask else ROLE_INSERTED for mask in row.response_mask]
     roles += [ROLE_TRUNCATED] * (len(full.response_ids) - len(row.response_ids))
@@ -115,7 +115,7 @@ def token_view_of_trace(
     rows: list[dict[str, Any]] = []
     all_ids: list[int] = []
     for row, full in zip(aggregation.rows, full_rows, strict=True):
-        ids = full.prompt_ids + full.response_ids
+        ids = [*full.prompt_ids, *full.response_ids]
         all_ids += ids
         record = breaks_by_turn.get(row.turn_index)
         if record is not None:

@@ -1,12 +1,16 @@
-"""`agl demo`: vLLM → `agl proxy serve` (embedded store, web view) → a LangChain agent; then the view until Ctrl-C.
+"""`./scripts/agl demo`: vLLM → `agl proxy serve` (embedded store, web view) → a LangChain agent; then the view
+until Ctrl-C.
 
     ./scripts/agl demo                     # sets up .venv and the tiny model first when needed
     ./scripts/agl demo --rollouts 2 --no-wait
+    python -m examples.quickstart.demo     # the same, in a venv that has agl's test requirements
 
 Builds the tiny model (cached in .cache/tiny-qwen2), starts vLLM on it, starts `agl proxy serve` with its embedded
 SQLite store, runs the quickstart agent (agent.py) for a few rollouts through the proxy, prints each rollout's spans
 as token ids and the web view's URL, and serves until Ctrl-C or SIGTERM; then it stops the proxy and vLLM. Nothing
 is downloaded: the model and its tokenizer are built here, LiteLLM uses its bundled cost map.
+
+It is an example, not a command of the installed `agl`: it runs the repository's tiny model and agent.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from agl_proxy.cli import positive_int
 from agl_store.client import LightningStoreClient
 
 from .run import agl_proxy_serve, print_spans, rollout_spans, run_rollout
@@ -65,8 +71,30 @@ def tiny_model_on_vllm() -> Iterator[tuple[str, str, Path]]:
         yield server.base_url, server.model, model_path
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="./scripts/agl demo",
+        description="tiny vLLM, `agl proxy serve` with its store and view, a LangChain agent's rollouts; "
+        "serves until Ctrl-C",
+    )
+    parser.add_argument("--rollouts", type=positive_int, default=3, help="how many agent rollouts to run (default 3)")
+    parser.add_argument("--no-wait", action="store_true", help="stop everything and exit once the rollouts are printed")
+    parser.add_argument(
+        "--backend", metavar="URL", help="a running vLLM's OpenAI base URL instead of starting the tiny model on vLLM"
+    )
+    parser.add_argument("--model", help="with --backend: the model name it serves (default: the tiny model's)")
+    parser.add_argument("--tokenizer", metavar="PATH", help="the view's tokenizer (default: the tiny model's)")
+    parser.add_argument("--db", metavar="PATH", help="keep the store in this SQLite file (default: a temporary one)")
+    parser.add_argument("--port", type=int, default=0, help="the proxy's port (default 0: a free one)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
-    """`agl demo` with the arguments `agl_proxy.demo` declares; 0 also when stopped by Ctrl-C or SIGTERM."""
+    """The demo with `build_parser()`'s arguments; 0 also when stopped by Ctrl-C or SIGTERM."""
     from examples.tiny_vllm.tiny_model import DEFAULT_DIR, SERVED_MODEL_NAME
 
     # Ctrl-C and SIGTERM stop everything cleanly, also where the shell started the demo with SIGINT ignored.
@@ -116,3 +144,7 @@ async def _serve(args: argparse.Namespace, backend: str, model: str, db: Path, t
             say("serving until Ctrl-C")
             await asyncio.Event().wait()
         say("agl proxy serve: stopping")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

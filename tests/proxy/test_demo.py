@@ -1,17 +1,16 @@
-"""`agl demo`: the whole path in one command, here on the suite's tiny vLLM (`--backend`) and exiting once printed."""
+"""`./scripts/agl demo`: the whole path in one command, here on the suite's tiny vLLM (`--backend`), exiting once
+printed."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 from agl_store import call_span, open_store
-from agl_store.cli import build_parser
+from examples.quickstart.demo import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,17 +18,15 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.vllm
 async def test_agl_demo_prints_each_rollouts_token_ids_and_the_view_and_stops_the_proxy(vllm_server, tmp_path) -> None:
     db = tmp_path / "demo.db"
-    agl = Path(sys.executable).parent / "agl"
-    # As ./scripts/agl demo runs it: the checkout on the import path, for the example agent and the tiny model.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     process = await asyncio.create_subprocess_exec(
-        agl, "demo", "--backend", vllm_server.base_url, "--rollouts", "2", "--no-wait", "--db", str(db),
-        env=env, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        REPO / "scripts" / "agl", "demo", "--backend", vllm_server.base_url, "--rollouts", "2", "--no-wait",
+        "--db", str(db), cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(process.communicate(), 180)
     text = out.decode()
     assert process.returncode == 0, text
 
+    assert "[setup] building the tiny model" in text  # it set up what it needs first (here: mostly done already)
     assert "[demo] rollout 1/2: the LangChain agent answers 'What is (3 + 4) * 12?'" in text
     assert "[demo] rollout 2/2: the LangChain agent answers 'What is 17 * 23?'" in text
     assert len(re.findall(r"prompt_token_ids +\(\d+\): \[\d+, \d+", text)) == 2, text
@@ -50,18 +47,10 @@ async def test_agl_demo_prints_each_rollouts_token_ids_and_the_view_and_stops_th
         await store.close()
 
 
-def test_agl_demo_outside_a_checkout_says_how_to_run_it(monkeypatch, capsys) -> None:
-    monkeypatch.setitem(sys.modules, "examples.quickstart.demo", None)  # what an install without the repo sees
-    parser = build_parser()
-    args = parser.parse_args(["demo", "--no-wait"])
-    assert args.run(args) == 2
-    assert "run it from a checkout of agl with ./scripts/agl demo" in capsys.readouterr().err
-
-
 def test_agl_demo_defaults_and_a_rollout_count_below_one(capsys) -> None:
     parser = build_parser()
-    args = parser.parse_args(["demo"])
+    args = parser.parse_args([])
     assert (args.rollouts, args.no_wait, args.backend, args.db, args.port) == (3, False, None, None, 0)
     with pytest.raises(SystemExit):
-        parser.parse_args(["demo", "--rollouts", "0"])
+        parser.parse_args(["--rollouts", "0"])
     assert "--rollouts: must be >= 1, got 0" in capsys.readouterr().err

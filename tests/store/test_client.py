@@ -135,13 +135,14 @@ async def test_connection_refused_is_retried_then_reported_as_unavailable() -> N
 
 
 async def test_a_server_that_does_not_answer_in_time_is_retried_then_unavailable() -> None:
-    app = FaultServer([(200, orjson.dumps(STATISTICS))], delay=0.5)
+    app = FaultServer([(200, orjson.dumps(STATISTICS))], delay=1.0)
     async with serving(app) as url:
-        client = LightningStoreClient(url, retries=1, backoff_base=0.001, timeout=0.05)
+        # The timeout covers connecting too: on a loaded machine an attempt can end before the server saw it.
+        client = LightningStoreClient(url, retries=1, backoff_base=0.001, timeout=0.2)
         async with client:
             with pytest.raises(StoreUnavailableError, match="unreachable after 2 attempts"):
                 await client.statistics()
-    assert len(app.requests) == 2
+    assert 1 <= len(app.requests) <= 2
 
 
 class FirstFailedAttempt(logging.Handler):

@@ -13,7 +13,7 @@ from ...queries import ResourcesQuery
 from ...web.wire import endpoint, store_of, validate_json, validate_query
 from ..schemas import check_page, page_of
 
-NAMED_RESOURCES = TypeAdapter(NamedResources)
+NAMED_RESOURCES: TypeAdapter[NamedResources] = TypeAdapter(NamedResources)
 
 
 async def add_resources(request: Request) -> Any:
