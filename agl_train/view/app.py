@@ -5,7 +5,9 @@
 The app opens the store in its lifespan (a `LightningStoreClient` for `http://` URLs, a
 SQLite store for `sqlite:///` files) and closes it at shutdown. With `key`, the app asks the
 browser for the same bearer key it uses towards the store, so it exposes nothing the store
-would not.
+would not. Without one it guards itself against other web pages as the store server does
+(`agl_store.web.cross_site`): a foreign `Origin` is refused, and so, when `host` is a
+loopback address, is a `Host` that is not a loopback name (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from starlette.routing import Route
 
 from agl_store.opening import open_store
 from agl_store.web.auth import BearerKeyMiddleware
+from agl_store.web.cross_site import CrossSiteGuard, is_loopback
 
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
 
@@ -31,8 +34,11 @@ async def _health(request: Any) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-def create_view_app(store_url: str, *, key: str | None = None, settings: ViewSettings | None = None) -> Starlette:
-    """The view of the store at `store_url`; `key` is the store's bearer key and the view's."""
+def create_view_app(
+    store_url: str, *, key: str | None = None, settings: ViewSettings | None = None, host: str = "127.0.0.1"
+) -> Starlette:
+    """The view of the store at `store_url`; `key` is the store's bearer key and the view's; `host` the
+    address the app is served on."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -42,7 +48,7 @@ def create_view_app(store_url: str, *, key: str | None = None, settings: ViewSet
         finally:
             await store.close()
 
-    middleware = []
+    middleware = [Middleware(CrossSiteGuard, keyless=not key, loopback=is_loopback(host))]
     if key:
         middleware.append(Middleware(BearerKeyMiddleware, key=key, open_paths=OPEN_PATHS | {HEALTH_PATH}))
     routes = [Route(HEALTH_PATH, _health), *ViewRoutes(settings or ViewSettings()).routes()]

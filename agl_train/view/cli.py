@@ -51,5 +51,5 @@ def _serve(args: argparse.Namespace) -> int:
 async def _serve_async(args: argparse.Namespace, settings: ViewSettings) -> int:
     from .app import create_view_app
 
-    app = create_view_app(args.store, key=args.key, settings=settings)
+    app = create_view_app(args.store, key=args.key, settings=settings, host=args.host)
     return await serve_app(app, name="agl view", host=args.host, port=args.port, describe=f"store {args.store}")

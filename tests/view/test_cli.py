@@ -157,3 +157,20 @@ def test_store_serve_hands_page_settings_to_the_view_and_names_a_bad_one(tmp_pat
     assert "--page-setting 'tokenizer=/models/q': expected NAME.KEY=VALUE" in capsys.readouterr().err
     assert main(["store", "serve", "--db", db, "--port", "0", "--page-setting", "view.max_prompt_length=x"]) == 2
     assert "view.max_prompt_length 'x': expected a whole number of tokens" in capsys.readouterr().err
+
+
+async def test_agl_view_without_a_key_answers_only_its_own_pages_on_loopback_names(tmp_path: Path) -> None:
+    async with SQLiteStore(str(tmp_path / "agl.db")) as store:
+        await write_rollout(store, CALLS)
+    async with (
+        running_agl("view", "--store", f"sqlite:///{tmp_path / 'agl.db'}") as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):
+        own = await http.get("/view/api/rollouts", headers={"origin": url})
+        assert own.json()["total"] == 1 and own.headers["x-content-type-options"] == "nosniff"
+        assert (await http.get("/view/api/rollouts", headers={"host": "localhost"})).status_code == 200
+        # Another site's page, and one whose host name was rebound to 127.0.0.1, read nothing.
+        foreign = await http.get("/view/api/rollouts", headers={"origin": "https://evil.example"})
+        assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "cross_origin"
+        rebound = await http.get("/view/api/rollouts", headers={"host": "evil.example"})
+        assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "forbidden_host"
