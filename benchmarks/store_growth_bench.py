@@ -253,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick else SIZES)
     if sizes != sorted(sizes) or len(sizes) < 2:
         parser.error("--sizes needs at least two ascending span counts")
+    if args.dir is not None and not args.dir.is_dir():
+        parser.error(f"--dir {args.dir}: not a folder")
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
