@@ -1,6 +1,6 @@
 """Train the tiny random model to write lowercase words: a whole agl + verl run on the CPU.
 
-    python -m examples.lowercase_words.train [--steps 10] [--out artifacts/lowercase_words] [--png PATH]
+    python -m examples.lowercase_words.train [--steps 16] [--out artifacts/lowercase_words] [--png PATH]
 
 What runs: a vLLM server (dev mode, for in-place weight reloads) on a copy of the test suite's
 tiny model, `agl proxy serve` with its embedded SQLite store, and `AglTrainer.fit()` through
