@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Route
 from agl_store import call_span
 from agl_store.errors import InvalidInputError
 from agl_store.models import ROLLOUT_STATUSES, RolloutMode
+from agl_store.transitions import check_rollout_status
 from agl_store.web.wire import endpoint, store_of
 
 from ..aggregate import AGGREGATORS, Limits
@@ -83,17 +84,14 @@ def _int(request: Request, name: str, default: int) -> int:
 def rollout_filter(request: Request) -> RolloutFilter:
     """The list filters from the query: `status` (repeated or comma-separated), `mode`,
     `after` / `before` (epoch seconds), `q` (part of the rollout id), `limit`, `offset`."""
-    statuses = [s for value in request.query_params.getlist("status") for s in value.split(",") if s]
-    for status in statuses:
-        if status not in ROLLOUT_STATUSES:
-            raise InvalidInputError(
-                f"status: unknown rollout status {status!r}; expected one of {list(ROLLOUT_STATUSES)}"
-            )
+    statuses = [
+        check_rollout_status(s) for value in request.query_params.getlist("status") for s in value.split(",") if s
+    ]
     mode = request.query_params.get("mode") or None
     if mode is not None and mode not in MODES:
         raise InvalidInputError(f"mode: unknown mode {mode!r}; expected one of {list(MODES)}")
     return RolloutFilter(
-        status_in=statuses or None,  # type: ignore[arg-type]
+        status_in=statuses or None,
         mode=mode,  # type: ignore[arg-type]
         start_time_after=_number(request, "after", float),
         start_time_before=_number(request, "before", float),
