@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up what agl's tests and `agl demo` run on, from nothing: create .venv if missing, install the pinned test
+# Set up what agl's tests and `./scripts/agl demo` run on, from nothing: create .venv if missing, install the pinned test
 # requirements (skipped when a stamp says they are already installed) and agl itself (editable), build the tiny
 # model. One progress line per step. Used by scripts/test.sh and `./scripts/agl demo`.
 set -euo pipefail
