@@ -94,9 +94,10 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
     # Streams carry no usage unless the client asked for it; the token ids say the same.
     if input_tokens is None and prompt_ids is not None:
         input_tokens = len(prompt_ids)
-    choice_ids = [c["token_ids"] for c in choices]
-    if output_tokens is None and choice_ids and all(ids is not None for ids in choice_ids):
-        output_tokens = sum(len(ids) for ids in choice_ids if ids is not None)
+    if output_tokens is None and choices:
+        lengths = [len(ids) for c in choices if (ids := c["token_ids"]) is not None]
+        if len(lengths) == len(choices):
+            output_tokens = sum(lengths)
     deployment = record.deployment
     return {
         call_span.OPERATION: record.operation,

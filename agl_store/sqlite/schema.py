@@ -315,7 +315,7 @@ def span_to_row(span: Span, sequence_id: int | None, packed: bytes | None = None
     """The `SPAN_COLUMNS` values of a span. Raises TypeError for attributes that are not JSON.
 
     `packed` is a token blob the client already made (`packed_attributes.pack_attributes`, checked by
-    `tokens.check_packed`): the span's attributes are then its skeleton and stored as is.
+    `packed_attributes.check_packed`): the span's attributes are then its skeleton and stored as is.
     """
     if packed is None:
         attributes, tokens = pack_attributes(span.attributes)

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
-from typing import Any, TypeVar, get_args
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Route
 
 from agl_store import call_span
 from agl_store.errors import InvalidInputError
-from agl_store.models import ROLLOUT_STATUSES, RolloutMode
+from agl_store.models import ROLLOUT_MODES, ROLLOUT_STATUSES
 from agl_store.transitions import check_rollout_status
 from agl_store.web.wire import endpoint, store_of
 
@@ -49,7 +49,6 @@ _SECURITY_HEADERS = {
     "x-content-type-options": "nosniff",
     "cache-control": "no-cache",
 }
-MODES = get_args(RolloutMode)
 N = TypeVar("N", int, float)
 
 
@@ -88,8 +87,8 @@ def rollout_filter(request: Request) -> RolloutFilter:
         check_rollout_status(s) for value in request.query_params.getlist("status") for s in value.split(",") if s
     ]
     mode = request.query_params.get("mode") or None
-    if mode is not None and mode not in MODES:
-        raise InvalidInputError(f"mode: unknown mode {mode!r}; expected one of {list(MODES)}")
+    if mode is not None and mode not in ROLLOUT_MODES:
+        raise InvalidInputError(f"mode: unknown mode {mode!r}; expected one of {list(ROLLOUT_MODES)}")
     return RolloutFilter(
         status_in=statuses or None,
         mode=mode,  # type: ignore[arg-type]
@@ -143,7 +142,7 @@ class ViewRoutes:
                 "max_response_length": options.limits.max_response_length,
             },
             "statuses": list(ROLLOUT_STATUSES),
-            "modes": list(MODES),
+            "modes": list(ROLLOUT_MODES),
             "max_page_size": MAX_PAGE_SIZE,
             # The span detail shows these attributes of an LLM-call span on their own.
             "call_span": {"request": call_span.REQUEST, "response": call_span.RESPONSE, "error": call_span.ERROR},
