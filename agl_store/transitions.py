@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from .errors import ConflictError, InvalidInputError
 from .models import (
     ATTEMPT_STATUSES,
+    ROLLOUT_MODES,
     ROLLOUT_STATUSES,
     WORKER_STATUSES,
     AttemptStatus,
     RolloutConfig,
+    RolloutMode,
     RolloutStatus,
     WorkerStatus,
 )
@@ -43,6 +45,15 @@ def check_rollout_status(value: object, field: str = "status") -> RolloutStatus:
     """`value` if it is a rollout status, else InvalidInputError naming `field`."""
     if value not in ROLLOUT_STATUSES:
         raise InvalidInputError(f"{field}: unknown rollout status {value!r}; expected one of {list(ROLLOUT_STATUSES)}")
+    return value  # type: ignore[return-value]
+
+
+def check_rollout_mode(value: object, field: str = "mode") -> RolloutMode | None:
+    """`value` if it is a rollout mode or None, else InvalidInputError naming `field`."""
+    if value is not None and value not in ROLLOUT_MODES:
+        raise InvalidInputError(
+            f"{field}: unknown rollout mode {value!r}; expected one of {list(ROLLOUT_MODES)} or None"
+        )
     return value  # type: ignore[return-value]
 
 

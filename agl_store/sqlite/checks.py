@@ -12,7 +12,8 @@ from pydantic_core import PydanticSerializationError
 
 from ..bounds import check_field_depths, check_integer, check_json_depth
 from ..errors import InvalidInputError, invalid_sort_by
-from ..models import ROLLOUT_MODES, NamedResources, Rollout, RolloutConfig, RolloutMode, Span, new_id
+from ..models import NamedResources, Rollout, RolloutConfig, Span, new_id
+from ..transitions import check_rollout_mode
 from .queue import NewRollout
 from .schema import span_to_row
 from .spans import EncodedSpan
@@ -41,12 +42,6 @@ def validate(model: type[T], value: Any, field: str) -> T:
         return model.model_validate(value)  # type: ignore[attr-defined]
     except ValidationError as exc:
         raise InvalidInputError(f"{field}: {exc.errors()[0]['msg']} ({exc.error_count()} error(s))") from exc
-
-
-def check_mode(mode: Any) -> RolloutMode | None:
-    if mode is not None and mode not in ROLLOUT_MODES:
-        raise InvalidInputError(f"mode: unknown rollout mode {mode!r}; expected one of {list(ROLLOUT_MODES)} or None")
-    return mode
 
 
 def check_config(config: Any) -> RolloutConfig:
@@ -103,7 +98,7 @@ def new_rollout(input: Any, mode: Any, resources_id: str | None, config: Any, me
         rollout_id=new_id("ro"),
         input=input,
         start_time=time.time(),
-        mode=check_mode(mode),
+        mode=check_rollout_mode(mode),
         resources_id=resources_id,
         status="queuing",
         config=RolloutConfig() if config is None else check_config(config).model_copy(deep=True),

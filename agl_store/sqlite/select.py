@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from ..queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
-from ..transitions import check_rollout_status, check_worker_status
-from .checks import as_list, check_logic, check_mode, check_number, check_paging, check_sort
+from ..transitions import check_rollout_mode, check_rollout_status, check_worker_status
+from .checks import as_list, check_logic, check_number, check_paging, check_sort
 from .paged import PagedQuery
 from .rollout_pages import RolloutPageQuery, rollout_page_query
 from .schema import ATTEMPT_COLUMNS, RESOURCES_COLUMNS, SPAN_COLUMNS, WORKER_COLUMNS
@@ -60,7 +60,7 @@ def select_rollouts(query: RolloutQuery) -> RolloutPageQuery:
     if query.rollout_id_contains is not None:
         where.add("instr(r.rollout_id, ?) > 0", query.rollout_id_contains)
     if query.mode is not None:
-        where.add("r.mode = ?", check_mode(query.mode))
+        where.add("r.mode = ?", check_rollout_mode(query.mode))
     if query.start_time_after is not None:
         where.add("r.start_time > ?", check_number(query.start_time_after, "start_time_after"))
     if query.start_time_before is not None:

@@ -58,13 +58,12 @@ from ..otel import span_from_otel
 from ..packed_attributes import check_packed_batch
 from ..pages import Page
 from ..queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
-from ..transitions import check_attempt_status, check_rollout_status
+from ..transitions import check_attempt_status, check_rollout_mode, check_rollout_status
 from . import attempts, queue, retention, statistics, transactions, watchdog, workers
 from .checks import (
     as_list,
     check_config,
     check_metadata,
-    check_mode,
     check_number,
     dumps,
     encode_resources,
@@ -343,7 +342,7 @@ class SQLiteStore(LightningStore):
         if input is not UNSET:
             columns["input"] = dumps(input, "input")
         if mode is not UNSET:
-            columns["mode"] = check_mode(mode)
+            columns["mode"] = check_rollout_mode(mode)
         if resources_id is not UNSET:
             columns["resources_id"] = resources_id
         if config is not UNSET:

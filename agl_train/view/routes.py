@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute, Route
 from agl_store import call_span
 from agl_store.errors import InvalidInputError
 from agl_store.models import ROLLOUT_MODES, ROLLOUT_STATUSES
-from agl_store.transitions import check_rollout_status
+from agl_store.transitions import check_rollout_mode, check_rollout_status
 from agl_store.web.wire import endpoint, store_of
 
 from ..aggregate import AGGREGATORS, Limits
@@ -86,12 +86,9 @@ def rollout_filter(request: Request) -> RolloutFilter:
     statuses = [
         check_rollout_status(s) for value in request.query_params.getlist("status") for s in value.split(",") if s
     ]
-    mode = request.query_params.get("mode") or None
-    if mode is not None and mode not in ROLLOUT_MODES:
-        raise InvalidInputError(f"mode: unknown mode {mode!r}; expected one of {list(ROLLOUT_MODES)}")
     return RolloutFilter(
         status_in=statuses or None,
-        mode=mode,  # type: ignore[arg-type]
+        mode=check_rollout_mode(request.query_params.get("mode") or None),
         start_time_after=_number(request, "after", float),
         start_time_before=_number(request, "before", float),
         rollout_id_contains=request.query_params.get("q") or None,
