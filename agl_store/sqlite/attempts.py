@@ -20,13 +20,21 @@ from .workers import sync_worker
 
 
 class AttemptChanges:
-    """The fields of an `update_attempt` call; UNSET where not given."""
+    """The fields of an `update_attempt` call; UNSET where not given. `metadata_json` is the
+    metadata as the caller's checks encoded it (`checks.dumps`), None when not given."""
 
-    __slots__ = ("status", "worker_id", "last_heartbeat_time", "metadata")
+    __slots__ = ("status", "worker_id", "last_heartbeat_time", "metadata", "metadata_json")
 
-    def __init__(self, status: Any, worker_id: Any, last_heartbeat_time: Any, metadata: Any) -> None:
+    def __init__(
+        self,
+        status: Any,
+        worker_id: Any,
+        last_heartbeat_time: Any,
+        metadata: Any = UNSET,
+        metadata_json: bytes | None = None,
+    ) -> None:
         self.status, self.worker_id = status, worker_id
-        self.last_heartbeat_time, self.metadata = last_heartbeat_time, metadata
+        self.last_heartbeat_time, self.metadata, self.metadata_json = last_heartbeat_time, metadata, metadata_json
 
 
 def get_latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Attempt | None:
@@ -115,14 +123,15 @@ def change_attempt(
         updates["metadata"] = changes.metadata
     new = attempt.model_copy(update=updates)
     txn.conn.execute(
-        "UPDATE attempts SET status = ?, end_time = ?, worker_id = ?, last_heartbeat_time = ?, metadata = ? "
-        "WHERE rollout_id = ? AND attempt_id = ?",
+        # Metadata not given keeps its stored bytes: no re-encoding on every status or heartbeat.
+        "UPDATE attempts SET status = ?, end_time = ?, worker_id = ?, last_heartbeat_time = ?, "
+        "metadata = coalesce(?, metadata) WHERE rollout_id = ? AND attempt_id = ?",
         (
             new.status,
             new.end_time,
             new.worker_id,
             new.last_heartbeat_time,
-            None if new.metadata is None else orjson.dumps(new.metadata),
+            changes.metadata_json,
             new.rollout_id,
             new.attempt_id,
         ),

@@ -373,9 +373,8 @@ class SQLiteStore(LightningStore):
         for field, value in (("worker_id", worker_id), ("metadata", metadata)):
             if value is None:
                 raise InvalidInputError(f"{field} is invalid; it cannot be a null value.")
-        if metadata is not UNSET:
-            dumps(check_metadata(metadata), "metadata")  # the connection thread encodes it again
-        changes = attempts.AttemptChanges(status, worker_id, last_heartbeat_time, metadata)
+        metadata_json = None if metadata is UNSET else dumps(check_metadata(metadata), "metadata")
+        changes = attempts.AttemptChanges(status, worker_id, last_heartbeat_time, metadata, metadata_json)
         return await self._write(attempts.update_attempt, rollout_id, attempt_id, changes)
 
     async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:

@@ -41,6 +41,6 @@ def mark_unhealthy(txn: Txn) -> int:
     marked = find_unhealthy(txn.conn, txn.now)
     for rollout, status in marked:
         assert isinstance(rollout, AttemptedRollout)
-        changes = AttemptChanges(status, UNSET, UNSET, UNSET)
+        changes = AttemptChanges(status, UNSET, UNSET)
         change_attempt(txn, rollout.attempt, rollout.status, rollout.config, rollout.attempt.attempt_id, changes)
     return len(marked)

@@ -530,3 +530,18 @@ async def test_numbers_past_the_largest_double_are_invalid_input() -> None:
             await store.query_rollouts(start_time_after=10**400)
         with pytest.raises(InvalidInputError, match="last_heartbeat_time is out of range"):
             await store.update_attempt(rollout.rollout_id, "latest", last_heartbeat_time=10**400)
+
+
+async def test_attempt_metadata_is_stored_as_its_check_encoded_it(tmp_path: Path) -> None:
+    # The same encoding as a rollout's metadata: non-string keys become strings, a model becomes its JSON.
+    async with SQLiteStore(str(tmp_path / "agl.db")) as store:
+        rollout = await store.start_rollout(input="q")
+        metadata = {1: "one", "config": RolloutConfig(max_attempts=2)}
+        await store.update_attempt(rollout.rollout_id, "latest", metadata=metadata)
+        await store.update_rollout(rollout.rollout_id, metadata=metadata)
+        await store.update_attempt(rollout.rollout_id, "latest", status="running")  # keeps the stored metadata
+
+        attempt = await store.get_latest_attempt(rollout.rollout_id)
+        stored = await store.get_rollout_by_id(rollout.rollout_id)
+        assert attempt is not None and stored is not None
+        assert attempt.metadata == stored.metadata == {"1": "one", "config": RolloutConfig(max_attempts=2).model_dump()}
