@@ -109,7 +109,7 @@ class LightningStoreClient(LightningStore):
         token_arrays: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
-        # Spans read back keep packed token ids as array('i') (tokens.fill_packed): the trainer's reader.
+        # Spans read back keep packed token ids as array('i') (packed_attributes.fill_packed): the trainer's reader.
         self._token_arrays = token_arrays
         self._key = key
         self._timeout = timeout

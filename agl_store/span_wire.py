@@ -10,7 +10,7 @@ the server splices a row's JSON from its stored columns instead, without a model
 - packed (when the request carries `x-agl-span-encoding: packed-v1`): the attributes'
   stored JSON text, which has `null` where the arrays go, is copied as is, and the
   stored int32 blobs follow the JSON (see "frames" below); the client validates the
-  light spans and then fills the arrays in with `tokens.fill_packed`.
+  light spans and then fills the arrays in with `packed_attributes.fill_packed`.
 
 The server answers a packed page with the same header, so a client talking to a server
 without this support still gets, and reads, plain JSON.
@@ -162,7 +162,7 @@ def _collector_paused() -> Iterator[None]:
 
 def spans_from_page(body: bytes, packed: bool, *, arrays: bool = False) -> tuple[list[Span], int]:
     """The spans of a page body and its `total`; packed pages get their token arrays back
-    (as `array('i')` with `arrays`, see `tokens.fill_packed`)."""
+    (as `array('i')` with `arrays`, see `packed_attributes.fill_packed`)."""
     with _collector_paused():
         if not packed:
             data = orjson.loads(body)

@@ -3,8 +3,8 @@
 
 `rollout_step` runs it on the trainer's background loop, verl-free apart from `DataProto`
 (the tests run it on the CPU with the real store, proxy and a tiny vLLM): enqueue `n`
-rollouts per prompt â runners execute them â wait (`rollout_timeout_seconds`) â read spans â
-rows (trace aggregator) â advantage (rollout-level) â update cap â per-rollout normalisation.
+rollouts per prompt → runners execute them → wait (`rollout_timeout_seconds`) → read spans →
+rows (trace aggregator) → advantage (rollout-level) → update cap → per-rollout normalisation.
 Failed and timed-out rollouts are dropped from the batch and counted.
 
 Its second half is two functions a trainer can also call on traces it read itself:

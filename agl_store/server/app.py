@@ -21,7 +21,7 @@ from ..web.wire import http_error_response
 from . import otlp
 from .limits import BodySizeLimitMiddleware
 from .metrics import MetricsMiddleware, ServerMetrics
-from .routes import all_routes
+from .routes import AGL_PREFIX, all_routes
 from .routes.system import HEALTH_PATHS
 
 logger = logging.getLogger("agl_store.server")
@@ -50,7 +50,7 @@ PageSettings = Mapping[str, Mapping[str, str]]
 OWN_MEDIA_TYPES = {
     "/v1/traces": None,  # the OTLP route takes protobuf or JSON and refuses the rest itself
     "/v1/logs": None,  # answers 501 to any body
-    "/v1/agl/spans/batch/packed": (PACKED_MEDIA_TYPE,),
+    f"{AGL_PREFIX}/spans/batch/packed": (PACKED_MEDIA_TYPE,),
 }
 """Write routes whose bodies are not JSON (or not only): the types they take instead."""
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import sqlite3
 
-import orjson
-
 from ..errors import ConflictError
 from ..models import TERMINAL_ROLLOUT_STATUSES
-from .rollouts import TERMINAL_SQL
+from .rollouts import TERMINAL_SQL, rollout_statuses
 from .transactions import Txn, fetchone
 
 MAX_ROLLOUTS_PER_CHUNK = 256
@@ -27,12 +25,7 @@ def finished_rollouts(conn: sqlite3.Connection, ids: list[str]) -> list[str]:
     """The listed rollouts that exist, in order; ConflictError, before anything is deleted,
     when one of them is not finished. A finished rollout never moves again, so this still
     holds while they are deleted, chunk by chunk."""
-    statuses = dict(
-        conn.execute(
-            "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
-            (orjson.dumps(ids),),
-        ).fetchall()
-    )
+    statuses = rollout_statuses(conn, ids)
     unfinished = [rid for rid in ids if rid in statuses and statuses[rid] not in TERMINAL_ROLLOUT_STATUSES]
     if unfinished:
         raise ConflictError(f"rollouts not finished, nothing deleted: {unfinished[:10]}")

@@ -467,21 +467,6 @@ class SQLiteStore(LightningStore):
         Span: the HTTP server writes rows straight to JSON (`span_wire`)."""
         return await self._call(read_span_page, select_spans(query), query.attempt_id == LATEST_ATTEMPT, decode)
 
-    async def query_span_rows(
-        self,
-        rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        decode: Callable[[Sequence[Any]], T],
-        **filters: Any,
-    ) -> Page[T]:
-        """`query_spans` (same filters) with each stored row through `decode` (`find_span_rows`)."""
-        unknown = sorted(set(filters) - set(SpanQuery.model_fields))
-        if unknown:
-            raise TypeError(f"query_span_rows() got unexpected keyword arguments {unknown}")
-        query = SpanQuery.of_call({**filters, "rollout_id": rollout_id, "attempt_id": attempt_id})
-        return await self.find_span_rows(query, decode)
-
     # --- resources -------------------------------------------------------------------------
 
     async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:

@@ -14,6 +14,7 @@ import orjson
 
 from agl_store.client import LightningStoreClient
 from agl_store.models import Span
+from agl_store.queries import SpanQuery
 from agl_store.span_wire import (
     ENCODING_HEADER,
     PACKED,
@@ -57,7 +58,7 @@ async def test_rows_written_as_json_equal_the_stored_spans(tmp_path: Path) -> No
         rollout = await store.start_rollout(input={"q": 1})
         await store.add_many_spans(spans_of(rollout.rollout_id, rollout.attempt.attempt_id))
         stored = await store.query_spans(rollout.rollout_id)
-        rows = await store.query_span_rows(rollout.rollout_id, decode=tuple)
+        rows = await store.find_span_rows(SpanQuery(rollout_id=rollout.rollout_id), tuple)
 
         plain_body = page_json(rows, packed=False, limit=-1, offset=0, total=rows.total)
         plain = orjson.loads(plain_body)
