@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .credentials import check_http_url, is_secret_name, mask_secrets, split_userinfo
@@ -115,9 +116,10 @@ class Deployment:
         """How errors, metrics and spans name this backend (never with credentials)."""
         return self.api_base or f"{self.provider}/{self.model}"
 
-    @property
+    @cached_property
     def litellm_kwargs(self) -> dict[str, Any]:
-        """The connection settings LiteLLM's call takes (credentials included; never shown)."""
+        """The connection settings LiteLLM's call takes (credentials included; never shown). Worked out once
+        per deployment: callers spread it, never change it."""
         params = {k: v for k, v in self.litellm_params.items() if not is_request_default(k) and k not in ROUTING_KEYS}
         api_base = self.litellm_params.get("api_base") or self.litellm_params.get("base_url")
         if api_base:

@@ -93,11 +93,11 @@ def _json_object(data: bytes) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _error_message(response: httpx.Response, data: bytes) -> str:
+def _error_message(response: httpx.Response, data: bytes, parsed: dict[str, Any] | None) -> str:
     """What the backend said went wrong, short: the message of an OpenAI- or FastAPI-shaped
-    JSON error, else only the type and size of the body. Whatever else a backend answers
-    (an internal service's page, if a deployment points there) is not repeated."""
-    parsed = _json_object(data)
+    JSON error (`parsed`: the body as a JSON object, or None), else only the type and size of
+    the body. Whatever else a backend answers (an internal service's page, if a deployment
+    points there) is not repeated."""
     if parsed is not None:
         error = parsed.get("error", parsed)
         for message in (error.get("message") if isinstance(error, dict) else error, parsed.get("detail")):
@@ -187,7 +187,7 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
     parsed = _json_object(data)
     if status >= 500:
         raise RetryableBackendError(
-            BackendFailedError(f"backend {label} answered HTTP {status}: {_error_message(response, data)}")
+            BackendFailedError(f"backend {label} answered HTTP {status}: {_error_message(response, data, parsed)}")
         )
     if status < 300:
         if parsed is None or "choices" not in parsed:
@@ -200,7 +200,7 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
         record.response = parsed
     elif status >= 400 and parsed is not None:
         # The backend's own verdict on the request (e.g. too long a prompt): the client sees it as is.
-        message = f"backend {label} answered HTTP {status}: {_error_message(response, data)}"
+        message = f"backend {label} answered HTTP {status}: {_error_message(response, data, parsed)}"
         record.fail("backend_rejected", message, status)
     else:
         # A redirect, or a 4xx that is not a JSON error: not an OpenAI-compatible server's answer.

@@ -56,7 +56,8 @@ class BearerKeyMiddleware:
         what: str = "this server's key",
     ) -> None:
         self.app = app
-        self._expected = [k.encode() for k in (key, *other_keys) if k]
+        # Distinct keys only: the proxy passes its admin key as another key, often the same one.
+        self._expected = list(dict.fromkeys(k.encode() for k in (key, *other_keys) if k))
         self.open_paths = frozenset(open_paths)
         self._render = render
         self._wrong = WRONG_KEY.format(what=what)
