@@ -114,17 +114,8 @@ def _keeps_arrays(call: LLMCall) -> bool:
 
 
 def _unlimited_row(trace: RolloutTrace, turn_index: int, call: LLMCall) -> Row:
-    as_array = _keeps_arrays(call)
-    return Row(
-        rollout_id=trace.rollout_id,
-        uid=trace.uid,
-        turn_index=turn_index,
-        prompt_ids=_copy_ids(call.prompt_ids, as_array),
-        response_ids=_copy_ids(call.response_ids, as_array),
-        response_mask=_mask(1, len(call.response_ids), as_array),
-        logprobs=list(call.logprobs) if call.logprobs is not None else None,
-        reward=trace.reward,
-    )
+    """One call's row: a trajectory segment that never merges."""
+    return _Segment(turn_index, call).to_row(trace)
 
 
 def apply_limits(row: Row, limits: Limits) -> Row:
