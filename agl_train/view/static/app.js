@@ -104,6 +104,16 @@ async function load(path) {
   }
 }
 
+// The view's settings do not change while its server runs: fetched once (again after a failure).
+let configPromise = null;
+function loadConfig() {
+  configPromise ??= load("/config").catch((error) => {
+    configPromise = null;
+    throw error;
+  });
+  return configPromise;
+}
+
 function updateForgetButton() {
   document.getElementById("forget-key").hidden = !sessionStorage.getItem(KEY_STORAGE);
 }
@@ -260,7 +270,7 @@ function pager(page, params) {
 }
 
 async function listView(params) {
-  const config = await load("/config");
+  const config = await loadConfig();
   const query = listQuery(params);
   const page = await load(`/rollouts?${query}`);
   const table = h("div", {}, pager(page, params), rolloutTable(page));
@@ -309,7 +319,7 @@ function spanBar(span, t0, total) {
 async function spanDetail(rolloutId, spanId) {
   const [span, config] = await Promise.all([
     load(`/rollouts/${encodeURIComponent(rolloutId)}/spans/${encodeURIComponent(spanId)}`),
-    load("/config"),
+    loadConfig(),
   ]);
   const names = config.call_span;
   const attributes = span.attributes || {};
@@ -476,7 +486,7 @@ function tokenRow(row, index, view) {
 }
 
 async function tokenView(rolloutId, params) {
-  const config = await load("/config");
+  const config = await loadConfig();
   const query = new URLSearchParams();
   for (const name of ["level", "max_prompt_length", "max_response_length"]) if (params.get(name)) query.set(name, params.get(name));
   const view = await load(`/rollouts/${encodeURIComponent(rolloutId)}/tokens?${query}`);
