@@ -259,7 +259,7 @@ class _Clock:
         return out
 
 
-async def _pool(items: Iterable[Any], concurrency: int, fn: Callable[[Any], Awaitable[Any]]) -> None:
+async def pool(items: Iterable[Any], concurrency: int, fn: Callable[[Any], Awaitable[Any]]) -> None:
     """Run `fn` over `items` with at most `concurrency` calls in flight."""
     it = iter(items)
 
@@ -295,7 +295,7 @@ async def add_span_rate(store: Any, bench: Bench, n_spans: int, concurrency: int
     (as in a proxy exporting the spans of concurrent LLM calls)."""
     spans = [s for group in await _span_groups(store, bench, n_spans) for s in group]
     clock = _Clock(bench)
-    await _pool(spans, concurrency, store.add_span)
+    await pool(spans, concurrency, store.add_span)
     return clock.result(len(spans))
 
 
@@ -305,7 +305,7 @@ async def add_many_rate(store: Any, bench: Bench, n_spans: int, concurrency: int
     groups = await _span_groups(store, bench, n_spans)
     batches = [g[i : i + batch] for g in groups for i in range(0, len(g), batch)]
     clock = _Clock(bench)
-    await _pool(batches, concurrency, store.add_many_spans)
+    await pool(batches, concurrency, store.add_many_spans)
     return clock.result(n_spans)
 
 

@@ -52,6 +52,9 @@ async def _timed(calls: int, run: Callable[[], Any]) -> dict[str, float]:
     return {"cpu_ms": (time.process_time() - cpu0) * 1000.0 / calls, "rate": calls / (time.perf_counter() - t0)}
 
 
+QUERIED_SPANS = 100
+
+
 async def one_round(url: str, stack: str, n_spans: int, n_queries: int) -> dict[str, dict[str, float]]:
     kit, payloads = AglKit(), wl.payload_pool()
     async with LightningStoreClient(url, retries=0, transport=STACKS[stack]()) as store:
@@ -64,31 +67,27 @@ async def one_round(url: str, stack: str, n_spans: int, n_queries: int) -> dict[
                 for i in range(n)
             ]
 
-        async def pooled(items: list[Any], concurrency: int, fn: Callable[[Any], Any]) -> None:
-            it = iter(items)
-
-            async def worker() -> None:
-                for item in it:
-                    await fn(item)
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        async def added_rollout(n: int) -> str:
+            group = await spans(n)
+            await store.add_many_spans(group)
+            return str(group[0].rollout_id)
 
         out: dict[str, dict[str, float]] = {}
         await store.add_span((await spans(1))[0])  # warm the connection pool
         single = await spans(n_spans)
-        out["add_span c=1"] = await _timed(n_spans, lambda: pooled(single, 1, store.add_span))
+        out["add_span c=1"] = await _timed(n_spans, lambda: wl.pool(single, 1, store.add_span))
         single16 = await spans(n_spans)
-        out["add_span c=16"] = await _timed(n_spans, lambda: pooled(single16, 16, store.add_span))
+        out["add_span c=16"] = await _timed(n_spans, lambda: wl.pool(single16, 16, store.add_span))
         batch = await spans(n_spans)
         batches = [batch[i : i + 100] for i in range(0, len(batch), 100)]
-        out["add_many_spans x100"] = await _timed(len(batches), lambda: pooled(batches, 1, store.add_many_spans))
-        rollout_id = batch[0].rollout_id
+        out["add_many_spans x100"] = await _timed(len(batches), lambda: wl.pool(batches, 1, store.add_many_spans))
+        rollout_id = await added_rollout(QUERIED_SPANS)  # its own rollout, whatever the batch size above
 
         async def queries() -> None:
             for _ in range(n_queries):
                 await store.query_spans(rollout_id)
 
-        out["query_spans 100 spans"] = await _timed(n_queries, queries)
+        out[f"query_spans {QUERIED_SPANS} spans"] = await _timed(n_queries, queries)
         return out
 
 

@@ -48,11 +48,12 @@ from typing import Any
 
 import httpx
 import psutil
+from _peers import peer_python
 from _proxy_sustained import SustainedResult, as_dict, count_spans, describe, run_sustained, settle
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-PEER_PYTHON = REPO_ROOT / ".cache" / "peers" / "agentlightning-0.3" / "bin" / "python"
+PEER_PYTHON = peer_python()
 # LiteLLM's proxy refuses to boot without a master key unless told this is local use.
 PEER_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
 START_TIMEOUT_S = 120.0

@@ -51,6 +51,7 @@ sys.path.insert(0, str(BENCH_DIR))
 from aggregate_bench import rollout_spans  # noqa: E402
 from store_bench import agl_server  # noqa: E402
 
+from agl_store import call_span  # noqa: E402
 from agl_store.client import LightningStoreClient  # noqa: E402
 from agl_store.sqlite import SQLiteStore  # noqa: E402
 from agl_train.aggregate import Limits, aggregate  # noqa: E402
@@ -59,7 +60,7 @@ from agl_train.step import read_succeeded  # noqa: E402
 from agl_train.verl_batch import to_data_proto  # noqa: E402
 
 LIMITS = Limits(max_prompt_length=2048, max_response_length=8192)
-"""agl's default trajectory limits (`agentlightning.trace_aggregator`)."""
+"""agl's default trajectory limits (`agentlightning.trace_aggregator` in agl_train/config.yaml)."""
 
 
 def log(message: str) -> None:
@@ -162,7 +163,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def generated_tokens(turns: int, tokens: int) -> int:
     """The tokens one rollout's calls generate (the workload's answers)."""
     spans = rollout_spans("r", turns, tokens, False, random.Random(0))
-    return sum(len(span.attributes["agl.choices"][0]["token_ids"]) for span in spans if span.name == "agl.llm_call")
+    return sum(len(span.attributes[call_span.CHOICES][0]["token_ids"]) for span in spans if span.name == call_span.NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
