@@ -90,13 +90,14 @@ def _parser() -> tuple[argparse.ArgumentParser, Any]:
     return parser, subparsers
 
 
-def build_parser(group: str | None = None) -> argparse.ArgumentParser:
-    """The `agl` parser with the store commands and the plug-in `group`, or every plug-in when None.
+def build_parser(group: str | None = None, plugins: dict[str, EntryPoint] | None = None) -> argparse.ArgumentParser:
+    """The `agl` parser with the store commands and the plug-in `group`, or every plug-in when None;
+    `plugins` as `_plugins()` found them (found here when None).
 
     Raises CommandGroupError when a plug-in it loads fails to import.
     """
     parser, subparsers = _parser()
-    for name, entry in _plugins().items():
+    for name, entry in (_plugins() if plugins is None else plugins).items():
         if group is None or name == group:
             load_command_group(entry)(subparsers)
     return parser
@@ -119,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _listing_parser(plugins).parse_args(argv)  # prints help or a usage error and exits
         return 2
     try:
-        parser = build_parser(group)
+        parser = build_parser(group, plugins)
     except CommandGroupError as exc:
         print(exc, file=sys.stderr)
         return 2
