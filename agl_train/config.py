@@ -80,13 +80,11 @@ def settings_from_config(config: Any) -> TrainSettings:
 
 
 def trainer_settings(config: Any) -> tuple[TrainSettings, RunnerSettings]:
-    """Every agl setting of a trainer config, checked: the data path's, the runners', no KL
-    penalty in the reward (agl's trainer does not apply it), and no verl key that agl's loop
-    would not honour (`verl_config.check_verl_config`: critics, GAE, rollout correction, ...).
+    """Every agl setting of a trainer config, checked: the data path's, the runners', and no verl
+    key that agl's loop would not honour (`verl_config.check_verl_config`: critics, GAE, rollout
+    correction, a KL penalty in the reward, ...).
     ValueError names the key to change."""
     settings = settings_from_config(config)
     runner_settings = RunnerSettings.from_config(config)
-    if config["algorithm"].get("use_kl_in_reward", False):
-        raise ValueError("algorithm.use_kl_in_reward is not supported by agl's trainer; use actor.use_kl_loss")
     check_verl_config(config)
     return settings, runner_settings

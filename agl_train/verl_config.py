@@ -40,6 +40,11 @@ class Refused:
 
 REFUSED_KEYS: tuple[Refused, ...] = (
     Refused("critic.enable", (False, None), "agl trains the actor only (no critic, no value estimates)"),
+    Refused(
+        "algorithm.use_kl_in_reward",
+        (False, None),
+        "the advantage is computed before old log-probs; use actor_rollout_ref.actor.use_kl_loss",
+    ),
     Refused("trainer.critic_warmup", (0,), "critic warm-up steps need a critic, which agl does not build"),
     Refused(
         "algorithm.rollout_correction.rollout_is",

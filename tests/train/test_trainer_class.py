@@ -7,6 +7,7 @@ import torch
 
 from agl_train.config import compose_config
 from agl_train.dataset import InMemoryDataset, collate_inputs
+from agl_train.trainer import AglTrainer  # before any verl import: it imports verl with its import warnings silenced
 
 # torchdata's StatefulDataLoader (built by verl's constructor) warns about its own use of a
 # deprecated torch call; that is library noise, not something this test checks.
@@ -17,8 +18,6 @@ TASKS = [{"question": f"q{i}"} for i in range(6)]
 
 def build(tokenizer, overrides):
     from verl.trainer.ppo.ray_trainer import ResourcePoolManager, Role
-
-    from agl_train.trainer import AglTrainer  # first: it imports verl with its import-time warnings silenced
 
     config = compose_config(
         ["data.train_batch_size=2", "data.dataloader_num_workers=0", "trainer.total_epochs=1", *overrides]
