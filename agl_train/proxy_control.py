@@ -155,11 +155,10 @@ async def publish_replicas(
 async def pause_for_update(proxy: ProxyControl) -> dict[str, float]:
     """Pause the proxy and wait until its calls in flight are done: the replicas may sleep and
     take new weights next. New calls get 429 + Retry-After until `proxy.resume()`."""
-    drained = await proxy.pause("weight update", drain=True)
-    state = await proxy.state()
+    paused = await proxy.pause("weight update", drain=True)  # the proxy's state once drained (or timed out)
     return {
-        "rollout/proxy_drained": float(bool(drained.get("drained"))),
-        "rollout/proxy_in_flight_at_update": float(state.get("in_flight", 0)),
+        "rollout/proxy_drained": float(bool(paused.get("drained"))),
+        "rollout/proxy_in_flight_at_update": float(paused.get("in_flight", 0)),
     }
 
 
