@@ -11,6 +11,16 @@ from ..pages import Page, page_total
 T = TypeVar("T")
 
 
+def joined(clauses: list[str], logic: str) -> str:
+    """`(a) AND (b) ...` (or OR, by `logic`); empty for no clauses."""
+    return f" {logic.upper()} ".join(f"({clause})" for clause in clauses)
+
+
+def where_sql(clauses: list[str], logic: str) -> str:
+    """` WHERE (a) AND (b) ...`; empty for no clauses."""
+    return " WHERE " + joined(clauses, logic) if clauses else ""
+
+
 class PagedQuery:
     """A checked, paged SELECT: its rows, and the count of matches before paging."""
 

@@ -21,6 +21,7 @@ import orjson
 
 from ..models import ROLLOUT_STATUSES, Rollout
 from ..pages import Page, page_total
+from .paged import where_sql
 from .schema import (
     ATTEMPT_COLUMNS,
     LATEST_ATTEMPT_JOIN,
@@ -85,7 +86,7 @@ def rollout_page_query(
     if statuses is not None:
         all_clauses.insert(0, "r.status IN (SELECT value FROM json_each(?))")
         all_params.insert(0, orjson.dumps(statuses))
-    where = (" WHERE " + f" {logic.upper()} ".join(f"({c})" for c in all_clauses)) if all_clauses else ""
+    where = where_sql(all_clauses, logic)
     order = f" ORDER BY r.rowid {direction}"
     if sort_by is not None:
         order = f" ORDER BY r.{sort_by} {direction}, r.rowid {direction}"

@@ -10,7 +10,7 @@ import orjson
 from ..queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
 from ..transitions import check_rollout_mode, check_rollout_status, check_worker_status
 from .checks import as_list, check_logic, check_number, check_paging, check_sort
-from .paged import PagedQuery
+from .paged import PagedQuery, joined, where_sql
 from .rollout_pages import RolloutPageQuery, rollout_page_query
 from .schema import ATTEMPT_COLUMNS, RESOURCES_COLUMNS, SPAN_COLUMNS, WORKER_COLUMNS
 
@@ -42,9 +42,7 @@ class Where:
         self.params.append(param)
 
     def sql(self, logic: str) -> str:
-        if not self.clauses:
-            return ""
-        return " WHERE " + f" {logic.upper()} ".join(f"({clause})" for clause in self.clauses)
+        return where_sql(self.clauses, logic)
 
 
 def select_rollouts(query: RolloutQuery) -> RolloutPageQuery:
@@ -103,13 +101,13 @@ def select_spans(query: SpanQuery) -> PagedQuery:
             where.add(f"{column} = ?", exact)
         if contains is not None:
             where.add(f"instr({column}, ?) > 0", contains)
-    optional = where.sql(check_logic(query.filter_logic))
+    optional = joined(where.clauses, check_logic(query.filter_logic))
     attempt_id = query.attempt_id
     must = " WHERE rollout_id = ?" + (" AND attempt_id = ?" if attempt_id is not None else "")
     return paged(
         select=f"SELECT {SPAN_COLUMNS} FROM spans",
         count="SELECT count(*) FROM spans",
-        where=must + (" AND (" + optional[len(" WHERE ") :] + ")" if optional else ""),
+        where=must + (f" AND ({optional})" if optional else ""),
         params=[query.rollout_id, *([attempt_id] if attempt_id is not None else []), *where.params],
         order=order_by(None, query.sort_by, SpanQuery.sort_fields, query.sort_order, default="pk"),
         limit=query.limit,
