@@ -49,19 +49,13 @@ def mark_worker_idle(txn: Txn, worker_id: str) -> None:
 
 
 def heartbeat_worker(txn: Txn, worker_id: str, stats: Any) -> Worker:
-    if stats is UNSET:
-        txn.conn.execute(
-            "INSERT INTO workers (worker_id, status, last_heartbeat_time) VALUES (?, 'unknown', ?) "
-            "ON CONFLICT (worker_id) DO UPDATE SET last_heartbeat_time = excluded.last_heartbeat_time",
-            (worker_id, txn.now),
-        )
-    else:
-        txn.conn.execute(
-            "INSERT INTO workers (worker_id, status, last_heartbeat_time, heartbeat_stats) VALUES (?, 'unknown', ?, ?) "
-            "ON CONFLICT (worker_id) DO UPDATE SET last_heartbeat_time = excluded.last_heartbeat_time, "
-            "heartbeat_stats = excluded.heartbeat_stats",
-            (worker_id, txn.now, stats),
-        )
+    """`stats`: the encoded heartbeat stats (bytes, `b"null"` for None), or UNSET to keep the stored ones."""
+    txn.conn.execute(
+        "INSERT INTO workers (worker_id, status, last_heartbeat_time, heartbeat_stats) VALUES (?, 'unknown', ?, ?) "
+        "ON CONFLICT (worker_id) DO UPDATE SET last_heartbeat_time = excluded.last_heartbeat_time, "
+        "heartbeat_stats = coalesce(excluded.heartbeat_stats, heartbeat_stats)",
+        (worker_id, txn.now, None if stats is UNSET else stats),
+    )
     worker = get_worker(txn.conn, worker_id)
     assert worker is not None
     return worker
