@@ -205,41 +205,40 @@ async def run_load(
 
 
 @contextlib.contextmanager
-def agl_target(backend_url: str, model: str, workdir: Path, ready: dict[str, float]) -> Iterator[Target]:
+def agl_proxy(
+    backend_url: str, model: str, db: Path, log: Path
+) -> Iterator[tuple[str, subprocess.Popen[bytes], float]]:
+    """`agl proxy serve` with its embedded store in `db`: (url, process, seconds until it answered /health)."""
     port = free_port()
-    log = workdir / "agl-proxy.log"
     agl = str(Path(sys.executable).parent / "agl")
-    cmd = [
-        agl,
-        "proxy",
-        "serve",
-        "--backend",
-        backend_url,
-        "--model",
-        model,
-        "--db",
-        str(workdir / "agl.db"),
-        "--port",
-        str(port),
-    ]
+    cmd = [agl, "proxy", "serve", "--backend", backend_url, "--model", model, "--db", str(db), "--port", str(port)]
     with process(cmd, log) as proc:
         url = f"http://127.0.0.1:{port}"
-        ready["agl"] = wait_ready(url + "/health", proc, log)
-        rollout = asyncio.run(_agl_rollout(url))
+        yield url, proc, wait_ready(url + "/health", proc, log)
+
+
+@contextlib.contextmanager
+def agl_target(backend_url: str, model: str, workdir: Path, ready: dict[str, float]) -> Iterator[Target]:
+    with agl_proxy(backend_url, model, workdir / "agl.db", workdir / "agl-proxy.log") as (url, proc, ready_s):
+        ready["agl"] = ready_s
+        [(rollout_id, attempt_id)] = asyncio.run(_agl_rollouts(url, 1))
         yield Target(
-            "agl",
-            f"{url}/rollout/{rollout[0]}/attempt/{rollout[1]}/v1",
-            [proc.pid],
-            "embedded SQLite store, spans exported",
+            "agl", rollout_base_url(url, rollout_id, attempt_id), [proc.pid], "embedded SQLite store, spans exported"
         )
 
 
-async def _agl_rollout(url: str) -> tuple[str, str]:
+def rollout_base_url(url: str, rollout_id: str, attempt_id: str) -> str:
+    """The OpenAI base URL an agent of this rollout attempt is given."""
+    return f"{url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+
+
+async def _agl_rollouts(url: str, n: int) -> list[tuple[str, str]]:
+    """(rollout id, attempt id) of `n` rollouts started through the proxy's store."""
     from agl_store.client import LightningStoreClient
 
     async with LightningStoreClient(url) as store:
-        rollout = await store.start_rollout(input={"bench": True})
-        return rollout.rollout_id, rollout.attempt.attempt_id
+        rollouts = [await store.start_rollout(input={"bench": True}) for _ in range(n)]
+        return [(rollout.rollout_id, rollout.attempt.attempt_id) for rollout in rollouts]
 
 
 @contextlib.contextmanager
@@ -268,7 +267,7 @@ def al03_target(backend_url: str, model: str, workdir: Path) -> Iterator[Target]
                 raise RuntimeError(f"agent-lightning 0.3 proxy did not start: {text[-1500:]}")
             time.sleep(0.2)
         ids = json.loads(line)
-        base = f"http://127.0.0.1:{port}/rollout/{ids['rollout_id']}/attempt/{ids['attempt_id']}/v1"
+        base = rollout_base_url(f"http://127.0.0.1:{port}", ids["rollout_id"], ids["attempt_id"])
         yield Target("al-0.3", base, [proc.pid], "agent-lightning 0.3 LLMProxy + in-memory store")
 
 
@@ -296,16 +295,10 @@ def litellm_target(backend_url: str, model: str, workdir: Path) -> Iterator[Targ
 
 def sustained_agl(backend_url: str, workdir: Path, seconds: float) -> SustainedResult:
     """`agl proxy serve` under sustained load, stopped with SIGTERM, its spans counted against the calls."""
-    port = free_port()
     db = workdir / "sustained.db"
-    log = workdir / "agl-sustained.log"
-    agl = str(Path(sys.executable).parent / "agl")
-    cmd = [agl, "proxy", "serve", "--backend", backend_url, "--model", MODEL, "--db", str(db), "--port", str(port)]
-    url = f"http://127.0.0.1:{port}"
-    with process(cmd, log) as proc:
-        wait_ready(url + "/health", proc, log)
-        rollouts = [asyncio.run(_agl_rollout(url)) for _ in range(SUSTAINED_CLIENTS)]
-        bases = [f"{url}/rollout/{rid}/attempt/{aid}/v1" for rid, aid in rollouts]
+    with agl_proxy(backend_url, MODEL, db, workdir / "agl-sustained.log") as (url, proc, _):
+        rollouts = asyncio.run(_agl_rollouts(url, SUSTAINED_CLIENTS))
+        bases = [rollout_base_url(url, rid, aid) for rid, aid in rollouts]
         ids = [rid for rid, _ in rollouts]
         result = await_(run_sustained("agl", bases, ids, url + "/metrics", seconds, MODEL))
         proc.terminate()  # SIGTERM: the graceful stop must flush every span
