@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from ..models import LATEST_ATTEMPT
 from ..queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
 from ..transitions import check_rollout_mode, check_rollout_status, check_worker_status
 from .checks import as_list, check_logic, check_number, check_paging, check_sort
@@ -103,12 +104,18 @@ def select_spans(query: SpanQuery) -> PagedQuery:
             where.add(f"instr({column}, ?) > 0", contains)
     optional = joined(where.clauses, check_logic(query.filter_logic))
     attempt_id = query.attempt_id
-    must = " WHERE rollout_id = ?" + (" AND attempt_id = ?" if attempt_id is not None else "")
+    must, must_params = " WHERE rollout_id = ?", [query.rollout_id]
+    if attempt_id == LATEST_ATTEMPT:  # none for a rollout without attempts, or an unknown one
+        must += " AND attempt_id = (SELECT latest_attempt_id FROM rollouts WHERE rollout_id = ?)"
+        must_params.append(query.rollout_id)
+    elif attempt_id is not None:
+        must += " AND attempt_id = ?"
+        must_params.append(attempt_id)
     return paged(
         select=f"SELECT {SPAN_COLUMNS} FROM spans",
         count="SELECT count(*) FROM spans",
         where=must + (f" AND ({optional})" if optional else ""),
-        params=[query.rollout_id, *([attempt_id] if attempt_id is not None else []), *where.params],
+        params=[*must_params, *where.params],
         order=order_by(None, query.sort_by, SpanQuery.sort_fields, query.sort_order, default="pk"),
         limit=query.limit,
         offset=query.offset,

@@ -5,15 +5,13 @@ each span gives its attempt.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
 from ..bounds import MAX_INTEGER
 from ..errors import ConflictError, NotFoundError
 from ..models import LATEST_ATTEMPT, Span
-from ..pages import Page
 from .attempts import resolve_attempt_id
-from .paged import PagedQuery, run_paged
 from .rollouts import move_rollout, rollout_columns
 from .schema import SPAN_COLUMNS
 from .transactions import Txn, fetchone
@@ -33,18 +31,6 @@ class EncodedSpan:
     def __init__(self, span: Span, row: tuple[Any, ...]) -> None:
         self.span = span
         self.row = row
-
-
-def read_span_page(
-    conn: sqlite3.Connection, query: PagedQuery, latest: bool, decode: Callable[[Sequence[Any]], T]
-) -> Page[T]:
-    """The matching spans, each row through `decode` (`span_from_row`, or the server's row-to-JSON one)."""
-    if latest:
-        row = fetchone(conn, "SELECT latest_attempt_id FROM rollouts WHERE rollout_id = ?", (query.params[0],))
-        if row is None or row[0] is None:
-            return Page([], 0)
-        query.params[1] = row[0]
-    return run_paged(conn, query, decode)
 
 
 def _attempt_states(txn: Txn, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str, bool]]:

@@ -36,7 +36,6 @@ from ..base import UNSET, LightningStore
 from ..bounds import check_integer
 from ..errors import InvalidInputError, StoreClosedError
 from ..models import (
-    LATEST_ATTEMPT,
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
     AttemptedRollout,
@@ -85,7 +84,7 @@ from .schema import (
     worker_from_row,
 )
 from .select import select_attempts, select_resources, select_rollouts, select_spans, select_workers
-from .spans import add_spans, issue_sequence_ids, read_span_page
+from .spans import add_spans, issue_sequence_ids
 from .threads import ConnectionThread, ReaderPool
 from .writer import WriteBatcher, store_error
 
@@ -465,7 +464,7 @@ class SQLiteStore(LightningStore):
     async def find_span_rows(self, query: SpanQuery, decode: Callable[[Sequence[Any]], T]) -> Page[T]:
         """`find_spans` with each stored row (`SPAN_COLUMNS`) through `decode` instead of into a
         Span: the HTTP server writes rows straight to JSON (`span_wire`)."""
-        return await self._call(read_span_page, select_spans(query), query.attempt_id == LATEST_ATTEMPT, decode)
+        return await self._call(run_paged, select_spans(query), decode)
 
     # --- resources -------------------------------------------------------------------------
 
