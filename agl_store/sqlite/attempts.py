@@ -7,14 +7,12 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-import orjson
-
 from ..base import UNSET
 from ..errors import NotFoundError
 from ..models import LATEST_ATTEMPT, TERMINAL_ROLLOUT_STATUSES, Attempt, RolloutConfig, new_id
 from ..transitions import ATTEMPT_END_STATUSES, check_attempt_move, rollout_status_from_attempt
 from .rollouts import move_rollout, rollout_columns
-from .schema import ATTEMPT_COLUMNS, attempt_from_row
+from .schema import ATTEMPT_COLUMNS, attempt_from_row, config_from_column
 from .transactions import Txn, fetchone
 from .workers import sync_worker
 
@@ -94,9 +92,7 @@ def update_attempt(txn: Txn, rollout_id: str, attempt_id: str, changes: AttemptC
     attempt = _get_attempt(txn.conn, rollout_id, attempt_id)
     if attempt is None:
         raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
-    return change_attempt(
-        txn, attempt, rollout_status, RolloutConfig.model_validate(orjson.loads(config)), latest_id, changes
-    )
+    return change_attempt(txn, attempt, rollout_status, config_from_column(config), latest_id, changes)
 
 
 def change_attempt(

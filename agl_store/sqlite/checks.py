@@ -104,12 +104,7 @@ def new_rollout(input: Any, mode: Any, resources_id: str | None, config: Any, me
         config=RolloutConfig() if config is None else check_config(config).model_copy(deep=True),
         metadata=dict(check_metadata(metadata) or {}),
     )
-    return NewRollout(
-        rollout,
-        dumps(rollout.input, "input"),
-        orjson.dumps(rollout.config.model_dump()),
-        dumps(rollout.metadata, "metadata"),
-    )
+    return NewRollout(rollout, dumps(rollout.input, "input"), dumps(rollout.metadata, "metadata"))
 
 
 def encode_span(span: Any, index: int, packed: bytes | None = None) -> EncodedSpan:

@@ -11,7 +11,7 @@ from ..models import Attempt, AttemptedRollout, Rollout
 from .attempts import insert_attempt, new_attempt
 from .resources import latest_resources_id
 from .rollouts import move_rollout, require_rollout, rollout_columns
-from .schema import ROLLOUT_SELECT, rollout_from_row
+from .schema import ROLLOUT_SELECT, config_columns, rollout_from_row
 from .transactions import Txn, next_counter
 from .workers import mark_worker_idle, sync_worker
 
@@ -19,16 +19,16 @@ from .workers import mark_worker_idle, sync_worker
 class NewRollout:
     """A validated rollout about to be inserted, with its JSON columns encoded."""
 
-    __slots__ = ("rollout", "row_input", "row_config", "row_metadata")
+    __slots__ = ("rollout", "row_input", "row_metadata", "config_columns")
 
-    def __init__(self, rollout: Rollout, row_input: bytes, row_config: bytes, row_metadata: bytes) -> None:
+    def __init__(self, rollout: Rollout, row_input: bytes, row_metadata: bytes) -> None:
         self.rollout = rollout
-        self.row_input, self.row_config, self.row_metadata = row_input, row_config, row_metadata
+        self.row_input, self.row_metadata = row_input, row_metadata
+        self.config_columns = config_columns(rollout.config)
 
 
 def _insert_rollout(txn: Txn, new: NewRollout, status: str, queue_seq: int | None, attempt: Attempt | None) -> None:
-    rollout = new.rollout
-    config = rollout.config
+    rollout, config = new.rollout, new.config_columns
     txn.conn.execute(
         "INSERT INTO rollouts (rollout_id, input, start_time, mode, resources_id, status, config, metadata, "
         "queue_seq, attempt_count, latest_attempt_id, timeout_seconds, unresponsive_seconds) "
@@ -40,13 +40,13 @@ def _insert_rollout(txn: Txn, new: NewRollout, status: str, queue_seq: int | Non
             rollout.mode,
             rollout.resources_id,
             status,
-            new.row_config,
+            config["config"],
             new.row_metadata,
             queue_seq,
             0 if attempt is None else attempt.sequence_id,
             None if attempt is None else attempt.attempt_id,
-            config.timeout_seconds,
-            config.unresponsive_seconds,
+            config["timeout_seconds"],
+            config["unresponsive_seconds"],
         ),
     )
 

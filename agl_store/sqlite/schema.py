@@ -262,6 +262,19 @@ def _loads(value: bytes | str | None) -> Any:
     return None if value is None else orjson.loads(value)
 
 
+def config_columns(config: RolloutConfig) -> dict[str, Any]:
+    """The rollouts columns a config fills: its JSON, and the two timeouts the watchdog's SQL reads."""
+    return {
+        "config": orjson.dumps(config.model_dump()),
+        "timeout_seconds": config.timeout_seconds,
+        "unresponsive_seconds": config.unresponsive_seconds,
+    }
+
+
+def config_from_column(value: bytes | str) -> RolloutConfig:
+    return RolloutConfig.model_validate(orjson.loads(value))
+
+
 def attempt_from_row(row: Sequence[Any]) -> Attempt:
     return Attempt(
         rollout_id=row[0],
@@ -286,7 +299,7 @@ def rollout_from_row(row: Sequence[Any]) -> Rollout:
         mode=row[4],
         resources_id=row[5],
         status=row[6],
-        config=RolloutConfig.model_validate(_loads(row[7])),
+        config=config_from_column(row[7]),
         metadata=_loads(row[8]),
     )
     if len(row) > 9 and row[9] is not None:

@@ -30,8 +30,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import orjson
-
 from ..base import UNSET, LightningStore
 from ..bounds import check_integer
 from ..errors import InvalidInputError, StoreClosedError
@@ -77,6 +75,7 @@ from .rollouts import get_rollout, get_rollouts, rollout_statuses
 from .schema import (
     apply_migrations,
     attempt_from_row,
+    config_columns,
     configure_connection,
     configure_reader,
     resources_from_row,
@@ -345,10 +344,7 @@ class SQLiteStore(LightningStore):
         if resources_id is not UNSET:
             columns["resources_id"] = resources_id
         if config is not UNSET:
-            checked = check_config(config)
-            columns["config"] = orjson.dumps(checked.model_dump())
-            columns["timeout_seconds"] = checked.timeout_seconds
-            columns["unresponsive_seconds"] = checked.unresponsive_seconds
+            columns.update(config_columns(check_config(config)))
         if metadata is not UNSET:
             columns["metadata"] = dumps(check_metadata(metadata), "metadata")
         if status is not UNSET:
