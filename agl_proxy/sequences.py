@@ -74,7 +74,7 @@ class SequenceReserver:
             await self._issue(group)
 
     async def close(self) -> None:
-        """Wait for the request in flight; reservations made after this are not sent."""
+        """Wait until the reservations made so far are sent (a later `reserve()` starts sending again)."""
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None

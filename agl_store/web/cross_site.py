@@ -34,10 +34,6 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
 NOSNIFF = (b"x-content-type-options", b"nosniff")
 
 
-def render_store_error(code: str, message: str) -> bytes:
-    return error_body(code, message)
-
-
 def is_loopback(host: str) -> bool:
     """True for `localhost`, `127.x.y.z` and `::1` (brackets and a port allowed: `[::1]:80`)."""
     if host.startswith("["):
@@ -85,7 +81,7 @@ class CrossSiteGuard:
         keyless: bool,
         loopback: bool,
         media_types: Mapping[str, Collection[str] | None] | None = None,
-        render: Renderer = render_store_error,
+        render: Renderer = error_body,
     ) -> None:
         self.app = app
         self.check_origin = keyless
