@@ -106,8 +106,9 @@ class LLMCallEndpoint:
         state = self.state
         # Backpressure: a call is admitted only while the store keeps up with the spans of
         # earlier ones, so no answered call's span ever has to be given up.
-        if not await state.exporter.wait_for_room(state.backpressure_wait_s):
-            await send_error(send, SpanBacklogError.for_backlog(state.exporter.buffered, state.backpressure_wait_s))
+        exporter = state.exporter
+        if not await exporter.wait_for_room():
+            await send_error(send, SpanBacklogError.for_backlog(exporter.buffered, exporter.backpressure_wait_s))
             return
         gate = state.gate
         try:

@@ -3,7 +3,7 @@
 The agent's call does not wait for its span: a finished call is queued here and written
 later with `add_many_spans`, in batches. When the store is slow or down, spans wait and
 the batch is retried with capped backoff. No span of an answered call is given up for
-lack of room: once `max_buffer` spans wait, new calls wait for room (`wait_for_room`) and
+lack of room: once `max_buffer` spans wait, new calls wait for room (`wait_for_room`, up to `backpressure_wait_s`) and
 are refused with a 503 if none comes, so the backlog, and with it what a SIGKILL can
 lose, stays about `max_buffer`. Only a span the store rejects (an attempt it does not
 know) is left out, counted as rejected.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections import deque
 
@@ -59,13 +60,17 @@ class SpanExporter:
         store: LightningStore | None,
         *,
         max_buffer: int = DEFAULT_MAX_BUFFER,
+        backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S,
         batch_size: int = DEFAULT_BATCH_SIZE,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
     ) -> None:
         if max_buffer < 1:
             raise ValueError(f"max_buffer must be >= 1, got {max_buffer}")
+        if not math.isfinite(backpressure_wait_s) or backpressure_wait_s < 0:
+            raise ValueError(f"backpressure_wait_s must be a finite number >= 0, got {backpressure_wait_s!r}")
         self.store = store
         self.max_buffer = max_buffer
+        self.backpressure_wait_s = backpressure_wait_s
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.exported = 0
@@ -92,9 +97,9 @@ class SpanExporter:
             return None
         return self._sequences.reserve(rollout_id, attempt_id)
 
-    async def wait_for_room(self, timeout: float) -> bool:
-        """True at once while fewer than `max_buffer` spans wait; else waits up to `timeout`
-        seconds for the backlog to shrink, False if it did not (the caller refuses the call).
+    async def wait_for_room(self) -> bool:
+        """True at once while fewer than `max_buffer` spans wait; else waits up to `backpressure_wait_s`
+        for the backlog to shrink, False if it did not (the caller refuses the call).
 
         Calls already admitted always queue their span, so the backlog can pass `max_buffer`
         by the calls in flight when it filled: the bound is soft, nothing is ever dropped.
@@ -103,7 +108,7 @@ class SpanExporter:
             return True
         self.waited_calls += 1
         try:
-            await asyncio.wait_for(self._room.wait(), timeout)
+            await asyncio.wait_for(self._room.wait(), self.backpressure_wait_s)
         except TimeoutError:
             self.refused_calls += 1
             return False

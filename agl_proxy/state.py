@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,10 +48,7 @@ class ProxyState:
         self.sampling = SamplingPolicy(sampling_overrides, sampling_by_mode, store)
         self.options = RequestOptions(logprobs=logprobs, sampling_overrides=self.sampling.overrides)
         self.balancer = Balancer(cooldown_s=cooldown_s)
-        if not math.isfinite(backpressure_wait_s) or backpressure_wait_s < 0:
-            raise ValueError(f"backpressure_wait_s must be a finite number >= 0, got {backpressure_wait_s!r}")
-        self.exporter = SpanExporter(store, max_buffer=max_span_buffer)
-        self.backpressure_wait_s = backpressure_wait_s
+        self.exporter = SpanExporter(store, max_buffer=max_span_buffer, backpressure_wait_s=backpressure_wait_s)
         self.metrics = ProxyMetrics()
         self.gate = PauseGate()
         self.client: httpx.AsyncClient | None = None
