@@ -204,11 +204,12 @@ def use_cpu() -> None:
     if registered is not CpuEngine:
         EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(CpuEngine)
     if not torch.distributed.is_initialized():
-        port = _free_port()
         # verl's Worker reads the torchrun variables; a one-process group needs them to say rank 0 of 1.
         for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
+                            "MASTER_ADDR": "127.0.0.1"}.items():  # fmt: skip
             os.environ.setdefault(name, value)
+        if "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_PORT"] = str(_free_port())
         torch.distributed.init_process_group(
             "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}"
         )
@@ -303,7 +304,7 @@ class DiskWeightSync:
         self.replicas = replicas
         self.weights_dir = Path(weights_dir)
         self.timeout_s = timeout_s
-        self.synced_steps: list[int] = []
+        self.synced_step: int | None = None
 
     def sleep_replicas(self) -> None:
         """Nothing to free on the CPU: the replicas keep serving until the proxy is paused."""
@@ -328,10 +329,9 @@ class DiskWeightSync:
                 )
                 _raise_for(answer, root, "reload_weights")
                 _raise_for(http.post(root + "/reset_prefix_cache"), root, "reset_prefix_cache")
-        for older in self.synced_steps:
-            if older != global_steps:
-                shutil.rmtree(self.weights_dir / f"step_{older}", ignore_errors=True)
-        self.synced_steps = [global_steps]
+        if self.synced_step is not None and self.synced_step != global_steps:
+            shutil.rmtree(self.weights_dir / f"step_{self.synced_step}", ignore_errors=True)
+        self.synced_step = global_steps
         logger.info("weights of step %d loaded by %d vLLM replica(s)", global_steps, len(self.replicas.get_replicas()))
         return {}
 
