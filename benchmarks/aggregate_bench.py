@@ -110,6 +110,16 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
+async def write_rollout(store: Any, spans: Sequence[Span], input: Any) -> tuple[str, str]:
+    """Start a rollout and store `spans` under its attempt (numbered by the store); (rollout id, attempt id)."""
+    rollout = await store.start_rollout(input=input)
+    rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+    await store.add_many_spans(
+        [s.model_copy(update={"rollout_id": rid, "attempt_id": aid, "sequence_id": None}) for s in spans]
+    )
+    return rid, aid
+
+
 async def store_read(all_spans: Sequence[list[Span]], repeats: int) -> float:
     from agl_store.sqlite import SQLiteStore
 
@@ -118,11 +128,7 @@ async def store_read(all_spans: Sequence[list[Span]], repeats: int) -> float:
     try:
         ids = []
         for spans in all_spans:
-            rollout = await store.start_rollout(input={})
-            rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
-            await store.add_many_spans(
-                [s.model_copy(update={"rollout_id": rid, "attempt_id": aid, "sequence_id": None}) for s in spans]
-            )
+            rid, _ = await write_rollout(store, spans, {})
             ids.append(rid)
         times = []
         for _ in range(repeats):

@@ -48,7 +48,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
 sys.path.insert(0, str(BENCH_DIR))
 
-from aggregate_bench import rollout_spans  # noqa: E402
+from aggregate_bench import rollout_spans, write_rollout  # noqa: E402
 from store_bench import agl_server  # noqa: E402
 
 from agl_store import call_span  # noqa: E402
@@ -72,12 +72,8 @@ async def fill(store: Any, rollouts: int, turns: int, tokens: int) -> list[Group
     rng = random.Random(0)
     groups: list[Group] = []
     for i in range(rollouts):
-        rollout = await store.start_rollout(input={"task": i})
-        rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
-        spans = rollout_spans(rid, turns, tokens, breaks=i % 8 == 0, rng=rng)
-        await store.add_many_spans(
-            [s.model_copy(update={"rollout_id": rid, "attempt_id": aid, "sequence_id": None}) for s in spans]
-        )
+        spans = rollout_spans(f"r{i}", turns, tokens, breaks=i % 8 == 0, rng=rng)
+        rid, aid = await write_rollout(store, spans, {"task": i})
         await store.update_attempt(rid, aid, status="succeeded")
         groups.append(Group(uid=f"g{i}", input={"task": i}, rollout_ids=[rid], outcomes={rid: "succeeded"}))
         if (i + 1) % 100 == 0:
