@@ -23,13 +23,17 @@ Status rules, enforced by the backends:
 
 The `query_*` methods take their filters, sorting and paging as keyword arguments and hand
 them to the backend's `find_*` as one model of `agl_store.queries`, where each query's fields
-are written once.
+are written once. Both return a `Page`: the items plus `total`, the match count before paging.
+
+Features beyond agent-lightning's contract that the HTTP server relies on (`open`,
+`add_packed_spans`, `find_span_rows`) are declared here with a default built on the rest of
+the contract, so every backend has them; a backend overrides one where it can do better.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 from .models import (
     Attempt,
@@ -48,7 +52,11 @@ from .models import (
     Worker,
     WorkerStatus,
 )
+from .packed_attributes import check_packed_batch, fill_packed
+from .pages import Page
 from .queries import AttemptQuery, FilterLogic, ResourcesQuery, RolloutQuery, SortOrder, SpanQuery, WorkerQuery
+
+T = TypeVar("T")
 
 
 class _Unset:
@@ -74,14 +82,19 @@ UNSET: Any = _Unset()
 class LightningStore:
     """Rollouts and their queue, attempts, spans, resources and workers.
 
-    Use as an async context manager, or call `close()` when done. Methods raise
-    `StoreClosedError` after `close()`.
+    Use as an async context manager (which opens it), or call `open()` first and `close()`
+    when done. Methods raise `StoreClosedError` after `close()`.
     """
 
     name: str = "LightningStore"
 
-    async def __aenter__(self) -> LightningStore:
+    async def open(self) -> LightningStore:
+        """Make the store ready (connect, migrate, start background work). Idempotent; a closed
+        store cannot be reopened. The default has nothing to prepare."""
         return self
+
+    async def __aenter__(self) -> LightningStore:
+        return await self.open()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
@@ -198,15 +211,14 @@ class LightningStore:
         sort_order: SortOrder = "asc",
         limit: int = -1,
         offset: int = 0,
-    ) -> Sequence[Rollout]:
+    ) -> Page[Rollout]:
         """Rollouts matching the filters (combined by `filter_logic`), sorted and paged.
 
-        `limit=-1` means no limit. The returned sequence has a `total` attribute with the
-        number of matches before paging.
+        `limit=-1` means no limit. The page's `total` is the number of matches before paging.
         """
         return await self.find_rollouts(RolloutQuery.of_call(locals()))
 
-    async def find_rollouts(self, query: RolloutQuery) -> Sequence[Rollout]:
+    async def find_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
         """`query_rollouts`, its arguments as one model."""
         raise NotImplementedError
 
@@ -218,10 +230,10 @@ class LightningStore:
         sort_order: SortOrder = "asc",
         limit: int = -1,
         offset: int = 0,
-    ) -> Sequence[Attempt]:
+    ) -> Page[Attempt]:
         return await self.find_attempts(rollout_id, AttemptQuery.of_call(locals()))
 
-    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Sequence[Attempt]:
+    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Page[Attempt]:
         """`query_attempts`, its sorting and paging as one model."""
         raise NotImplementedError
 
@@ -249,6 +261,20 @@ class LightningStore:
     async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
         """Store spans in one transaction; returns those stored (duplicates left out)."""
         raise NotImplementedError
+
+    async def add_packed_spans(self, spans: Sequence[Span], packed: Sequence[bytes | None]) -> Sequence[Span]:
+        """`add_many_spans` for spans whose token arrays the client packed already.
+
+        `packed[i]` is span i's blob (`packed_attributes.pack_attributes`) or None; the span's
+        attributes hold `null` where the blob's arrays go. Each blob is checked against its
+        span before anything is stored (InvalidInputError names the bad one). The default
+        unpacks the blobs into the spans and calls `add_many_spans`.
+        """
+        check_packed_batch([span.attributes for span in spans], packed)
+        for span, blob in zip(spans, packed, strict=False):
+            if blob is not None:
+                fill_packed(span.attributes, blob)
+        return await self.add_many_spans(spans) if spans else []
 
     async def add_otel_span(
         self,
@@ -287,13 +313,24 @@ class LightningStore:
         offset: int = 0,
         sort_by: str | None = "sequence_id",
         sort_order: SortOrder = "asc",
-    ) -> Sequence[Span]:
+    ) -> Page[Span]:
         """Spans of a rollout (all attempts, one attempt, or the latest), in sequence order."""
         return await self.find_spans(SpanQuery.of_call(locals()))
 
-    async def find_spans(self, query: SpanQuery) -> Sequence[Span]:
+    async def find_spans(self, query: SpanQuery) -> Page[Span]:
         """`query_spans`, its arguments as one model."""
         raise NotImplementedError
+
+    async def find_span_rows(self, query: SpanQuery, decode: Callable[[Sequence[Any]], T]) -> Page[T]:
+        """`find_spans` with each span as a stored row (SQLite's `SPAN_COLUMNS`) through `decode`
+        instead of a Span: the HTTP server writes rows straight to JSON (`span_wire`).
+
+        The default makes the rows from `find_spans`; a store that keeps rows hands them over.
+        """
+        from .sqlite.schema import span_to_row  # the row layout is SQLite's; sqlite imports this module
+
+        page = await self.find_spans(query)
+        return Page([decode(span_to_row(span, span.sequence_id)) for span in page], page.total)
 
     # --- resources ----------------------------------------------------------------------
 
@@ -321,10 +358,10 @@ class LightningStore:
         sort_order: SortOrder = "asc",
         limit: int = -1,
         offset: int = 0,
-    ) -> Sequence[ResourcesUpdate]:
+    ) -> Page[ResourcesUpdate]:
         return await self.find_resources(ResourcesQuery.of_call(locals()))
 
-    async def find_resources(self, query: ResourcesQuery) -> Sequence[ResourcesUpdate]:
+    async def find_resources(self, query: ResourcesQuery) -> Page[ResourcesUpdate]:
         """`query_resources`, its arguments as one model."""
         raise NotImplementedError
 
@@ -344,10 +381,10 @@ class LightningStore:
         sort_order: SortOrder = "asc",
         limit: int = -1,
         offset: int = 0,
-    ) -> Sequence[Worker]:
+    ) -> Page[Worker]:
         return await self.find_workers(WorkerQuery.of_call(locals()))
 
-    async def find_workers(self, query: WorkerQuery) -> Sequence[Worker]:
+    async def find_workers(self, query: WorkerQuery) -> Page[Worker]:
         """`query_workers`, its arguments as one model."""
         raise NotImplementedError
 

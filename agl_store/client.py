@@ -41,6 +41,7 @@ from .models import (
 from .otel import span_from_otel
 from .pages import Page
 from .queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
+from .server.routes import AGL_PREFIX
 from .span_wire import ENCODING_HEADER, PACKED, PACKED_MEDIA_TYPE, packed_batch, spans_from_page
 from .web.http_transport import AiohttpTransport
 
@@ -48,7 +49,6 @@ logger = logging.getLogger("agl_store.client")
 
 T = TypeVar("T")
 
-AGL_PREFIX = "/v1/agl"
 WAIT_POLL_SECONDS = 300.0
 """Longest single long poll; matches the server's cap, longer waits poll again."""
 
@@ -360,10 +360,10 @@ class LightningStoreClient(LightningStore):
         data = await self._json("GET", f"/rollouts/{rollout_id}/attempts/latest")
         return None if data is None else Attempt.model_validate(data)
 
-    async def find_rollouts(self, query: RolloutQuery) -> Sequence[Rollout]:
+    async def find_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
         return await self._page("/rollouts/search", query.request_fields(), _rollout)
 
-    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Sequence[Attempt]:
+    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Page[Attempt]:
         path = f"/rollouts/{rollout_id}/attempts/search"
         return await self._page(path, query.request_fields(), Attempt.model_validate)
 
@@ -445,7 +445,7 @@ class LightningStoreClient(LightningStore):
         body = {"rollout_attempt_ids": [list(pair) for pair in rollout_attempt_ids]}
         return list((await self._json("POST", "/spans/next/many", body=body))["sequence_ids"])
 
-    async def find_spans(self, query: SpanQuery) -> Sequence[Span]:
+    async def find_spans(self, query: SpanQuery) -> Page[Span]:
         body = query.request_fields()
         # Token ids travel packed (see agl_store.span_wire) when the server supports it.
         response = await self._send("POST", AGL_PREFIX + "/spans/search", body=body, headers=_PACKED_SPANS)
@@ -471,7 +471,7 @@ class LightningStoreClient(LightningStore):
         data = await self._json("GET", "/resources/latest")
         return None if data is None else ResourcesUpdate.model_validate(data)
 
-    async def find_resources(self, query: ResourcesQuery) -> Sequence[ResourcesUpdate]:
+    async def find_resources(self, query: ResourcesQuery) -> Page[ResourcesUpdate]:
         # A query string has no null: a filter left at None is left out.
         params = {
             name: value
@@ -488,7 +488,7 @@ class LightningStoreClient(LightningStore):
         body = {} if heartbeat_stats is UNSET else {"heartbeat_stats": heartbeat_stats}
         return Worker.model_validate(await self._json("POST", f"/workers/{worker_id}", body=body))
 
-    async def find_workers(self, query: WorkerQuery) -> Sequence[Worker]:
+    async def find_workers(self, query: WorkerQuery) -> Page[Worker]:
         return await self._page("/workers/search", query.request_fields(), Worker.model_validate)
 
     async def get_worker_by_id(self, worker_id: str) -> Worker | None:

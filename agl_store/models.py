@@ -40,7 +40,6 @@ ROLLOUT_MODES: tuple[RolloutMode, ...] = ("train", "val", "test")
 TERMINAL_ROLLOUT_STATUSES: frozenset[RolloutStatus] = frozenset({"succeeded", "failed", "cancelled"})
 QUEUED_ROLLOUT_STATUSES: frozenset[RolloutStatus] = frozenset({"queuing", "requeuing"})
 ACTIVE_ROLLOUT_STATUSES: frozenset[RolloutStatus] = frozenset({"preparing", "running"})
-TERMINAL_ATTEMPT_STATUSES: frozenset[AttemptStatus] = frozenset({"succeeded", "failed", "unresponsive", "timeout"})
 
 TaskInput = Any
 LATEST_ATTEMPT = "latest"

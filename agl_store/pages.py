@@ -9,11 +9,19 @@ T = TypeVar("T")
 
 
 class Page(list[T]):
-    """One page of a query: a plain list plus `total`, the match count before paging."""
+    """One page of a query: a plain list plus `total`, the match count before paging.
+
+    Every `query_*` and `find_*` method of a LightningStore returns one, whatever the backend.
+    """
+
+    total: int
 
     def __init__(self, items: Sequence[T] = (), total: int | None = None) -> None:
         super().__init__(items)
         self.total = len(self) if total is None else total
+
+    def __repr__(self) -> str:
+        return f"Page({list.__repr__(self)}, total={self.total})"
 
 
 def page_total(rows: int, limit: int, offset: int) -> int | None:

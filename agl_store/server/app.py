@@ -105,11 +105,11 @@ def create_app(
 ) -> Starlette:
     """An ASGI app serving `store` at the agent-lightning 0.3 routes plus agl's additions.
 
-    With `manage_store`, the app opens the store (when it has an `open()`) at startup and
-    closes it at shutdown. `key` turns on bearer-key auth for everything but the health
-    checks. Bodies over `max_body_bytes` are refused with 413. With `pages`, the routes of
-    the `agl.store_pages` entry points (the web view at `/`) are served too; their shells
-    are open without the key, listed in `app.state.open_paths` for apps that mount this one;
+    With `manage_store`, the app opens the store at startup and closes it at shutdown.
+    `key` turns on bearer-key auth for everything but the health checks. Bodies over
+    `max_body_bytes` are refused with 413. With `pages`, the routes of the
+    `agl.store_pages` entry points (the web view at `/`) are served too; their shells are
+    open without the key, listed in `app.state.open_paths` for apps that mount this one;
     each plug-in receives its entry of `page_settings` (ValueError when one refuses them).
     `host` is the address the app is served on: without a key on a loopback address, only
     loopback `Host` names are answered (`agl_store.web.cross_site` has every check against web pages).
@@ -119,9 +119,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         if manage_store:
-            opener = getattr(store, "open", None)
-            if opener is not None:
-                await opener()
+            await store.open()
         logger.info("store server started (%s)", store.name)
         try:
             # The metrics key is namespaced: an app that mounts this one merges this state into its own.

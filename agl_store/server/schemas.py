@@ -14,6 +14,7 @@ from ..base import UNSET
 from ..bounds import check_integer
 from ..errors import InvalidInputError, invalid_sort_by
 from ..models import AttemptStatus, EnqueueRolloutRequest, RolloutConfig, RolloutMode, RolloutStatus, TaskInput
+from ..pages import Page
 from ..queries import Paging
 
 
@@ -96,15 +97,9 @@ def check_page(query: Paging, item_model: type[BaseModel]) -> None:
     check_integer(query.offset, "offset")
 
 
-def page_of(items: Any, query: Paging) -> dict[str, Any]:
+def page_of(page: Page[Any], query: Paging) -> dict[str, Any]:
     """The PaginatedResult wire shape: items, limit, offset, total (matches before paging)."""
-    total = getattr(items, "total", None)
-    return {
-        "items": list(items),
-        "limit": query.limit,
-        "offset": query.offset,
-        "total": len(items) if total is None else total,
-    }
+    return {"items": list(page), "limit": query.limit, "offset": query.offset, "total": page.total}
 
 
 def set_or_unset(body: BaseModel, field: str, *, nullable: bool = True) -> Any:

@@ -378,10 +378,10 @@ class SQLiteStore(LightningStore):
     async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
         return await self._call(attempts.get_latest_attempt, rollout_id)
 
-    async def find_rollouts(self, query: RolloutQuery) -> Sequence[Rollout]:
+    async def find_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
         return await self._call(read_rollout_page, select_rollouts(query))
 
-    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Sequence[Attempt]:
+    async def find_attempts(self, rollout_id: str, query: AttemptQuery) -> Page[Attempt]:
         return await self._call(run_paged, select_attempts(rollout_id, query), attempt_from_row)
 
     async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
@@ -421,13 +421,9 @@ class SQLiteStore(LightningStore):
         return await self._write(add_spans, encoded)
 
     async def add_packed_spans(self, spans: Sequence[Span], packed: Sequence[bytes | None]) -> Sequence[Span]:
-        """`add_many_spans` for spans whose token arrays the client packed already.
-
-        `packed[i]` is span i's blob (`packed_attributes.pack_attributes`) or None; the span's
-        attributes hold `null` where the blob's arrays go. Each blob is checked against
-        its span before anything is stored. Returns the stored spans as sent (token arrays
-        still `null`) with their sequence ids: the HTTP server only reports positions.
-        """
+        """Stores the checked blobs as they came, never unpacking them. Returns the stored
+        spans as sent (token arrays still `null`) with their sequence ids: the HTTP server
+        only reports positions."""
         check_packed_batch([span.attributes for span in spans], packed)
         encoded = [
             encode_span(span, index, blob) for index, (span, blob) in enumerate(zip(spans, packed, strict=False))
@@ -454,12 +450,10 @@ class SQLiteStore(LightningStore):
             return []
         return await self._write(issue_sequence_ids, pairs)
 
-    async def find_spans(self, query: SpanQuery) -> Sequence[Span]:
+    async def find_spans(self, query: SpanQuery) -> Page[Span]:
         return await self.find_span_rows(query, span_from_row)
 
     async def find_span_rows(self, query: SpanQuery, decode: Callable[[Sequence[Any]], T]) -> Page[T]:
-        """`find_spans` with each stored row (`SPAN_COLUMNS`) through `decode` instead of into a
-        Span: the HTTP server writes rows straight to JSON (`span_wire`)."""
         return await self._call(run_paged, select_spans(query), decode)
 
     # --- resources -------------------------------------------------------------------------
@@ -478,7 +472,7 @@ class SQLiteStore(LightningStore):
     async def get_latest_resources(self) -> ResourcesUpdate | None:
         return await self._call(get_resources, None)
 
-    async def find_resources(self, query: ResourcesQuery) -> Sequence[ResourcesUpdate]:
+    async def find_resources(self, query: ResourcesQuery) -> Page[ResourcesUpdate]:
         return await self._call(run_paged, select_resources(query), resources_from_row)
 
     # --- workers ---------------------------------------------------------------------------
@@ -493,7 +487,7 @@ class SQLiteStore(LightningStore):
         )
         return await self._write(workers.heartbeat_worker, worker_id, stats)
 
-    async def find_workers(self, query: WorkerQuery) -> Sequence[Worker]:
+    async def find_workers(self, query: WorkerQuery) -> Page[Worker]:
         return await self._call(run_paged, select_workers(query), worker_from_row)
 
     async def get_worker_by_id(self, worker_id: str) -> Worker | None:

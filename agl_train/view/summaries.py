@@ -162,8 +162,7 @@ async def list_rollouts(
     )
     now = time.time()
     items = [await _summary(store, rollout, now, cache) for rollout in page]
-    total = getattr(page, "total", len(page))
-    return {"items": items, "total": total, "limit": limit, "offset": max(0, query.offset)}
+    return {"items": items, "total": page.total, "limit": limit, "offset": max(0, query.offset)}
 
 
 def span_line(span: Span) -> dict[str, Any]:

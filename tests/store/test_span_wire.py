@@ -11,10 +11,13 @@ from typing import Any
 
 import httpx
 import orjson
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from agl_store.client import LightningStoreClient
 from agl_store.models import Span
 from agl_store.queries import SpanQuery
+from agl_store.server import create_app
 from agl_store.span_wire import (
     ENCODING_HEADER,
     PACKED,
@@ -26,6 +29,7 @@ from agl_store.span_wire import (
     spans_from_page,
 )
 from agl_store.sqlite import SQLiteStore
+from tests.proxy.helpers import serve
 
 from .http_server import start_store_server
 
@@ -84,7 +88,7 @@ async def test_the_client_reads_packed_spans_and_plain_clients_get_json(tmp_path
             span.model_dump(exclude={"sequence_id"}) for span in sent
         ]
         assert [span.sequence_id for span in read] == [1, 2, 3, 4, 5]
-        assert read.total == 5  # type: ignore[attr-defined]
+        assert read.total == 5
 
         # An agent-lightning 0.3 client sends no header and gets plain JSON arrays.
         async with httpx.AsyncClient(base_url=client.url) as http:
@@ -145,13 +149,12 @@ async def test_the_client_falls_back_to_plain_writes_on_a_server_without_packed_
 
         async def old_server(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
             """The real server minus /spans/batch/packed, as a server before it answers."""
-            if scope["type"] == "http":
-                forwarded.append(scope["path"])
-                if scope["path"].endswith("/batch/packed"):
-                    body = b'{"error": {"code": "no_such_route", "message": "Not Found"}}'
-                    await send({"type": "http.response.start", "status": 404, "headers": []})
-                    await send({"type": "http.response.body", "body": body})
-                    return
+            forwarded.append(scope["path"])
+            if scope["path"].endswith("/batch/packed"):
+                body = b'{"error": {"code": "no_such_route", "message": "Not Found"}}'
+                await send({"type": "http.response.start", "status": 404, "headers": []})
+                await send({"type": "http.response.body", "body": body})
+                return
             async with httpx.AsyncClient(base_url=real.url) as http:
                 request = await receive()
                 headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k == b"content-type"]
@@ -163,7 +166,10 @@ async def test_the_client_falls_back_to_plain_writes_on_a_server_without_packed_
 
         rollout = await real.start_rollout(input={"q": 1})
         sent = spans_of(rollout.rollout_id, rollout.attempt.attempt_id)
-        async with LightningStoreClient("http://old", transport=httpx.ASGITransport(app=old_server)) as client:
+        async with (
+            serve(Starlette(routes=[Mount("/", old_server)])) as old_url,
+            LightningStoreClient(old_url) as client,
+        ):
             await client.add_many_spans(sent[:2])
             await client.add_many_spans(sent[2:])
         assert [path.rsplit("/", 2)[-2:] for path in forwarded] == [
@@ -171,4 +177,20 @@ async def test_the_client_falls_back_to_plain_writes_on_a_server_without_packed_
             ["spans", "batch"],
             ["spans", "batch"],
         ]
+        assert [span.attributes for span in await real.query_spans(rollout.rollout_id)] == [s.attributes for s in sent]
+
+
+async def test_a_store_with_only_the_contract_serves_packed_writes_and_row_reads(tmp_path: Path) -> None:
+    """The server relies on `add_packed_spans` and `find_span_rows`; a store without its own
+    (here a client of another server, relayed) serves them through the contract's defaults."""
+    async with start_store_server(tmp_path / "store.db") as real:
+        rollout = await real.start_rollout(input={"q": 1})
+        sent = spans_of(rollout.rollout_id, rollout.attempt.attempt_id)
+        relay = create_app(LightningStoreClient(real.url), pages=False)  # opened and closed by the app
+        async with serve(relay) as relay_url, LightningStoreClient(relay_url) as client:
+            stored = await client.add_many_spans(sent)  # packed by the client, unpacked by the default
+            read = await client.query_spans(rollout.rollout_id, limit=4)
+        assert [span.sequence_id for span in stored] == [1, 2, 3, 4, 5]
+        assert [span.attributes for span in read] == [span.attributes for span in sent[:4]]
+        assert read.total == 5
         assert [span.attributes for span in await real.query_spans(rollout.rollout_id)] == [s.attributes for s in sent]

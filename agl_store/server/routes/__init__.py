@@ -7,6 +7,7 @@ from starlette.routing import BaseRoute
 from . import attempts, queues, resources, rollouts, spans, system, workers
 
 AGL_PREFIX = "/v1/agl"
+"""Where the store's own routes live (agent-lightning 0.3's prefix); the client builds its URLs on it."""
 
 
 def all_routes() -> list[BaseRoute]:

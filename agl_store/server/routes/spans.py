@@ -11,12 +11,11 @@ from starlette.routing import Route
 
 from ...errors import InvalidInputError
 from ...models import LATEST_ATTEMPT, Span
-from ...packed_attributes import check_packed_batch, fill_packed
 from ...queries import SpanQuery
 from ...span_wire import ENCODING_HEADER, PACKED, SPAN_LIST, page_json, read_frame
 from ...web.wire import JSON_MEDIA_TYPE, endpoint, store_of, validate_json, validate_model, validate_query
 from ..metrics import metrics_of
-from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, check_page, page_of
+from ..schemas import ManySequenceIdsBody, NextSequenceIdBody, check_page
 
 
 async def add_span(request: Request) -> Any:
@@ -48,16 +47,7 @@ async def add_packed_spans(request: Request) -> Any:
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
     spans = SPAN_LIST.validate_python(head.get("spans"))
-    store = store_of(request)
-    add_packed = getattr(store, "add_packed_spans", None)
-    if add_packed is not None:  # checks the blobs against the spans itself
-        stored = await add_packed(spans, blobs)
-    else:  # a store that takes only whole spans: unpack here
-        check_packed_batch([span.attributes for span in spans], blobs)
-        for span, blob in zip(spans, blobs, strict=False):
-            if blob is not None:
-                fill_packed(span.attributes, blob)
-        stored = await store.add_many_spans(spans) if spans else []
+    stored = await store_of(request).add_packed_spans(spans, blobs)
     metrics_of(request).spans_ingested(len(stored))
     return {"stored": stored_positions(spans, stored)}
 
@@ -88,13 +78,9 @@ def _same_span(sent: Span, stored: Span) -> bool:
 
 async def _query(request: Request, query: SpanQuery) -> Any:
     check_page(query, Span)
-    store = store_of(request)
-    find_rows = getattr(store, "find_span_rows", None)
-    if find_rows is None:  # a store without stored rows (say, a client of another server)
-        return page_of(await store.find_spans(query), query)
     # Rows go straight to JSON: no Span models, token ids left packed when the client asks.
     packed = request.headers.get(ENCODING_HEADER) == PACKED
-    rows = await find_rows(query, tuple)
+    rows = await store_of(request).find_span_rows(query, tuple)
     body = page_json(rows, packed=packed, limit=query.limit, offset=query.offset, total=rows.total)
     headers = {ENCODING_HEADER: PACKED} if packed else None
     return Response(body, media_type=JSON_MEDIA_TYPE, headers=headers)
