@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib.metadata import entry_points
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute
 
 from ..base import LightningStore
 from ..span_wire import PACKED_MEDIA_TYPE
@@ -21,6 +19,7 @@ from ..web.wire import http_error_response
 from . import otlp
 from .limits import BodySizeLimitMiddleware
 from .metrics import MetricsMiddleware, ServerMetrics
+from .pages import PageSettings, discover_pages
 from .routes import AGL_PREFIX, all_routes
 from .routes.system import HEALTH_PATHS
 
@@ -29,68 +28,12 @@ logger = logging.getLogger("agl_store.server")
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Large enough for a batch of thousands of LLM-call spans with their token ids."""
 
-PAGES_ENTRY_POINT_GROUP = "agl.store_pages"
-"""Entry points that add pages (agl_train's web view) to the store server, so agl_store never
-imports them by name. Each names a callable that receives its settings as one argument, a
-`Mapping[str, str]` (the `--page-setting NAME.KEY=VALUE` options addressed to its entry-point
-NAME, without the prefix; empty when none), and returns an object with `routes` (Starlette
-routes) and `open_paths` (paths served without the bearer key: page shells, never data).
-It raises ValueError for a setting it does not know or cannot use."""
-
-PAGE_SETTING_HELP = (
-    "a setting of a store-pages plug-in, repeatable; the web view takes view.tokenizer=DIR, view.level, "
-    "view.max_prompt_length, view.max_response_length"
-)
-"""The help of the `--page-setting NAME.KEY=VALUE` option of the commands that serve a store."""
-
-PageSettings = Mapping[str, Mapping[str, str]]
-"""Settings of the pages plug-ins: entry-point name -> {setting: value}."""
-
-
 OWN_MEDIA_TYPES = {
     "/v1/traces": None,  # the OTLP route takes protobuf or JSON and refuses the rest itself
     "/v1/logs": None,  # answers 501 to any body
     f"{AGL_PREFIX}/spans/batch/packed": (PACKED_MEDIA_TYPE,),
 }
 """Write routes whose bodies are not JSON (or not only): the types they take instead."""
-
-
-def parse_page_settings(options: Sequence[str]) -> dict[str, dict[str, str]]:
-    """`--page-setting NAME.KEY=VALUE` options as PageSettings; ValueError names a malformed one."""
-    settings: dict[str, dict[str, str]] = {}
-    for option in options:
-        target, equals, value = option.partition("=")
-        name, dot, key = target.partition(".")
-        if not (equals and dot and name and key):
-            raise ValueError(f"--page-setting {option!r}: expected NAME.KEY=VALUE, e.g. view.tokenizer=/models/qwen")
-        settings.setdefault(name, {})[key] = value
-    return settings
-
-
-def discover_pages(settings: PageSettings | None = None) -> tuple[list[BaseRoute], frozenset[str]]:
-    """The routes and keyless paths of every installed `agl.store_pages` entry point.
-
-    A plug-in that fails to import is logged and skipped (the store serves without it); settings
-    addressed to a plug-in that is not installed, or refused by it, raise ValueError.
-    """
-    settings = settings or {}
-    routes: list[BaseRoute] = []
-    open_paths: set[str] = set()
-    found: set[str] = set()
-    for entry in entry_points(group=PAGES_ENTRY_POINT_GROUP):
-        found.add(entry.name)
-        try:
-            make_pages = entry.load()
-        except Exception as exc:
-            logger.warning("store pages %r skipped: %s", entry.name, exc)
-            continue
-        pages = make_pages(dict(settings.get(entry.name, {})))
-        routes += pages.routes
-        open_paths |= set(pages.open_paths)
-    unknown = sorted(set(settings) - found)
-    if unknown:
-        raise ValueError(f"page settings for {unknown}, but the installed store pages are {sorted(found)}")
-    return routes, frozenset(open_paths)
 
 
 def create_app(

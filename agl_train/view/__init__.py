@@ -8,12 +8,11 @@ trainer trains.
 
 from .app import create_view_app
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
-from .store_plugin import StorePages, store_pages, view_settings
+from .store_plugin import store_pages, view_settings
 from .token_view import TokenViewOptions, token_view, token_view_of_trace
 
 __all__ = [
     "OPEN_PATHS",
-    "StorePages",
     "TokenViewOptions",
     "ViewRoutes",
     "ViewSettings",

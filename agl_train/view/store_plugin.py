@@ -1,4 +1,5 @@
-"""The view as a plug-in of the store server: the `agl.store_pages` entry point.
+"""The view as a plug-in of the store server: the `agl.store_pages` entry point
+(`agl_store.server.StorePagesFactory`).
 
 `agl store serve` (and the store embedded in `agl proxy serve`) look up this entry-point
 group, so agl_store serves the view at `/` without importing agl_train by name. The store
@@ -13,23 +14,14 @@ command line (`create_app(..., page_settings={"view": {...}})` in Python):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from starlette.routing import BaseRoute
+from agl_store.server import StorePages, StorePagesFactory
 
 from ..aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
 from .token_view import DEFAULT_LIMITS, TokenViewOptions
 
 SETTINGS = ("tokenizer", "level", "max_prompt_length", "max_response_length")
-
-
-@dataclass(frozen=True)
-class StorePages:
-    """What a store-pages entry point hands the store server: routes, and the paths served without a key."""
-
-    routes: list[BaseRoute]
-    open_paths: frozenset[str]
 
 
 def view_settings(settings: Mapping[str, str]) -> ViewSettings:
@@ -61,3 +53,6 @@ def _length(settings: Mapping[str, str], name: str, default: int) -> int:
 def store_pages(settings: Mapping[str, str]) -> StorePages:
     """The `agl.store_pages` entry point: the view's routes for the store server."""
     return StorePages(routes=ViewRoutes(view_settings(settings)).routes(), open_paths=OPEN_PATHS)
+
+
+_IMPLEMENTS: StorePagesFactory = store_pages  # mypy checks the entry point against the store's spec

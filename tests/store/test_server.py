@@ -496,6 +496,7 @@ def test_a_broken_pages_plugin_is_skipped_not_fatal(
 ) -> None:
     from agl_store.base import LightningStore
     from agl_store.server import app as app_module
+    from agl_store.server import pages as pages_module
 
     class BrokenEntryPoint:
         name = "broken"
@@ -503,10 +504,32 @@ def test_a_broken_pages_plugin_is_skipped_not_fatal(
         def load(self) -> object:
             raise ImportError("No module named 'missing_view'")
 
-    monkeypatch.setattr(app_module, "entry_points", lambda group: [BrokenEntryPoint()])
+    monkeypatch.setattr(pages_module, "entry_points", lambda group: [BrokenEntryPoint()])
     app = app_module.create_app(LightningStore(), key="k")
     assert app.state.open_paths == frozenset({"/health", "/v1/agl/health"})
     assert "store pages 'broken' skipped: No module named 'missing_view'" in caplog.text
+
+
+def test_a_pages_plugin_must_return_the_declared_store_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agl_store.base import LightningStore
+    from agl_store.server import StorePages, create_app
+    from agl_store.server import pages as pages_module
+
+    class EntryPoint:
+        def __init__(self, name: str, pages: object) -> None:
+            self.name, self.pages = name, pages
+
+        def load(self) -> object:
+            return lambda settings: self.pages
+
+    shell = StorePages(routes=[], open_paths=frozenset({"/shell"}))
+    monkeypatch.setattr(pages_module, "entry_points", lambda group: [EntryPoint("good", shell)])
+    assert "/shell" in create_app(LightningStore()).state.open_paths
+
+    untyped = {"routes": [], "open_paths": ["/x"]}
+    monkeypatch.setattr(pages_module, "entry_points", lambda group: [EntryPoint("loose", untyped)])
+    with pytest.raises(TypeError, match="store pages 'loose' returned dict, not StorePages"):
+        create_app(LightningStore())
 
 
 async def test_the_bearer_scheme_is_case_insensitive(server: StoreServerProcess) -> None:
