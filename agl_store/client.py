@@ -1,7 +1,8 @@
 """`LightningStoreClient`: a LightningStore that talks to `agl store serve` over HTTP.
 
-One `httpx.AsyncClient` (one connection pool) per client. Network errors and 5xx answers
-are retried with capped, jittered exponential backoff; 4xx answers are not. Error bodies
+One aiohttp connection pool per client (`AiohttpTransport.fetch`: aiohttp's C-parsed HTTP
+costs about a third of httpx's client CPU per call, `benchmarks/http_client_bench.py`). Network
+errors and 5xx answers are retried with capped, jittered exponential backoff; 4xx answers are not. Error bodies
 (`{"error": {"code", "message"}}`) become the same `agl_store.errors` classes the server
 raised, so code written against an embedded store handles a remote one unchanged.
 """
@@ -49,6 +50,8 @@ logger = logging.getLogger("agl_store.client")
 
 T = TypeVar("T")
 
+MAX_CONNECTIONS = 100
+"""Connections a client keeps to its server at most; more concurrent calls wait for one."""
 WAIT_POLL_SECONDS = 300.0
 """Longest single long poll; matches the server's cap, longer waits poll again."""
 
@@ -105,7 +108,6 @@ class LightningStoreClient(LightningStore):
         retries: int = 3,
         backoff_base: float = 0.1,
         backoff_max: float = 2.0,
-        transport: httpx.AsyncBaseTransport | None = None,
         token_arrays: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
@@ -116,10 +118,7 @@ class LightningStoreClient(LightningStore):
         self._retries = max(0, retries)
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
-        self._transport = transport
-        self._http: httpx.AsyncClient | None = None
-        # Without an injected transport, requests skip httpx (see AiohttpTransport.fetch).
-        self._direct: AiohttpTransport | None = None
+        self._http: AiohttpTransport | None = None
         self._headers: dict[str, str] = {"authorization": f"Bearer {key}"} if key else {}
         self._closed = False
         self._packed_writes = True
@@ -131,7 +130,7 @@ class LightningStoreClient(LightningStore):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled into a runner subprocess: the settings travel, the connection pool does not.
         state = dict(self.__dict__)
-        state.update(_http=None, _direct=None, _closed=False, _transport=None)
+        state.update(_http=None, _closed=False)
         return state
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -141,22 +140,14 @@ class LightningStoreClient(LightningStore):
         if self._closed:
             raise StoreClosedError("this LightningStoreClient was closed; create a new one")
         if self._http is None:
-            if self._transport is None:
-                self._direct = AiohttpTransport(max_connections=100)
-            self._http = httpx.AsyncClient(
-                base_url=self.url,
-                headers=self._headers,
-                timeout=self._timeout,
-                transport=self._transport or self._direct,
-                limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
-            )
+            self._http = AiohttpTransport(max_connections=MAX_CONNECTIONS)
         return self
 
     async def close(self) -> None:
         self._closed = True
         if self._http is not None:
-            http, self._http, self._direct = self._http, None, None
-            await http.aclose()  # closes the direct transport too
+            http, self._http = self._http, None
+            await http.aclose()
 
     async def __aenter__(self) -> LightningStoreClient:
         return await self.open()
@@ -217,27 +208,17 @@ class LightningStoreClient(LightningStore):
         headers: dict[str, str] | None,
         timeout: float | None,
     ) -> Answer:
-        """One request, no retries: straight over aiohttp, or through httpx's injected transport."""
-        if self._direct is not None:
-            status, answer_headers, data = await self._direct.fetch(
-                method,
-                self.url + path,
-                content=content,
-                headers={**self._headers, **headers} if headers else self._headers,
-                params=params,
-                timeout=self._timeout if timeout is None else timeout,
-            )
-            return Answer(status, answer_headers, data)
+        """One request, no retries."""
         assert self._http is not None
-        response = await self._http.request(
+        status, answer_headers, data = await self._http.fetch(
             method,
-            path,
+            self.url + path,
             content=content,
+            headers={**self._headers, **headers} if headers else self._headers,
             params=params,
-            headers=headers,
-            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            timeout=self._timeout if timeout is None else timeout,
         )
-        return Answer(response.status_code, response.headers, response.content)
+        return Answer(status, answer_headers, data)
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = await self._send(method, AGL_PREFIX + path, **kwargs)
