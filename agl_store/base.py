@@ -20,6 +20,10 @@ Status rules, enforced by the backends:
   agent-lightning 0.3: `update_rollout(status="requeuing")` puts it back in the queue and
   `start_attempt` gives it a new attempt; it is then unfinished and follows that attempt.
 - `attempt_id="latest"` names the rollout's latest attempt wherever an attempt id is taken.
+- A create (`start_rollout`, `enqueue_rollout`, each item of `enqueue_many_rollouts`) may carry an
+  `idempotency_key`: one the store has seen returns the rollout that create made, as it is now,
+  instead of creating another, so a retried create is safe. The key names one create, whichever
+  method made it; it is kept with the rollout (until the rollout is deleted).
 
 The `query_*` methods take their filters, sorting and paging as keyword arguments and hand
 them to the backend's `find_*` as one model of `agl_store.queries`, where each query's fields
@@ -116,10 +120,12 @@ class LightningStore:
         config: RolloutConfig | None = None,
         metadata: dict[str, Any] | None = None,
         worker_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> AttemptedRollout:
         """Create a rollout in `preparing` with its first attempt, bypassing the queue.
 
         `resources_id=None` means the latest resources at this moment (None when there are none).
+        A key of a rollout created by an enqueue and never started is a ConflictError.
         """
         raise NotImplementedError
 
@@ -130,6 +136,7 @@ class LightningStore:
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
         metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Rollout:
         """Append a rollout in `queuing` to the tail of the queue; no attempt yet.
 

@@ -4,7 +4,9 @@ One aiohttp connection pool per client (`AiohttpTransport.fetch`: aiohttp's C-pa
 costs about a third of httpx's client CPU per call, `benchmarks/http_client_bench.py`). Network
 errors and 5xx answers are retried with capped, jittered exponential backoff; 4xx answers are not. Error bodies
 (`{"error": {"code", "message"}}`) become the same `agl_store.errors` classes the server
-raised, so code written against an embedded store handles a remote one unchanged.
+raised, so code written against an embedded store handles a remote one unchanged. Creates
+of rollouts carry an idempotency key (the caller's, else a random one), so retrying one whose
+answer was lost returns the rollout it made instead of making another.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -62,6 +65,17 @@ _ATTEMPTED: TypeAdapter[list[AttemptedRollout]] = TypeAdapter(list[AttemptedRoll
 
 def _rollout(data: dict[str, Any]) -> Rollout:
     return AttemptedRollout.model_validate(data) if "attempt" in data else Rollout.model_validate(data)
+
+
+def _create_key() -> str:
+    return secrets.token_hex(16)
+
+
+def _with_create_key(request: EnqueueRolloutRequest | Mapping[str, Any]) -> Any:
+    """The request with an idempotency key: its own, else a new one."""
+    if isinstance(request, EnqueueRolloutRequest):
+        return request if request.idempotency_key else request.model_copy(update={"idempotency_key": _create_key()})
+    return {**request, "idempotency_key": request.get("idempotency_key") or _create_key()}
 
 
 class Answer(NamedTuple):
@@ -249,6 +263,7 @@ class LightningStoreClient(LightningStore):
         config: RolloutConfig | None = None,
         metadata: dict[str, Any] | None = None,
         worker_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> AttemptedRollout:
         body = {
             "input": input,
@@ -257,6 +272,7 @@ class LightningStoreClient(LightningStore):
             "config": config,
             "metadata": metadata,
             "worker_id": worker_id,
+            "idempotency_key": idempotency_key or _create_key(),
         }
         return AttemptedRollout.model_validate(await self._json("POST", "/rollouts", body=body))
 
@@ -267,15 +283,24 @@ class LightningStoreClient(LightningStore):
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
         metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Rollout:
-        one = {"input": input, "mode": mode, "resources_id": resources_id, "config": config, "metadata": metadata}
+        one = {
+            "input": input,
+            "mode": mode,
+            "resources_id": resources_id,
+            "config": config,
+            "metadata": metadata,
+            "idempotency_key": idempotency_key or _create_key(),
+        }
         data = await self._json("POST", "/queues/rollouts/enqueue", body={"rollouts": [one]})
         return Rollout.model_validate(data[0])
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
         if not rollouts:
             return []
-        data = await self._json("POST", "/queues/rollouts/enqueue", body={"rollouts": list(rollouts)})
+        keyed = [_with_create_key(request) for request in rollouts]
+        data = await self._json("POST", "/queues/rollouts/enqueue", body={"rollouts": keyed})
         return _ROLLOUTS.validate_python(data)
 
     async def dequeue_rollout(self, worker_id: str | None = None) -> AttemptedRollout | None:

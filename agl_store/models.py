@@ -111,6 +111,8 @@ class EnqueueRolloutRequest(BaseModel):
     resources_id: str | None = None
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    """agl's addition: makes a retried enqueue safe (see `LightningStore`)."""
 
 
 # --- workers ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ class StartRolloutBody(BaseModel):
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
     worker_id: str | None = None
+    idempotency_key: str | None = None  # agl's addition
 
 
 class WorkerIdBody(BaseModel):

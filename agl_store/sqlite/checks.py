@@ -93,7 +93,28 @@ def check_paging(limit: Any, offset: Any) -> None:
     check_integer(offset, "offset")
 
 
-def new_rollout(input: Any, mode: Any, resources_id: str | None, config: Any, metadata: Any) -> NewRollout:
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+"""Longer than any UUID or hash a caller would use, short enough to index cheaply."""
+
+
+def check_idempotency_key(key: Any, field: str = "idempotency_key") -> str | None:
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_IDEMPOTENCY_KEY_CHARS):
+        raise InvalidInputError(
+            f"{field} must be null or a string of 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters, got {key!r:.60}"
+        )
+    return key
+
+
+def new_rollout(
+    input: Any,
+    mode: Any,
+    resources_id: str | None,
+    config: Any,
+    metadata: Any,
+    idempotency_key: Any = None,
+    key_field: str = "idempotency_key",
+) -> NewRollout:
+    key = check_idempotency_key(idempotency_key, key_field)
     rollout = Rollout(
         rollout_id=new_id("ro"),
         input=input,
@@ -104,7 +125,7 @@ def new_rollout(input: Any, mode: Any, resources_id: str | None, config: Any, me
         config=RolloutConfig() if config is None else check_config(config).model_copy(deep=True),
         metadata=dict(check_metadata(metadata) or {}),
     )
-    return NewRollout(rollout, dumps(rollout.input, "input"), dumps(rollout.metadata, "metadata"))
+    return NewRollout(rollout, dumps(rollout.input, "input"), dumps(rollout.metadata, "metadata"), key)
 
 
 def encode_span(span: Any, index: int, packed: bytes | None = None) -> EncodedSpan:

@@ -6,33 +6,58 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from ..base import UNSET
+from ..errors import ConflictError
 from ..models import Attempt, AttemptedRollout, Rollout
 from .attempts import insert_attempt, new_attempt
 from .resources import latest_resources_id
 from .rollouts import move_rollout, require_rollout, rollout_columns
-from .schema import ROLLOUT_SELECT, config_columns, rollout_from_row
+from .schema import (
+    ATTEMPT_COLUMNS,
+    LATEST_ATTEMPT_JOIN,
+    ROLLOUT_COLUMNS,
+    ROLLOUT_SELECT,
+    config_columns,
+    rollout_from_row,
+)
 from .transactions import Txn, next_counter
 from .workers import mark_worker_idle, sync_worker
 
 
 class NewRollout:
-    """A validated rollout about to be inserted, with its JSON columns encoded."""
+    """A validated rollout about to be inserted, with its JSON columns encoded and the
+    idempotency key of its create (None without one)."""
 
-    __slots__ = ("rollout", "row_input", "row_metadata", "config_columns")
+    __slots__ = ("rollout", "row_input", "row_metadata", "config_columns", "key")
 
-    def __init__(self, rollout: Rollout, row_input: bytes, row_metadata: bytes) -> None:
+    def __init__(self, rollout: Rollout, row_input: bytes, row_metadata: bytes, key: str | None = None) -> None:
         self.rollout = rollout
         self.row_input, self.row_metadata = row_input, row_metadata
         self.config_columns = config_columns(rollout.config)
+        self.key = key
+
+
+def _created(txn: Txn, news: list[NewRollout]) -> dict[str, Rollout]:
+    """The rollouts that earlier creates with these news' keys made, by key (retried creates)."""
+    keys = [new.key for new in news if new.key is not None]
+    if not keys:
+        return {}
+    rows = txn.conn.execute(
+        f"SELECT r.create_key, {ROLLOUT_COLUMNS}, {ATTEMPT_COLUMNS} FROM rollouts r {LATEST_ATTEMPT_JOIN} "
+        "WHERE r.create_key IN (SELECT value FROM json_each(?))",
+        (orjson.dumps(keys),),
+    ).fetchall()
+    return {row[0]: rollout_from_row(row[1:]) for row in rows}
 
 
 def _insert_rollout(txn: Txn, new: NewRollout, status: str, queue_seq: int | None, attempt: Attempt | None) -> None:
     rollout, config = new.rollout, new.config_columns
     txn.conn.execute(
         "INSERT INTO rollouts (rollout_id, input, start_time, mode, resources_id, status, config, metadata, "
-        "queue_seq, attempt_count, latest_attempt_id, timeout_seconds, unresponsive_seconds) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "queue_seq, attempt_count, latest_attempt_id, timeout_seconds, unresponsive_seconds, create_key) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             rollout.rollout_id,
             new.row_input,
@@ -47,11 +72,20 @@ def _insert_rollout(txn: Txn, new: NewRollout, status: str, queue_seq: int | Non
             None if attempt is None else attempt.attempt_id,
             config["timeout_seconds"],
             config["unresponsive_seconds"],
+            new.key,
         ),
     )
 
 
 def start_rollout(txn: Txn, new: NewRollout, worker_id: str | None) -> AttemptedRollout:
+    created = _created(txn, [new])
+    if created:
+        (earlier,) = created.values()
+        if not isinstance(earlier, AttemptedRollout):
+            raise ConflictError(
+                f"idempotency_key {new.key!r} names the enqueue of rollout {earlier.rollout_id}, which has not started"
+            )
+        return earlier
     rollout = new.rollout
     if rollout.resources_id is None:
         rollout.resources_id = latest_resources_id(txn.conn)
@@ -64,13 +98,23 @@ def start_rollout(txn: Txn, new: NewRollout, worker_id: str | None) -> Attempted
 
 
 def enqueue_rollouts(txn: Txn, news: list[NewRollout]) -> list[Rollout]:
-    last = next_counter(txn.conn, "queue", len(news))
+    """Enqueue in order; a news whose key an earlier create used gives that create's rollout
+    instead (so does a later one in the same list with the same key)."""
+    created = _created(txn, news)
+    fresh = [new for new in news if new.key not in created]
+    last = next_counter(txn.conn, "queue", len(fresh)) if fresh else 0
+    positions = iter(range(last - len(fresh) + 1, last + 1))
     latest_id = latest_resources_id(txn.conn)
     out = []
-    for position, new in enumerate(news, start=last - len(news) + 1):
+    for new in news:
+        if new.key is not None and new.key in created:
+            out.append(created[new.key])
+            continue
         if new.rollout.resources_id is None:
             new.rollout.resources_id = latest_id
-        _insert_rollout(txn, new, "queuing", position, None)
+        _insert_rollout(txn, new, "queuing", next(positions), None)
+        if new.key is not None:
+            created[new.key] = new.rollout
         out.append(new.rollout)
     return out
 

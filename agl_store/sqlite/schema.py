@@ -174,6 +174,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ON CONFLICT (name) DO UPDATE SET value = value + 1; END",
         ),
     ),
+    (
+        "0005_rollout_idempotency_keys",
+        (
+            # The idempotency key of the create that made a rollout: a retried create finds
+            # its rollout here instead of making a second one.
+            "ALTER TABLE rollouts ADD COLUMN create_key TEXT",
+            "CREATE UNIQUE INDEX rollouts_by_create_key ON rollouts (create_key) WHERE create_key IS NOT NULL",
+        ),
+    ),
 )
 """Every schema change, oldest first. Append only; never edit a released one."""
 

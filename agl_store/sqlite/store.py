@@ -283,8 +283,9 @@ class SQLiteStore(LightningStore):
         config: RolloutConfig | None = None,
         metadata: dict[str, Any] | None = None,
         worker_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> AttemptedRollout:
-        new = new_rollout(input, mode, resources_id, config, metadata)
+        new = new_rollout(input, mode, resources_id, config, metadata, idempotency_key)
         return await self._write(queue.start_rollout, new, worker_id)
 
     async def enqueue_rollout(
@@ -294,8 +295,9 @@ class SQLiteStore(LightningStore):
         resources_id: str | None = None,
         config: RolloutConfig | None = None,
         metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Rollout:
-        new = new_rollout(input, mode, resources_id, config, metadata)
+        new = new_rollout(input, mode, resources_id, config, metadata, idempotency_key)
         return (await self._write(queue.enqueue_rollouts, [new]))[0]
 
     async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
@@ -304,7 +306,15 @@ class SQLiteStore(LightningStore):
             if isinstance(request, dict):
                 request = validate(EnqueueRolloutRequest, request, f"rollouts[{index}]")
             news.append(
-                new_rollout(request.input, request.mode, request.resources_id, request.config, request.metadata)
+                new_rollout(
+                    request.input,
+                    request.mode,
+                    request.resources_id,
+                    request.config,
+                    request.metadata,
+                    request.idempotency_key,
+                    f"rollouts[{index}].idempotency_key",
+                )
             )
         if not news:
             return []

@@ -2,7 +2,7 @@
 
 The store behaviour itself is covered by the contract suite, which runs over HTTP through
 this client. Here a hand-written ASGI server injects faults (5xx, 4xx, refused connections)
-so retries can be counted.
+so retries can be counted, and a TCP relay loses answers of a real server on their way back.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from agl_store import ConflictError, NotFoundError, StoreClosedError, StoreError
 from agl_store.client import LightningStoreClient
 from agl_store.errors import InvalidInputError
 from agl_store.models import EnqueueRolloutRequest, Span
+from agl_store.server import create_app
+from agl_store.sqlite import SQLiteStore
 
 from .http_server import start_store_server
 
@@ -217,7 +219,7 @@ async def test_add_many_spans_is_one_request_and_returns_sequence_ids(tmp_path: 
         assert [s.sequence_id for s in stored] == sorted(s.sequence_id for s in stored)
         queried = await store.query_spans(attempted.rollout_id, limit=10)
         assert len(queried) == 10
-        assert queried.total == 50  # type: ignore[attr-defined]
+        assert queried.total == 50
 
 
 async def test_wait_for_rollouts_long_polls_until_they_finish(tmp_path: Path) -> None:
@@ -276,3 +278,60 @@ async def test_token_arrays_leave_packed_token_ids_as_int32_arrays(tmp_path: Pat
     assert type(ids) is array and ids.typecode == "i" and ids.tolist() == prompt
     assert read.attributes["agl.choices"][0]["token_ids"] == short  # too short to be packed: a list
     assert plain.attributes == call  # without the option: plain lists, as stored
+
+
+class AnswerLosingRelay:
+    """A TCP relay to a server that, when `lose_next` is set, passes the next request on and
+    then closes the caller's connection as soon as the answer begins: the server has done
+    the work, the caller never hears of it."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.lose_next = False
+        self.lost = 0
+
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+
+        async def requests() -> None:
+            while data := await reader.read(65536):
+                up_writer.write(data)
+                await up_writer.drain()
+
+        forwarding = asyncio.create_task(requests())
+        try:
+            while data := await up_reader.read(65536):
+                if self.lose_next:
+                    self.lose_next, self.lost = False, self.lost + 1
+                    break
+                writer.write(data)
+                await writer.drain()
+        finally:
+            forwarding.cancel()
+            await asyncio.gather(forwarding, return_exceptions=True)
+            writer.close()
+            up_writer.close()
+
+
+async def test_creates_whose_answers_are_lost_are_retried_without_duplicates(tmp_path: Path) -> None:
+    app = create_app(SQLiteStore(tmp_path / "store.db"), pages=False)
+    async with serving(app) as url:  # type: ignore[arg-type]
+        relay = AnswerLosingRelay(int(url.rsplit(":", 1)[1]))
+        relay_server = await asyncio.start_server(relay.relay, "127.0.0.1", 0)
+        relay_url = f"http://127.0.0.1:{relay_server.sockets[0].getsockname()[1]}"
+        try:
+            async with fast_client(relay_url) as client:
+                relay.lose_next = True
+                started = await client.start_rollout(input={"q": 1})
+                relay.lose_next = True
+                queued = await client.enqueue_rollout(input={"q": 2})
+                relay.lose_next = True
+                batch = await client.enqueue_many_rollouts([EnqueueRolloutRequest(input=3), {"input": 4}])  # type: ignore[list-item]
+        finally:
+            relay_server.close()
+            await relay_server.wait_closed()
+        assert relay.lost == 3
+        async with fast_client(url) as direct:
+            stored = await direct.query_rollouts(sort_by="start_time")
+    assert [r.rollout_id for r in stored] == [r.rollout_id for r in (started, queued, *batch)]
+    assert [r.input for r in stored] == [{"q": 1}, {"q": 2}, 3, 4]

@@ -134,6 +134,30 @@ async def test_start_rollout_bypasses_queue_with_latest_resources(store: Lightni
     assert (await store.get_latest_attempt(started.rollout_id)) == started.attempt
 
 
+async def test_a_create_repeated_with_its_idempotency_key_returns_the_first_rollout(store: LightningStore) -> None:
+    started = await store.start_rollout(input={"q": 1}, worker_id="w1", idempotency_key="start-1")
+    again = await store.start_rollout(input={"q": 1}, worker_id="w1", idempotency_key="start-1")
+    assert (again.rollout_id, again.attempt.attempt_id) == (started.rollout_id, started.attempt.attempt_id)
+
+    queued = await store.enqueue_rollout(input={"q": 2}, idempotency_key="enqueue-1")
+    assert (await store.enqueue_rollout(input={"q": 2}, idempotency_key="enqueue-1")).rollout_id == queued.rollout_id
+    batch = [EnqueueRolloutRequest(input=i, idempotency_key=f"batch-{i}") for i in range(3)]
+    first = await store.enqueue_many_rollouts(batch)
+    retried = await store.enqueue_many_rollouts([batch[1], EnqueueRolloutRequest(input=9), batch[2]])
+    assert [r.rollout_id for r in retried[::2]] == [first[1].rollout_id, first[2].rollout_id]
+    assert retried[1].rollout_id not in {r.rollout_id for r in first}
+
+    claimed = await store.dequeue_many_rollouts(limit=10)  # each rollout was queued once
+    assert [r.rollout_id for r in claimed] == [queued.rollout_id, *(r.rollout_id for r in first), retried[1].rollout_id]
+    assert (await store.enqueue_rollout(input={"q": 2}, idempotency_key="enqueue-1")).status == "preparing"
+
+    unstarted = await store.enqueue_rollout(input={"q": 3}, idempotency_key="enqueue-2")
+    with pytest.raises(ConflictError, match=unstarted.rollout_id):
+        await store.start_rollout(input={"q": 3}, idempotency_key="enqueue-2")
+    with pytest.raises(InvalidInputError, match="idempotency_key"):
+        await store.start_rollout(input={"q": 4}, idempotency_key="k" * 201)
+
+
 async def test_first_span_moves_attempt_and_rollout_to_running(store: LightningStore) -> None:
     await store.enqueue_rollout(input=None)
     rollout = await store.dequeue_rollout()

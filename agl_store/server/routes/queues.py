@@ -24,7 +24,12 @@ async def enqueue_rollouts(request: Request) -> Any:
         one = body.rollouts[0]
         return [
             await store.enqueue_rollout(
-                input=one.input, mode=one.mode, resources_id=one.resources_id, config=one.config, metadata=one.metadata
+                input=one.input,
+                mode=one.mode,
+                resources_id=one.resources_id,
+                config=one.config,
+                metadata=one.metadata,
+                idempotency_key=one.idempotency_key,
             )
         ]
     return list(await store.enqueue_many_rollouts(body.rollouts))

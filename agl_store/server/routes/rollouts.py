@@ -30,6 +30,7 @@ async def start_rollout(request: Request) -> Any:
         config=body.config,
         metadata=body.metadata,
         worker_id=body.worker_id,
+        idempotency_key=body.idempotency_key,
     )
 
 
