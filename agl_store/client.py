@@ -26,6 +26,7 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from .base import UNSET, LightningStore
 from .errors import ERRORS_BY_CODE, InvalidInputError, StoreClosedError, StoreError, StoreUnavailableError
+from .http_paths import AGL_PREFIX
 from .models import (
     Attempt,
     AttemptedRollout,
@@ -45,7 +46,6 @@ from .models import (
 from .otel import span_from_otel
 from .pages import Page
 from .queries import AttemptQuery, ResourcesQuery, RolloutQuery, SpanQuery, WorkerQuery
-from .server.routes import AGL_PREFIX
 from .span_wire import ENCODING_HEADER, PACKED, PACKED_MEDIA_TYPE, packed_batch, spans_from_page
 from .web.http_transport import AiohttpTransport
 

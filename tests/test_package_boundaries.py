@@ -53,6 +53,13 @@ def test_importing_agl_train_imports_neither_torch_nor_verl() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_the_store_client_imports_no_server() -> None:
+    # Runners and the trainer hold a client; the server's routes and OTLP decoding are not theirs to load.
+    script = "import sys, agl_store.client\nprint(sorted(n for n in sys.modules if n.startswith('agl_store.server')))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def imports(package: str) -> Iterator[tuple[Path, int, str]]:
     """(file, line, imported module) of every absolute import in `package`'s source."""
     for path in sorted((REPO_ROOT / package).rglob("*.py")):

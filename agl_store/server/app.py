@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
 from ..base import LightningStore
+from ..http_paths import AGL_PREFIX
 from ..span_wire import PACKED_MEDIA_TYPE
 from ..web.auth import BearerKeyMiddleware
 from ..web.cross_site import CrossSiteGuard, is_loopback
@@ -20,7 +21,7 @@ from . import otlp
 from .limits import BodySizeLimitMiddleware
 from .metrics import MetricsMiddleware, ServerMetrics
 from .pages import PageSettings, discover_pages
-from .routes import AGL_PREFIX, all_routes
+from .routes import all_routes
 from .routes.system import HEALTH_PATHS
 
 logger = logging.getLogger("agl_store.server")

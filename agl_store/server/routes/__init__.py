@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
+from ...http_paths import AGL_PREFIX
 from . import attempts, queues, resources, rollouts, spans, system, workers
-
-AGL_PREFIX = "/v1/agl"
-"""Where the store's own routes live (agent-lightning 0.3's prefix); the client builds its URLs on it."""
 
 
 def all_routes() -> list[BaseRoute]:
