@@ -27,6 +27,7 @@ from .models import (
     reward_span,
 )
 from .opening import open_store
+from .pages import Page
 from .sqlite import SQLiteStore
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "LightningStore",
     "LightningStoreClient",
     "NotFoundError",
+    "Page",
     "PromptTemplate",
     "ProxyLLM",
     "ResourcesUpdate",
