@@ -1,12 +1,13 @@
 """`LightningStoreClient`: a LightningStore that talks to `agl store serve` over HTTP.
 
-One aiohttp connection pool per client (`AiohttpTransport.fetch`: aiohttp's C-parsed HTTP
-costs about a third of httpx's client CPU per call, `benchmarks/http_client_bench.py`). Network
-errors and 5xx answers are retried with capped, jittered exponential backoff; 4xx answers are not. Error bodies
-(`{"error": {"code", "message"}}`) become the same `agl_store.errors` classes the server
-raised, so code written against an embedded store handles a remote one unchanged. Creates
-of rollouts carry an idempotency key (the caller's, else a random one), so retrying one whose
-answer was lost returns the rollout it made instead of making another.
+One aiohttp connection pool per client, one request path (`AiohttpTransport.fetch`: aiohttp's
+C-parsed HTTP costs a third to a sixth of httpx's client CPU per small call,
+`benchmarks/http_client_bench.py`). Network errors and 5xx answers are retried with capped,
+jittered exponential backoff; 4xx answers are not. Error bodies (`{"error": {"code",
+"message"}}`) become the same `agl_store.errors` classes the server raised, so code written
+against an embedded store handles a remote one unchanged. Creates of rollouts carry an
+idempotency key (the caller's, else a random one), so retrying one whose answer was lost
+returns the rollout it made instead of making another.
 """
 
 from __future__ import annotations

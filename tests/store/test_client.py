@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 import uvicorn
+from starlette.types import ASGIApp
 
 from agl_store import ConflictError, NotFoundError, StoreClosedError, StoreError, StoreUnavailableError
 from agl_store.client import LightningStoreClient
@@ -67,7 +68,7 @@ def error(code: str, message: str) -> bytes:
 
 
 @asynccontextmanager
-async def serving(app: FaultServer, sock: socket.socket | None = None) -> AsyncIterator[str]:
+async def serving(app: ASGIApp, sock: socket.socket | None = None) -> AsyncIterator[str]:
     """Serve `app` with uvicorn on 127.0.0.1 inside this event loop."""
     if sock is None:
         sock = socket.socket()
@@ -315,7 +316,7 @@ class AnswerLosingRelay:
 
 async def test_creates_whose_answers_are_lost_are_retried_without_duplicates(tmp_path: Path) -> None:
     app = create_app(SQLiteStore(tmp_path / "store.db"), pages=False)
-    async with serving(app) as url:  # type: ignore[arg-type]
+    async with serving(app) as url:
         relay = AnswerLosingRelay(int(url.rsplit(":", 1)[1]))
         relay_server = await asyncio.start_server(relay.relay, "127.0.0.1", 0)
         relay_url = f"http://127.0.0.1:{relay_server.sockets[0].getsockname()[1]}"
