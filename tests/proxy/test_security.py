@@ -290,7 +290,8 @@ async def test_unknown_model_names_only_a_few_known_ones(proxy: LLMProxy, backen
     assert "and 40 more" in message
 
 
-async def test_a_long_pause_reason_is_cut_before_every_429(proxy: LLMProxy, http) -> None:
+async def test_a_long_pause_reason_is_cut_before_every_429(proxy_factory, backend, http) -> None:
+    proxy = await proxy_factory([model_entry("tiny", backend[1])], hold_s=0)
     await http.post(proxy.url + "/proxy/pause", json={"reason": "x" * 1_000_000})
     refused = await http.post(proxy.base_url + "/chat/completions", json=chat_body())
     assert refused.status_code == 429 and len(refused.content) < 1000
