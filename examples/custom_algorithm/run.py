@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -30,17 +29,6 @@ from agl_store.opening import db_url
 
 TASKS = [("train", "rivers"), ("train", "mountains"), ("val", "forests")]
 SAMPLING = {"train": {"temperature": 1.0, "max_tokens": 16}, "val": {"temperature": 0.0, "max_tokens": 16}}
-
-
-@contextlib.contextmanager
-def tiny_vllm() -> Iterator[tuple[str, str]]:
-    """The repository's tiny random-weight Qwen2 on vLLM (about a minute to start on a CPU)."""
-    from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
-
-    log = Path(tempfile.gettempdir()) / "agl-custom-algorithm-vllm.log"
-    print(f"starting the tiny vLLM (log: {log}) ...", flush=True)
-    with running_vllm_server(build_tiny_model(), log_path=log) as server:
-        yield server.base_url, server.model
 
 
 async def tiny_agent(llm: ProxyLLM, rollout_id: str, attempt_id: str, topic: str) -> str:
@@ -116,8 +104,15 @@ async def report(store: LightningStore, rollout_ids: list[str]) -> None:
 
 async def main_async(args: argparse.Namespace) -> None:
     with contextlib.ExitStack() as stack:
-        backend, model = (args.backend, args.model) if args.backend else stack.enter_context(tiny_vllm())
-        db = args.db or str(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "agl.db")
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agl-custom-algorithm-")))
+        backend, model = args.backend, args.model
+        if not backend:
+            from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
+
+            print(f"starting the tiny vLLM (about a minute on a CPU; log: {workdir / 'vllm.log'}) ...", flush=True)
+            server = stack.enter_context(running_vllm_server(build_tiny_model(), log_path=workdir / "vllm.log"))
+            backend, model = server.base_url, server.model
+        db = args.db or str(workdir / "agl.db")
         store = await open_store(db_url(db))
         try:
             await algorithm(store, backend, model)
