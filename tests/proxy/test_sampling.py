@@ -123,3 +123,12 @@ async def test_settings_from_the_command_line(proxy_factory, backend, store, htt
     for bad in ("train.temperature", "prod.temperature=1", "train.seed=1", "train.temperature=hot"):
         with pytest.raises(ValueError, match="--sampling"):
             settings_from_args(build_parser().parse_args(["proxy", "serve", "--backend", "x", "--sampling", bad]))
+
+
+def test_settings_name_a_bad_value() -> None:
+    with pytest.raises(ValueError, match="hold_s must be a finite number >= 0"):
+        LLMProxy(hold_s=-1)
+    with pytest.raises(ValueError, match="sampling_by_mode.train.seed"):
+        LLMProxy(sampling_by_mode={"train": {"seed": 1}})
+    with pytest.raises(TypeError, match="hold"):
+        LLMProxy(hold=1)
