@@ -15,6 +15,7 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
+from agl_store.web import auth as store_auth
 from agl_store.web.cross_site import CrossSiteGuard, is_loopback
 
 from .auth import BearerKeyMiddleware
@@ -33,6 +35,11 @@ from .errors import BadRequestError, ProxyError, render_error
 from .state import ProxyState
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+CANCEL_GRACE_S = 10.0
+"""How long `/proxy/pause` waits for the calls it cancelled to answer their clients."""
+
+
+ADMIN_KEY = "the proxy's admin key (the LLM routes' key is not enough here)"
 
 
 class JSONBytesResponse(Response):
@@ -54,20 +61,42 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return json_object(raw) if raw else {}
 
 
-def pause_request(body: dict[str, Any]) -> tuple[str | None, bool, float | None]:
-    """(reason, drain, timeout) of a `/proxy/pause` body; BadRequestError names a bad field."""
+@dataclass(frozen=True)
+class PauseRequest:
+    """A `/proxy/pause` body."""
+
+    reason: str | None = None
+    drain: bool = False
+    """Answer once no call is in flight (or `timeout` passed)."""
+    timeout: float | None = None
+    cancel_after_drain_timeout: bool = False
+    """When the drain times out, cancel the calls still in flight (each answered 503)."""
+
+
+PAUSE_FIELDS = ("reason", "drain", "timeout", "cancel_after_drain_timeout")
+
+
+def pause_request(body: dict[str, Any]) -> PauseRequest:
+    """The `/proxy/pause` body checked; BadRequestError names a bad field."""
+    unknown = sorted(set(body) - set(PAUSE_FIELDS))
+    if unknown:
+        raise BadRequestError(f"unknown field {unknown[0]!r:.50}; a pause takes {', '.join(PAUSE_FIELDS)}")
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise BadRequestError(f"reason must be a string, got {type(reason).__name__}")
-    drain = body.get("drain")
-    if drain is not None and not isinstance(drain, bool):
-        raise BadRequestError(f"drain must be true or false, got {drain!r:.50}")
+    for flag in ("drain", "cancel_after_drain_timeout"):
+        value = body.get(flag)
+        if value is not None and not isinstance(value, bool):
+            raise BadRequestError(f"{flag} must be true or false, got {value!r:.50}")
     timeout = body.get("timeout")
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0
     ):
         raise BadRequestError(f"timeout must be a finite number of seconds >= 0, got {timeout!r:.50}")
-    return reason, bool(drain), None if timeout is None else float(timeout)
+    cancel = bool(body.get("cancel_after_drain_timeout"))
+    if cancel and not body.get("drain"):
+        raise BadRequestError("cancel_after_drain_timeout needs drain: true (and a timeout)")
+    return PauseRequest(reason, bool(body.get("drain")), None if timeout is None else float(timeout), cancel)
 
 
 def _model_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list[BaseRoute]:
@@ -96,13 +125,20 @@ def _admin_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list
         )
 
     async def pause(request: Request) -> Response:
-        """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight."""
-        reason, drain, timeout = pause_request(await _json_body(request))  # checked before anything changes
-        proxy_state.gate.pause(reason)
+        """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight;
+        `cancel_after_drain_timeout: true` then cancels the calls still running."""
+        ask = pause_request(await _json_body(request))  # checked before anything changes
+        gate = proxy_state.gate
+        gate.pause(ask.reason)
         drained = None
-        if drain:
-            drained = await proxy_state.gate.wait_drained(timeout)
-        return JSONBytesResponse({**proxy_state.gate.state(), "drained": drained})
+        cancelled = 0
+        if ask.drain:
+            drained = await gate.wait_drained(ask.timeout)
+            if not drained and ask.cancel_after_drain_timeout:
+                cancelled = gate.cancel_in_flight()
+                # Each cancelled call answers its client and queues its span, which takes moments.
+                drained = await gate.wait_drained(CANCEL_GRACE_S)
+        return JSONBytesResponse({**gate.state(), "drained": drained, "cancelled": cancelled})
 
     async def resume(request: Request) -> Response:
         proxy_state.gate.resume()
@@ -119,6 +155,14 @@ def _admin_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list
                 raise BadRequestError(str(exc)) from exc
         return JSONBytesResponse({"model_list": proxy_state.registry.redacted()})
 
+    async def sampling(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                proxy_state.sampling.update(await _json_body(request))
+            except ValueError as exc:
+                raise BadRequestError(str(exc)) from exc
+        return JSONBytesResponse(proxy_state.sampling.state())
+
     async def metrics(request: Request) -> Response:
         text = proxy_state.metrics.render(proxy_state.gauges())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
@@ -129,6 +173,7 @@ def _admin_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list
         Route("/proxy/pause", pause, methods=["POST"], middleware=middleware),
         Route("/proxy/resume", resume, methods=["POST"], middleware=middleware),
         Route("/proxy/model_list", model_list, methods=["GET", "POST"], middleware=middleware),
+        Route("/proxy/sampling", sampling, methods=["GET", "POST"], middleware=middleware),
     ]
 
 
@@ -184,7 +229,7 @@ def create_app(
             yield state
 
     client = protected(key, (admin_key,) if admin_key else (), "the proxy's key")
-    admin = protected(admin_key, (), "the proxy's admin key (the LLM routes' key is not enough here)")
+    admin = protected(admin_key, (), ADMIN_KEY)
     health = [Middleware(CrossSiteGuard, keyless=not (key or admin_key), loopback=loopback, render=render_error)]
     routes = [
         Route("/health", _health, methods=["GET"], middleware=health),
@@ -194,8 +239,13 @@ def create_app(
     ]
     if store_app is not None:
         # The store app guards itself against web pages; here it gets the admin key on top,
-        # its open paths (its health check, the view's page shell) staying open.
+        # its open paths (its health check, the view's page shell) staying open. Its refusals
+        # are in the store's error shape, as `agl store serve` answers them: store clients read that.
         store_open_paths: Collection[str] = getattr(getattr(store_app, "state", None), "open_paths", frozenset())
-        mount = [Middleware(BearerKeyMiddleware, key=admin_key, open_paths=store_open_paths)] if admin_key else []
+        mount = (
+            [Middleware(store_auth.BearerKeyMiddleware, key=admin_key, open_paths=store_open_paths, what=ADMIN_KEY)]
+            if admin_key
+            else []
+        )
         routes.append(Mount("/", app=store_app, middleware=mount))
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={ProxyError: _error_response})

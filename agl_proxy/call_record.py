@@ -15,6 +15,7 @@ from agl_store.models import Span, TraceStatus
 
 from .deployments import Deployment
 from .errors import ProxyError
+from .sampling import SAMPLING_FIELDS
 
 
 @dataclass
@@ -36,6 +37,10 @@ class CallRecord:
     ttft_s: float | None = None
     latency_s: float = 0.0
     error: CallError | None = None
+    sampling_mode: str | None = None
+    """The rollout mode whose sampling the proxy enforced on the call, if any."""
+    token_ids: tuple[str, str | None] | None = None
+    """(status, cause) once `check_token_ids()` ran: `ok`, `missing` or `mismatch`, and why."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def fail(self, error_type: str, message: str, status_code: int) -> None:
@@ -45,6 +50,57 @@ class CallRecord:
     def fail_with(self, error: ProxyError) -> None:
         """Record a proxy error as the call's outcome."""
         self.fail(error.code, error.message, error.status_code)
+
+    @property
+    def answered(self) -> bool:
+        """The backend answered the call successfully (so far as the proxy knows)."""
+        return self.error is None and 200 <= self.status_code < 300 and self.response is not None
+
+    def check_token_ids(self) -> tuple[str, str | None] | None:
+        """The token-id status of an answered call (kept in `token_ids`); None for a failed one."""
+        if self.token_ids is None and self.answered:
+            assert self.response is not None
+            self.token_ids = token_ids_status(self.response, self.request or {})
+        return self.token_ids
+
+
+def token_ids_status(response: dict[str, Any], request: dict[str, Any]) -> tuple[str, str | None]:
+    """(`ok` | `missing` | `mismatch`, cause) of an answer: are the prompt's and every choice's
+    token ids there, and as many as the backend's usage counts (when it sent usage)?"""
+    prompt_ids = _prompt_token_ids(response)
+    choices = response.get("choices") or []
+    if prompt_ids is None:
+        return "missing", "no prompt_token_ids in the backend's answer"
+    if not choices:
+        return "missing", "no choices in the backend's answer"
+    # An assembled stream has an empty list where the backend sent no ids: missing when text came.
+    lacking = [c.get("index", i) for i, c in enumerate(choices) if not c.get("token_ids") and _generated(c)]
+    if lacking:
+        return "missing", f"no token_ids for choice(s) {lacking[:5]} in the backend's answer"
+    usage = response.get("usage") or {}
+    prompt_tokens = usage.get("prompt_tokens")
+    # A batch of prompts (completions) counts all of them in usage; only one prompt's ids are kept.
+    one_prompt = "messages" in request or not _is_batch(request.get("prompt"))
+    if one_prompt and isinstance(prompt_tokens, int) and prompt_tokens != len(prompt_ids):
+        return "mismatch", f"{len(prompt_ids)} prompt token ids but usage.prompt_tokens is {prompt_tokens}"
+    completion_tokens = usage.get("completion_tokens")
+    generated = sum(len(c.get("token_ids") or ()) for c in choices)
+    if isinstance(completion_tokens, int) and completion_tokens != generated:
+        return "mismatch", f"{generated} response token ids but usage.completion_tokens is {completion_tokens}"
+    return "ok", None
+
+
+def _generated(choice: dict[str, Any]) -> bool:
+    """The choice carries output (or says nothing of it: ids were due either way)."""
+    if choice.get("token_ids") is None:
+        return True
+    message = choice.get("message") or {}
+    return any((choice.get("text"), *(message.get(k) for k in ("content", "tool_calls", "reasoning_content"))))
+
+
+def _is_batch(prompt: Any) -> bool:
+    """A completions `prompt` that holds several prompts (strings or token-id lists)."""
+    return isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int)
 
 
 def _choice_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
@@ -116,8 +172,32 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
         call_span.LATENCY_S: record.latency_s,
         call_span.TTFT_S: record.ttft_s,
         call_span.ERROR: record.error,
+        **_sampling_attributes(record),
+        **_token_id_attributes(record),
         **record.extra,
     }
+
+
+def _sampling_attributes(record: CallRecord) -> dict[str, Any]:
+    sent = record.request or {}
+    sampling = {name: sent[name] for name in SAMPLING_FIELDS if sent.get(name) is not None}
+    if "max_tokens" not in sampling and sent.get("max_completion_tokens") is not None:
+        sampling["max_tokens"] = sent["max_completion_tokens"]
+    out: dict[str, Any] = {call_span.SAMPLING: sampling}
+    if record.sampling_mode is not None:
+        out[call_span.SAMPLING_MODE] = record.sampling_mode
+    return out
+
+
+def _token_id_attributes(record: CallRecord) -> dict[str, Any]:
+    checked = record.check_token_ids()
+    if checked is None:
+        return {}
+    status, cause = checked
+    out = {call_span.TOKEN_IDS_STATUS: status}
+    if cause is not None:
+        out[call_span.TOKEN_IDS_CAUSE] = cause
+    return out
 
 
 def build_llm_span(record: CallRecord, sequence_id: int | None = None) -> Span:

@@ -1,14 +1,16 @@
 """The endpoint of `/v1/chat/completions` and `/v1/completions`, as a pure ASGI app.
 
-Per call: wait while the span backlog is full (refuse if it stays full), refuse while
-paused, read the body, attribute it to a rollout (path or
+Per call: wait while the span backlog is full (refuse if it stays full), read the body,
+wait while paused (refuse past the hold bound), attribute it to a rollout (path or
 headers), resolve the model, ask the store for the call's sequence number in the
-background, pick a replica (retrying on another when one fails before answering),
-relay the answer, and hand the call's record to the span exporter.
+background, enforce the rollout mode's sampling, pick a replica (retrying on another
+when one fails before answering), relay the answer (checking its token ids), and hand
+the call's record to the span exporter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -18,12 +20,14 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from .answering import ClientAnswer
 from .call_record import CallRecord
 from .deployments import Deployment
 from .errors import (
     BadRequestError,
+    CancelledForUpdateError,
+    ModelNotFoundError,
     NoBackendError,
-    NotFoundError,
     PausedError,
     ProxyError,
     SpanBacklogError,
@@ -31,6 +35,8 @@ from .errors import (
 )
 from .forwarding import RetryableBackendError, forward
 from .litellm_path import complete_with_litellm
+from .pausing import CallHandle
+from .sampling import SAMPLING_FIELDS
 from .state import ProxyState
 
 logger = logging.getLogger(__name__)
@@ -110,24 +116,32 @@ class LLMCallEndpoint:
         if not await exporter.wait_for_room():
             await send_error(send, SpanBacklogError.for_backlog(exporter.buffered, exporter.backpressure_wait_s))
             return
+        try:
+            raw = await read_body(receive)
+        except BadRequestError as exc:
+            await send_error(send, exc)
+            return
         gate = state.gate
         try:
-            gate.enter()
+            # While paused the call waits here; the body is read, so `receive` returns when the client leaves.
+            handle = await gate.enter(receive)
         except PausedError as exc:
             await send_error(send, exc)
             return
+        if handle is None:
+            return  # the client went away while held: nobody to answer
         try:
-            await self._serve(scope, receive, send)
+            await self._serve(scope, raw, receive, send, handle)
         finally:
-            gate.exit()
+            gate.exit(handle)
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(self, scope: Scope, raw: bytes, receive: Receive, send: Send, handle: CallHandle) -> None:
         state = self.state
         t0 = time.perf_counter()
         start_time = time.time()
         try:
             rollout_id, attempt_id = attribution(scope)
-            body = json_object(await read_body(receive))
+            body = json_object(raw)
         except BadRequestError as exc:
             await send_error(send, exc)
             return
@@ -145,23 +159,33 @@ class LLMCallEndpoint:
         no_backend: NoBackendError | None = None
         try:
             replicas = state.registry.resolve(record.requested_model)
-        except NotFoundError as exc:
+        except ModelNotFoundError as exc:
             # A typo in the model name is the client's mistake, not a call: no span.
             state.metrics.observe_error(record.requested_model or "", "", exc.code)
             await send_error(send, exc)
             return
         except NoBackendError as exc:
             no_backend = exc
-        if rollout_id and not attempt_id:
-            record.attempt_id = attempt_id = await state.latest_attempt_id(rollout_id)
-        sequence = state.exporter.reserve_sequence(rollout_id, attempt_id)
+        answer = ClientAnswer(send, record, state.settings.require_token_ids)
+        sequence = None
         try:
+            if rollout_id and not attempt_id:
+                record.attempt_id = attempt_id = await state.latest_attempt_id(rollout_id)
+            sequence = state.exporter.reserve_sequence(rollout_id, attempt_id)
             if no_backend is not None:
                 raise no_backend
-            await self._dispatch(replicas, record, body, receive, send, t0)
+            await self._dispatch(replicas, record, body, receive, answer, t0)
         except ProxyError as exc:
             record.fail_with(exc)
-            await send_error(send, exc)
+            await answer.fail(exc)
+        except asyncio.CancelledError:
+            if not handle.cancelled:
+                raise
+            # The gate cut the call for a weight update: answer it and record it, then end normally.
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            error = CancelledForUpdateError.for_pause(state.gate.reason)
+            record.fail_with(error)
+            await answer.fail(error)
         finally:
             record.latency_s = time.perf_counter() - t0
             if record.ttft_s is None and record.error is None:
@@ -176,6 +200,9 @@ class LLMCallEndpoint:
             )
             if record.error is not None:
                 state.metrics.observe_error(record.requested_model or "", backend, record.error["type"])
+            checked = record.check_token_ids()
+            if checked is not None:
+                state.metrics.observe_token_ids(backend, checked[0])
             state.exporter.submit(record, sequence)
 
     async def _dispatch(
@@ -188,7 +215,9 @@ class LLMCallEndpoint:
         t0: float,
     ) -> None:
         state = self.state
-        options = await state.options_for(record.rollout_id)
+        enforcement = await state.sampling.for_rollout(record.rollout_id)
+        if enforcement is not None:
+            record.sampling_mode = enforcement.mode
         tried: set[str] = set()
         last_error: ProxyError | None = None
         while True:
@@ -199,13 +228,18 @@ class LLMCallEndpoint:
                     last_error.message += f" (tried {len(tried)} replicas of {record.requested_model!r})"
                 raise last_error
             tried.add(deployment.key)
+            sent = body
+            if enforcement is not None:
+                # The deployment's own defaults count as set: a cap applies to them too.
+                defaults = {k: v for k, v in deployment.request_defaults.items() if k in SAMPLING_FIELDS}
+                sent = enforcement.apply({**defaults, **body})
             state.balancer.acquire(deployment)
             try:
                 if deployment.passthrough:
                     assert state.client is not None, "the proxy's app was not started"
-                    await forward(state.client, deployment, record, body, send, t0, options, receive)
+                    await forward(state.client, deployment, record, sent, send, t0, state.options, receive)
                 else:
-                    await complete_with_litellm(deployment, record, body, send, t0, options)
+                    await complete_with_litellm(deployment, record, sent, send, t0, state.options)
                 if record.status_code < 500:
                     state.balancer.mark_ok(deployment)
                 return

@@ -12,15 +12,21 @@ import math
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
+from agl_store.models import RolloutMode
 from agl_store.server import PAGE_SETTING_HELP, PageSettings, parse_page_settings
 from agl_store.server import create_app as create_store_app
 from agl_store.web.key_option import KeyOption
 
 from .deployments import ModelRegistry
 from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
+from .pausing import DEFAULT_HOLD_S
 from .proxy import DEFAULT_PORT, LLMProxy
+from .sampling import ON_CONFLICT, SAMPLING_FIELDS, checked_by_mode
+from .settings import ProxySettings
+
+ROLLOUT_MODES = get_args(RolloutMode)
 
 CLIENT_KEY = KeyOption("--key", "AGL_KEY", "bearer key of the LLM routes: what agents call with")
 ADMIN_KEY = KeyOption(
@@ -50,6 +56,34 @@ def add_proxy_commands(subparsers: Any) -> None:
         option.add_to(serve)
     serve.add_argument("--advertise-url", help="the root URL agents reach this proxy at (default http://HOST:PORT)")
     serve.add_argument("--logprobs", action="store_true", help="ask backends for the sampled tokens' logprobs")
+    serve.add_argument(
+        "--require-token-ids",
+        action="store_true",
+        help="answer 502 to a call whose answer lacks token ids or has fewer than its usage counts",
+    )
+    serve.add_argument(
+        "--sampling",
+        action="append",
+        default=[],
+        metavar="MODE.FIELD=VALUE",
+        help=(
+            "sampling enforced on calls of rollouts of MODE (train, val, test, or all), e.g. train.temperature=1.0, "
+            f"val.temperature=0, all.max_tokens=256 (a cap); fields: {', '.join(SAMPLING_FIELDS)}; repeat"
+        ),
+    )
+    serve.add_argument(
+        "--sampling-conflict",
+        choices=ON_CONFLICT,
+        default="override",
+        help="what an agent's conflicting explicit value gets: overridden (default) or a 400 (refuse)",
+    )
+    serve.add_argument(
+        "--hold",
+        type=_seconds,
+        default=DEFAULT_HOLD_S,
+        metavar="SECONDS",
+        help=f"how long a call arriving during a pause waits for the resume before a 429 (default {DEFAULT_HOLD_S:g})",
+    )
     serve.add_argument(
         "--span-buffer",
         type=positive_int,
@@ -85,6 +119,25 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
     return value
+
+
+def sampling_from_args(settings: list[str]) -> dict[str, dict[str, float | int]]:
+    """The `--sampling MODE.FIELD=VALUE` flags as a by-mode table; ValueError names a bad one."""
+    by_mode: dict[str, dict[str, Any]] = {}
+    for setting in settings:
+        target, sep, text = setting.partition("=")
+        mode, dot, name = target.partition(".")
+        if not (sep and dot and mode and name):
+            raise ValueError(f"--sampling {setting!r:.60} is not MODE.FIELD=VALUE (e.g. train.temperature=1.0)")
+        if mode != "all" and mode not in ROLLOUT_MODES:
+            raise ValueError(f"--sampling {setting!r:.60}: the mode must be one of {', '.join(ROLLOUT_MODES)} or all")
+        try:
+            value: Any = float(text)
+        except ValueError:
+            raise ValueError(f"--sampling {setting!r:.60}: {text!r:.30} is not a number") from None
+        for each in ROLLOUT_MODES if mode == "all" else (mode,):
+            by_mode.setdefault(each, {})[name] = value
+    return checked_by_mode(by_mode, "--sampling")
 
 
 def model_list_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -138,11 +191,25 @@ class Keys:
         return cls(client=client, admin=admin, store=store or admin, sources=sources)
 
 
+def settings_from_args(args: argparse.Namespace) -> ProxySettings:
+    """The proxy's settings that the flags give; ValueError names a bad flag."""
+    return ProxySettings(
+        logprobs=args.logprobs,
+        sampling_by_mode=sampling_from_args(args.sampling),
+        sampling_on_conflict=args.sampling_conflict,
+        require_token_ids=args.require_token_ids,
+        hold_s=args.hold,
+        max_span_buffer=args.span_buffer,
+        backpressure_wait_s=args.backpressure_wait,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         model_list = model_list_from_args(args)
         ModelRegistry(model_list)  # a bad entry fails here, before the store is opened
         keys = Keys.from_args(args)
+        settings = settings_from_args(args)
         page_settings = parse_page_settings(args.page_setting)
     except (OSError, ValueError) as exc:
         print(f"agl proxy serve: {exc}", file=sys.stderr)
@@ -150,12 +217,16 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(_serve_async(args, model_list, keys, page_settings))
-    return uvloop.run(_serve_async(args, model_list, keys, page_settings))
+        return asyncio.run(_serve_async(args, model_list, keys, settings, page_settings))
+    return uvloop.run(_serve_async(args, model_list, keys, settings, page_settings))
 
 
 async def _serve_async(
-    args: argparse.Namespace, model_list: list[dict[str, Any]], keys: Keys, page_settings: PageSettings
+    args: argparse.Namespace,
+    model_list: list[dict[str, Any]],
+    keys: Keys,
+    settings: ProxySettings,
+    page_settings: PageSettings,
 ) -> int:
     from agl_store.opening import db_url, open_store
 
@@ -178,9 +249,7 @@ async def _serve_async(
         port=args.port,
         key=keys.client,
         admin_key=keys.admin,
-        logprobs=args.logprobs,
-        max_span_buffer=args.span_buffer,
-        backpressure_wait_s=args.backpressure_wait,
+        settings=settings,
         store_app=store_app,
         advertise_url=args.advertise_url,
     )

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from .credentials import check_http_url, is_secret_name, mask_secrets, split_userinfo
-from .errors import NoBackendError, NotFoundError
+from .errors import ModelNotFoundError, NoBackendError
 
 # Providers whose HTTP API is OpenAI's, so agl's own pass-through can serve them and keep
 # every extra field (token ids) that LiteLLM's adapters would move or drop.
@@ -227,10 +227,10 @@ class ModelRegistry:
         if not model_name:
             if len(self.by_name) == 1:
                 return next(iter(self.by_name.values()))
-            raise NotFoundError(f"the request names no model; known models: {known_models(self.model_names)}")
+            raise ModelNotFoundError(f"the request names no model; known models: {known_models(self.model_names)}")
         deployments = self.by_name.get(model_name)
         if deployments is None:
-            raise NotFoundError(
+            raise ModelNotFoundError(
                 f"model {model_name[:200]!r} is not served here; known models: {known_models(self.model_names)}"
             )
         return deployments

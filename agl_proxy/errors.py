@@ -62,14 +62,16 @@ class AuthenticationError(ProxyError):
     code = "invalid_api_key"
 
 
-class NotFoundError(ProxyError):
+class ModelNotFoundError(ProxyError):
+    """The request names no model, or one the proxy does not serve."""
+
     status_code = 404
     type = "invalid_request_error"
     code = "model_not_found"
 
 
 class PausedError(ProxyError):
-    """New calls while the proxy is paused (e.g. during a weight update)."""
+    """New calls while the proxy stays paused (e.g. during a weight update) past the hold bound."""
 
     status_code = 429
     type = "rate_limit_error"
@@ -99,6 +101,33 @@ class BackendFailedError(ProxyError):
     status_code = 502
     type = "api_error"
     code = "backend_error"
+
+
+class TokenIdsError(ProxyError):
+    """The backend answered without token ids (or with fewer than its usage counts) and the
+    proxy is set to require them."""
+
+    status_code = 502
+    type = "api_error"
+    code = "token_ids_missing"
+
+
+class CancelledForUpdateError(ProxyError):
+    """A call in flight cut because a pause's drain timed out (the weights are about to change)."""
+
+    status_code = 503
+    type = "api_error"
+    code = "cancelled_for_weight_update"
+    retry_after_s = 5
+
+    @classmethod
+    def for_pause(cls, reason: str | None) -> CancelledForUpdateError:
+        why = f" ({reason})" if reason else ""
+        return cls(
+            f"the call was cancelled by the proxy for a weight update{why}: it was still running when the "
+            f"drain timed out; retry after {cls.retry_after_s} s",
+            headers={"retry-after": str(cls.retry_after_s)},
+        )
 
 
 class NoBackendError(ProxyError):

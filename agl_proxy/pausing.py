@@ -1,48 +1,128 @@
 """Pause and drain: the trainer stops new calls around a weight update.
 
-While paused, new calls are refused with 429 and `Retry-After`; calls already in flight
-run to completion, and `wait_drained()` returns once none is left.
+While paused, new calls are held: they wait (up to `hold_s` from their arrival) and go on
+when the proxy resumes, so an agent sees a slow call rather than an error. Past the bound
+they are refused with 429 and `Retry-After`. Calls already in flight run to completion,
+and `wait_drained()` returns once none is left; `cancel_in_flight()` cuts those still
+running when the trainer will not wait longer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .errors import PausedError, short_text
+from .metrics import Histogram
 
 DEFAULT_RETRY_AFTER_S = 5
+DEFAULT_HOLD_S = 600.0
+"""How long a call that arrives during a pause waits for the resume before its 429."""
+HOLD_BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class CallHandle:
+    """One admitted call, which the gate can cancel (a weight update that will not wait)."""
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self._task = task
+        self.cancelled = False
+
+    def cancel(self) -> bool:
+        if self._task is None or self._task.done():
+            return False
+        self.cancelled = True
+        self._task.cancel()
+        return True
 
 
 class PauseGate:
-    """Counts calls in flight and refuses new ones while paused."""
+    """Counts calls in flight, holds new ones while paused, refuses them past the hold bound."""
 
-    def __init__(self, retry_after_s: int = DEFAULT_RETRY_AFTER_S) -> None:
+    def __init__(self, retry_after_s: int = DEFAULT_RETRY_AFTER_S, hold_s: float = DEFAULT_HOLD_S) -> None:
         self.retry_after_s = retry_after_s
+        self.hold_s = hold_s
         self.paused = False
         self.reason: str | None = None
         self.paused_at: float | None = None
         self.in_flight = 0
+        self.held = 0
+        self.refused_after_hold = 0
+        """Calls answered 429 because the pause outlasted `hold_s`."""
+        self.left_while_held = 0
+        """Calls whose client went away while held."""
+        self.hold_time = Histogram(HOLD_BUCKETS_S)
+        self.cancelled_calls = 0
+        self._calls: set[CallHandle] = set()
         self._drained: asyncio.Event | None = None
+        self._resumed: asyncio.Event | None = None
+        """Set by the resume; one per pause, made in the loop that serves it."""
 
-    def enter(self) -> None:
-        """Admit a call, or raise PausedError while paused."""
+    async def enter(self, client_gone: Callable[[], Awaitable[Any]] | None = None) -> CallHandle | None:
+        """Admit a call and return its handle; while paused, hold it until the resume first.
+
+        `client_gone` is awaited while the call is held and returns when the client
+        disconnects; the call is then dropped and None returned. Raises PausedError when
+        the pause outlasts `hold_s`.
+        """
         if self.paused:
-            why = f" ({self.reason})" if self.reason else ""
-            raise PausedError(
-                f"the proxy is paused{why}; retry after {self.retry_after_s} s",
-                headers={"retry-after": str(self.retry_after_s)},
-            )
+            if not await self._hold(client_gone):
+                return None
         self.in_flight += 1
+        handle = CallHandle(asyncio.current_task())
+        self._calls.add(handle)
+        return handle
 
-    def exit(self) -> None:
+    async def _hold(self, client_gone: Callable[[], Awaitable[Any]] | None) -> bool:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline = start + self.hold_s
+        self.held += 1
+        gone = asyncio.ensure_future(client_gone()) if client_gone is not None else None
+        try:
+            # A loop: a new pause may begin between the resume and this call running again.
+            while self.paused:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self.refused_after_hold += 1
+                    raise self._refusal(f"the proxy stayed paused{self._why()} for more than {self.hold_s:g} s")
+                assert self._resumed is not None
+                resumed = asyncio.ensure_future(self._resumed.wait())
+                waiting = {resumed} if gone is None else {resumed, gone}
+                try:
+                    await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    resumed.cancel()
+                if gone is not None and gone.done():
+                    self.left_while_held += 1
+                    return False
+            return True
+        finally:
+            if gone is not None:
+                gone.cancel()
+            self.held -= 1
+            self.hold_time.observe(loop.time() - start)
+
+    def _why(self) -> str:
+        return f" ({self.reason})" if self.reason else ""
+
+    def _refusal(self, what: str) -> PausedError:
+        return PausedError(
+            f"{what}; retry after {self.retry_after_s} s", headers={"retry-after": str(self.retry_after_s)}
+        )
+
+    def exit(self, handle: CallHandle) -> None:
+        self._calls.discard(handle)
         self.in_flight -= 1
         if self.in_flight == 0 and self._drained is not None:
             self._drained.set()
 
     def pause(self, reason: str | None = None) -> None:
-        """Refuse new calls; `reason` (cut to 200 characters) is repeated in every 429."""
+        """Hold new calls; `reason` (cut to 200 characters) is repeated in every 429."""
+        if not self.paused:
+            self._resumed = asyncio.Event()
         self.paused = True
         self.reason = short_text(reason) if reason else None
         self.paused_at = time.time()
@@ -51,6 +131,8 @@ class PauseGate:
         self.paused = False
         self.reason = None
         self.paused_at = None
+        if self._resumed is not None:
+            self._resumed.set()
 
     async def wait_drained(self, timeout: float | None = None) -> bool:
         """Wait until no call is in flight; False if `timeout` seconds passed first."""
@@ -65,5 +147,17 @@ class PauseGate:
             return False
         return True
 
+    def cancel_in_flight(self) -> int:
+        """Cancel every call in flight (each answers its client 503); how many were cancelled."""
+        cancelled = sum(handle.cancel() for handle in list(self._calls))
+        self.cancelled_calls += cancelled
+        return cancelled
+
     def state(self) -> dict[str, Any]:
-        return {"paused": self.paused, "reason": self.reason, "paused_at": self.paused_at, "in_flight": self.in_flight}
+        return {
+            "paused": self.paused,
+            "reason": self.reason,
+            "paused_at": self.paused_at,
+            "in_flight": self.in_flight,
+            "held": self.held,
+        }

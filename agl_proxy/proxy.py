@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 from collections.abc import Mapping, Sequence
@@ -15,8 +16,7 @@ from agl_store.models import ProxyLLM
 from agl_store.web.serving import bind_socket, start_uvicorn
 
 from .app import create_app
-from .balancing import DEFAULT_COOLDOWN_S
-from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
+from .settings import ProxySettings
 from .state import ProxyState
 
 logger = logging.getLogger(__name__)
@@ -38,13 +38,11 @@ class LLMProxy:
     await proxy.stop()
     ```
 
-    `sampling_overrides` replace request fields of every call; `sampling_by_mode` those of
-    calls whose rollout has that mode (`{"train": {"temperature": 1.0}, "val": {"temperature": 0}}`).
-    `logprobs=True` asks vLLM for the sampled tokens' logprobs. `port=0` picks a free port
+    How calls are treated is `settings` (a `ProxySettings`), or its fields given as keyword
+    arguments over it: `LLMProxy(..., logprobs=True, sampling_by_mode={"train": {"temperature":
+    1.0}, "val": {"temperature": 0}}, require_token_ids=True)`. `port=0` picks a free port
     (read it back from `port` after `start()`). `store_app` is an ASGI app served on the
-    same port (the embedded store's REST routes). Once `max_span_buffer` spans of answered
-    calls wait for the store, new calls wait up to `backpressure_wait_s` for room, then get
-    a 503 with `Retry-After` (docs/proxy.md, "Export").
+    same port (the embedded store's REST routes).
 
     `key` is what agents call the LLM routes with (`as_resource()` hands it out); `admin_key`
     is required on the admin routes (`/proxy/*`, `/metrics`) and `store_app`'s routes. Without
@@ -60,30 +58,19 @@ class LLMProxy:
         key: str | None = None,
         *,
         admin_key: str | None = None,
-        logprobs: bool = False,
-        sampling_overrides: Mapping[str, Any] | None = None,
-        sampling_by_mode: Mapping[str, Mapping[str, Any]] | None = None,
-        cooldown_s: float = DEFAULT_COOLDOWN_S,
-        max_span_buffer: int = DEFAULT_MAX_BUFFER,
-        backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S,
+        settings: ProxySettings | None = None,
         store_app: Any = None,
         advertise_url: str | None = None,
+        **options: Any,
     ) -> None:
         self.host = host
         self.port = port
         self.key = key
         self.admin_key = key if admin_key is None else admin_key
         self.store = store
-        self.state = ProxyState(
-            model_list or [],
-            store,
-            logprobs=logprobs,
-            sampling_overrides=sampling_overrides,
-            sampling_by_mode=sampling_by_mode,
-            cooldown_s=cooldown_s,
-            max_span_buffer=max_span_buffer,
-            backpressure_wait_s=backpressure_wait_s,
-        )
+        # Fields of ProxySettings may come one by one; an unknown name is a TypeError naming it.
+        self.settings = dataclasses.replace(settings or ProxySettings(), **options)
+        self.state = ProxyState(model_list or [], store, self.settings)
         self._store_app = store_app
         self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         self._server: uvicorn.Server | None = None

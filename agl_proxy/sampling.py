@@ -1,50 +1,158 @@
-"""Sampling overrides the proxy imposes, for every call or by the rollout's mode.
+"""Sampling the proxy imposes, for every call or by the rollout's mode.
 
 Training rollouts usually sample (temperature 1) while validation is greedy; the agent
 code does not know which one it runs in. With `by_mode={"train": {...}, "val": {...}}`
 the proxy reads each rollout's `mode` from the store once (then from a bounded cache)
-and applies that mode's fields over the client's.
+and enforces that mode's fields on the call: it replaces the agent's values
+(`on_conflict="override"`) or answers 400 to a call that asks for another value
+(`"refuse"`). `max_tokens` is a cap: the agent's value when lower. The mode table can be
+replaced at run time (`POST /proxy/sampling`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agl_store.base import LightningStore
 
+from .errors import BadRequestError
+
 logger = logging.getLogger(__name__)
 
 MAX_CACHED_ROLLOUTS = 10_000
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
+"""What a mode may impose, and what a span's `agl.sampling` records."""
+MAX_TOKENS_ALIASES = ("max_tokens", "max_completion_tokens")
+"""Where an agent may put its token limit (newer OpenAI SDKs send the second); the cap bounds both."""
+ON_CONFLICT = ("override", "refuse")
+
+
+def checked_by_mode(by_mode: Any, where: str = "by_mode") -> dict[str, dict[str, float | int]]:
+    """`by_mode` validated: {mode: {field: number}} with fields from SAMPLING_FIELDS.
+
+    ValueError names the first bad mode, field or value (as `by_mode.train.top_k`).
+    """
+    if not isinstance(by_mode, Mapping):
+        raise ValueError(f"{where} must be an object of modes, got {type(by_mode).__name__}")
+    out: dict[str, dict[str, float | int]] = {}
+    for mode, fields in by_mode.items():
+        if not isinstance(mode, str) or not mode:
+            raise ValueError(f"{where} has a mode that is not a non-empty string: {mode!r:.50}")
+        if not isinstance(fields, Mapping):
+            raise ValueError(f"{where}.{mode} must be an object of fields, got {type(fields).__name__}")
+        out[mode] = {}
+        for name, value in fields.items():
+            field = f"{where}.{mode}.{name}"
+            if name not in SAMPLING_FIELDS:
+                raise ValueError(
+                    f"{field:.100} is not a sampling field this proxy enforces ({', '.join(SAMPLING_FIELDS)})"
+                )
+            out[mode][name] = _checked_value(name, value, field)
+    return out
+
+
+def _checked_value(name: str, value: Any, field: str) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number, got {value!r:.50}")
+    if name in ("top_k", "max_tokens"):
+        if value != int(value):
+            raise ValueError(f"{field} must be an integer, got {value!r}")
+        value = int(value)
+        if name == "max_tokens" and value < 1:
+            raise ValueError(f"{field} must be >= 1, got {value}")
+        if name == "top_k" and value < -1:
+            raise ValueError(f"{field} must be -1 (no limit) or >= 0, got {value}")
+    elif value < 0:
+        raise ValueError(f"{field} must be >= 0, got {value}")
+    return value
+
+
+def checked_on_conflict(value: Any) -> str:
+    if value not in ON_CONFLICT:
+        raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, got {value!r:.50}")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """The sampling one rollout mode imposes."""
+
+    mode: str
+    fields: Mapping[str, float | int]
+    on_conflict: str
+
+    def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`body` with the fields imposed; BadRequestError names a conflicting field under `refuse`."""
+        out = dict(body)
+        for name, imposed in self.fields.items():
+            if name == "max_tokens":
+                self._cap(out, int(imposed))
+                continue
+            given = out.get(name)
+            if given is not None and given != imposed and self.on_conflict == "refuse":
+                raise self._conflict(name, given, f"{imposed!r}")
+            out[name] = imposed
+        return out
+
+    def _cap(self, out: dict[str, Any], cap: int) -> None:
+        given = {name: out[name] for name in MAX_TOKENS_ALIASES if out.get(name) is not None}
+        for name, value in given.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value > cap:
+                if self.on_conflict == "refuse":
+                    raise self._conflict(name, value, f"at most {cap}")
+                out[name] = cap
+        if not given:
+            out["max_tokens"] = cap
+
+    def _conflict(self, name: str, given: Any, allowed: str) -> BadRequestError:
+        return BadRequestError(
+            f"{name}={given!r:.50} conflicts with the proxy's sampling for {self.mode!r} rollouts ({name} {allowed})"
+        )
 
 
 class SamplingPolicy:
-    """Request fields to impose on a call: `overrides`, then those of the rollout's mode."""
+    """Request fields to impose on a call: `overrides` on every call, `by_mode` by the rollout's mode."""
 
     def __init__(
         self,
         overrides: Mapping[str, Any] | None = None,
         by_mode: Mapping[str, Mapping[str, Any]] | None = None,
         store: LightningStore | None = None,
+        on_conflict: str = "override",
     ) -> None:
         self.overrides: dict[str, Any] = dict(overrides or {})
-        self.by_mode: dict[str, dict[str, Any]] = {mode: dict(fields) for mode, fields in (by_mode or {}).items()}
+        self.by_mode = checked_by_mode(by_mode or {}, "sampling_by_mode")
+        self.on_conflict = checked_on_conflict(on_conflict)
         self.store = store
         self._modes: OrderedDict[str, str | None] = OrderedDict()
 
-    @property
-    def needs_rollout(self) -> bool:
-        return bool(self.by_mode) and self.store is not None
+    def update(self, body: Mapping[str, Any]) -> None:
+        """Apply a `POST /proxy/sampling` body; ValueError names a bad field and changes nothing."""
+        unknown = sorted(set(body) - {"by_mode", "on_conflict"})
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]!r:.50} (the body has by_mode and on_conflict)")
+        by_mode = checked_by_mode(body["by_mode"]) if "by_mode" in body else self.by_mode
+        on_conflict = checked_on_conflict(body["on_conflict"]) if "on_conflict" in body else self.on_conflict
+        self.by_mode, self.on_conflict = by_mode, on_conflict
+        logger.info("agl_proxy sampling by mode: %s (on conflict: %s)", by_mode or "none", on_conflict)
 
-    async def for_rollout(self, rollout_id: str) -> Mapping[str, Any]:
-        """The fields to impose on a call of `rollout_id` ("" for calls without a rollout)."""
-        if not self.needs_rollout or not rollout_id:
-            return self.overrides
+    def state(self) -> dict[str, Any]:
+        return {"by_mode": self.by_mode, "on_conflict": self.on_conflict}
+
+    async def for_rollout(self, rollout_id: str) -> Enforcement | None:
+        """What the mode of `rollout_id` imposes ("" for calls without a rollout); None when nothing."""
+        if not self.by_mode or self.store is None or not rollout_id:
+            return None
         mode = await self._mode(rollout_id)
-        extra = self.by_mode.get(mode or "")
-        return {**self.overrides, **extra} if extra else self.overrides
+        fields = self.by_mode.get(mode or "")
+        if mode is None or fields is None:
+            return None
+        return Enforcement(mode, fields, self.on_conflict)
 
     async def _mode(self, rollout_id: str) -> str | None:
         if rollout_id in self._modes:

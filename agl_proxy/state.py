@@ -15,14 +15,15 @@ import httpx
 
 from agl_store.base import LightningStore
 
-from .balancing import DEFAULT_COOLDOWN_S, Balancer
+from .balancing import Balancer
 from .deployments import ModelRegistry
-from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER, SpanExporter
+from .exporter import SpanExporter
 from .forwarding import RequestOptions
 from .litellm_path import import_litellm
 from .metrics import ProxyMetrics
 from .pausing import PauseGate
 from .sampling import SamplingPolicy
+from .settings import ProxySettings
 from .upstream import make_client
 
 logger = logging.getLogger(__name__)
@@ -35,30 +36,26 @@ class ProxyState:
         self,
         model_list: Sequence[Mapping[str, Any]] = (),
         store: LightningStore | None = None,
-        *,
-        logprobs: bool = False,
-        sampling_overrides: Mapping[str, Any] | None = None,
-        sampling_by_mode: Mapping[str, Mapping[str, Any]] | None = None,
-        cooldown_s: float = DEFAULT_COOLDOWN_S,
-        max_span_buffer: int = DEFAULT_MAX_BUFFER,
-        backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S,
+        settings: ProxySettings | None = None,
     ) -> None:
+        self.settings = settings = settings or ProxySettings()
         self.registry = ModelRegistry(model_list)
         self.store = store
-        self.sampling = SamplingPolicy(sampling_overrides, sampling_by_mode, store)
-        self.options = RequestOptions(logprobs=logprobs, sampling_overrides=self.sampling.overrides)
-        self.balancer = Balancer(cooldown_s=cooldown_s)
-        self.exporter = SpanExporter(store, max_buffer=max_span_buffer, backpressure_wait_s=backpressure_wait_s)
+        self.sampling = SamplingPolicy(
+            settings.sampling_overrides, settings.sampling_by_mode, store, settings.sampling_on_conflict
+        )
+        self.options = RequestOptions(logprobs=settings.logprobs, sampling_overrides=self.sampling.overrides)
+        self.balancer = Balancer(cooldown_s=settings.cooldown_s)
+        self.exporter = SpanExporter(
+            store, max_buffer=settings.max_span_buffer, backpressure_wait_s=settings.backpressure_wait_s
+        )
         self.metrics = ProxyMetrics()
-        self.gate = PauseGate()
+        self.gate = PauseGate(retry_after_s=settings.retry_after_s, hold_s=settings.hold_s)
+        self.metrics.histograms["agl_proxy_hold_seconds"] = (
+            "How long calls that arrived during a pause were held.",
+            self.gate.hold_time,
+        )
         self.client: httpx.AsyncClient | None = None
-
-    async def options_for(self, rollout_id: str) -> RequestOptions:
-        """What to add to a call of `rollout_id`."""
-        if not self.sampling.needs_rollout:
-            return self.options
-        overrides = await self.sampling.for_rollout(rollout_id)
-        return RequestOptions(logprobs=self.options.logprobs, sampling_overrides=overrides)
 
     async def latest_attempt_id(self, rollout_id: str) -> str:
         """The rollout's latest attempt, for calls that name only `x-rollout-id` ("" if unknown)."""
@@ -94,7 +91,20 @@ class ProxyState:
         """The gauge part of `/metrics`: name -> (help, read function)."""
         return {
             "agl_proxy_in_flight": ("LLM calls in flight.", lambda: self.gate.in_flight),
-            "agl_proxy_paused": ("1 while the proxy refuses new calls.", lambda: int(self.gate.paused)),
+            "agl_proxy_paused": ("1 while the proxy holds new calls.", lambda: int(self.gate.paused)),
+            "agl_proxy_held_calls": ("Calls waiting for the proxy to resume.", lambda: self.gate.held),
+            "agl_proxy_hold_refusals_total": (
+                "Calls refused with 429 because the pause outlasted the hold bound.",
+                lambda: self.gate.refused_after_hold,
+            ),
+            "agl_proxy_held_calls_gone_total": (
+                "Calls whose client went away while they were held.",
+                lambda: self.gate.left_while_held,
+            ),
+            "agl_proxy_cancelled_calls_total": (
+                "Calls in flight cancelled because a pause's drain timed out.",
+                lambda: self.gate.cancelled_calls,
+            ),
             "agl_proxy_spans_exported_total": ("Spans written to the store.", lambda: self.exporter.exported),
             "agl_proxy_spans_buffered": (
                 "Spans of answered calls not written to the store yet.",

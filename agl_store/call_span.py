@@ -44,6 +44,16 @@ LATENCY_S = "agl.latency_s"
 TTFT_S = "agl.ttft_s"
 ERROR = "agl.error"
 """A `CallError` on failure (the span's status is then ERROR), else None."""
+TOKEN_IDS_STATUS = "agl.token_ids.status"
+"""On answered calls: `ok`, `missing` (prompt or a choice's ids absent) or `mismatch` (fewer or
+more ids than the backend's usage counts). Absent on failed calls, but for one refused for its ids."""
+TOKEN_IDS_CAUSE = "agl.token_ids.cause"
+"""With `missing` or `mismatch`: why, in a short sentence."""
+SAMPLING = "agl.sampling"
+"""The effective temperature / top_p / top_k / max_tokens sent to the backend: an object with
+only the keys someone (the agent, the deployment, the proxy) set."""
+SAMPLING_MODE = "agl.sampling.mode"
+"""The rollout mode whose sampling the proxy enforced on the call; absent when none applied."""
 
 
 class CallChoice(TypedDict, total=False):

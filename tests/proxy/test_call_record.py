@@ -10,7 +10,17 @@ def test_the_span_of_a_call_carries_every_attribute_of_the_call_span_schema() ->
     record = CallRecord(
         operation="chat", rollout_id="ro-1", attempt_id="at-1", requested_model="tiny", stream=False, start_time=1.0
     )
-    record.response = {"model": "tiny", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": [3]}]}
+    # An answered call of a rollout whose mode's sampling applied, one response id short of its usage:
+    # every attribute is set (the mode and the token-id cause are left out when there is none).
+    record.request = {"messages": [], "temperature": 1.0, "max_completion_tokens": 8}
+    record.response = {
+        "model": "tiny",
+        "prompt_token_ids": [1, 2],
+        "choices": [{"index": 0, "token_ids": [3]}],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 2},
+    }
+    record.status_code = 200
+    record.sampling_mode = "train"
     record.latency_s = 0.5
 
     span = build_llm_span(record)
@@ -21,4 +31,7 @@ def test_the_span_of_a_call_carries_every_attribute_of_the_call_span_schema() ->
     assert span.attributes[call_span.CHOICES] == [
         {"index": 0, "token_ids": [3], "logprobs": None, "finish_reason": None}
     ]
-    assert span.attributes[call_span.OUTPUT_TOKENS] == 1 and span.end_time == 1.5
+    assert span.attributes[call_span.OUTPUT_TOKENS] == 2 and span.end_time == 1.5
+    assert span.attributes[call_span.SAMPLING] == {"temperature": 1.0, "max_tokens": 8}
+    assert span.attributes[call_span.TOKEN_IDS_STATUS] == "mismatch"
+    assert span.attributes[call_span.TOKEN_IDS_CAUSE] == "1 response token ids but usage.completion_tokens is 2"

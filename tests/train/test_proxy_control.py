@@ -11,7 +11,8 @@ from agl_train.proxy_control import ProxyControl, ProxyControlError, vllm_model_
 
 @pytest.fixture
 async def proxy():
-    proxy = LLMProxy(model_list=[], port=0, key="sekret")
+    # hold_s=0: a call during the pause is refused at once rather than held until the resume.
+    proxy = LLMProxy(model_list=[], port=0, key="sekret", hold_s=0)
     await proxy.start()
     yield proxy
     await proxy.stop()

@@ -30,7 +30,10 @@ async def bare_proxy(vllm_server, tmp_path):
     from agl_store.sqlite import SQLiteStore
 
     store = await SQLiteStore(str(tmp_path / "agl.db")).open()
-    proxy = LLMProxy(model_list=[], store=store, port=0, store_app=create_store_app(store, manage_store=False))
+    # hold_s=0: a call during the pause is refused at once rather than held until the resume.
+    proxy = LLMProxy(
+        model_list=[], store=store, port=0, store_app=create_store_app(store, manage_store=False), hold_s=0
+    )
     await proxy.start()
     control = ProxyControl(proxy.url)
     try:
