@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from .backend import Backend, Call, RetryableBackendError
 from .call_record import CallRecord
 from .deployments import Deployment
 from .errors import (
@@ -29,8 +30,8 @@ from .errors import (
     SpanBacklogError,
     send_error,
 )
-from .forwarding import RetryableBackendError, forward
-from .litellm_path import complete_with_litellm
+from .forwarding import PassthroughBackend
+from .litellm_path import LiteLLMBackend
 from .state import ProxyState
 
 logger = logging.getLogger(__name__)
@@ -188,7 +189,7 @@ class LLMCallEndpoint:
         t0: float,
     ) -> None:
         state = self.state
-        options = await state.options_for(record.rollout_id)
+        call = Call(record, body, send, t0, await state.options_for(record.rollout_id), receive)
         tried: set[str] = set()
         last_error: ProxyError | None = None
         while True:
@@ -196,16 +197,15 @@ class LLMCallEndpoint:
             if deployment is None:
                 assert last_error is not None
                 if len(tried) > 1:
-                    last_error.message += f" (tried {len(tried)} replicas of {record.requested_model!r})"
+                    raise type(last_error)(
+                        f"{last_error.message} (tried {len(tried)} replicas of {record.requested_model!r})",
+                        headers=last_error.headers,
+                    )
                 raise last_error
             tried.add(deployment.key)
             state.balancer.acquire(deployment)
             try:
-                if deployment.passthrough:
-                    assert state.client is not None, "the proxy's app was not started"
-                    await forward(state.client, deployment, record, body, send, t0, options, receive)
-                else:
-                    await complete_with_litellm(deployment, record, body, send, t0, options)
+                await self._backend(deployment).serve(call)
                 if record.status_code < 500:
                     state.balancer.mark_ok(deployment)
                 return
@@ -217,3 +217,10 @@ class LLMCallEndpoint:
                 )
             finally:
                 state.balancer.release(deployment)
+
+    def _backend(self, deployment: Deployment) -> Backend:
+        if not deployment.passthrough:
+            return LiteLLMBackend(deployment)
+        client = self.state.client
+        assert client is not None, "the proxy's app was not started"
+        return PassthroughBackend(client, deployment, self.operation)
