@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from agl_store import call_span
+
 from .backend import Backend, Call, RetryableBackendError
 from .call_record import CallRecord
 from .deployments import Deployment
@@ -33,11 +35,13 @@ from .errors import (
 from .forwarding import PassthroughBackend
 from .litellm_path import LiteLLMBackend
 from .state import ProxyState
+from .translate.base import ClientApi, TranslatingSend
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_ID_CHARS = 256
+_API_NAMES = {"chat": "chat.completions", "text_completion": "completions"}
 # Ids travel on to the backend as header values: printable ASCII only.
 _ID = re.compile(r"[\x20-\x7e]*")
 
@@ -97,13 +101,21 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 
 class LLMCallEndpoint:
-    """Serves one OpenAI operation (`chat` or `text_completion`) of a proxy."""
+    """Serves one OpenAI operation (`chat` or `text_completion`) of a proxy.
 
-    def __init__(self, state: ProxyState, operation: str) -> None:
+    With `api`, the client speaks that API (Responses, Anthropic Messages): its request is
+    translated to a chat request and every answer, error or event back to its own format.
+    """
+
+    def __init__(self, state: ProxyState, operation: str, api: ClientApi | None = None) -> None:
         self.state = state
         self.operation = operation
+        self.api = api
+        self.api_name = api.name if api is not None else _API_NAMES[operation]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.api is not None:
+            send = TranslatingSend(send, self.api)
         state = self.state
         # Backpressure: a call is admitted only while the store keeps up with the spans of
         # earlier ones, so no answered call's span ever has to be given up.
@@ -128,7 +140,10 @@ class LLMCallEndpoint:
         start_time = time.time()
         try:
             rollout_id, attempt_id = attribution(scope)
-            body = json_object(await read_body(receive))
+            body = request = json_object(await read_body(receive))
+            if isinstance(send, TranslatingSend):
+                send.request = request
+                body = send.api.chat_request(request)
         except BadRequestError as exc:
             await send_error(send, exc)
             return
@@ -140,8 +155,11 @@ class LLMCallEndpoint:
             requested_model=model if isinstance(model, str) else None,
             stream=bool(body.get("stream")),
             start_time=start_time,
-            request=body,
+            request=request,
+            extra={call_span.API: self.api_name},
         )
+        if isinstance(send, TranslatingSend):
+            send.record = record
         replicas: Sequence[Deployment] = []
         no_backend: NoBackendError | None = None
         try:
@@ -164,6 +182,8 @@ class LLMCallEndpoint:
             record.fail_with(exc)
             await send_error(send, exc)
         finally:
+            if request is not body:
+                record.request = request  # the span keeps the client's request, in its own API
             record.latency_s = time.perf_counter() - t0
             if record.ttft_s is None and record.error is None:
                 record.ttft_s = record.latency_s

@@ -44,6 +44,8 @@ LATENCY_S = "agl.latency_s"
 TTFT_S = "agl.ttft_s"
 ERROR = "agl.error"
 """A `CallError` on failure (the span's status is then ERROR), else None."""
+API = "agl.api"
+"""The API the client called: `chat.completions`, `completions`, `responses` or `messages`."""
 
 
 class CallChoice(TypedDict, total=False):
