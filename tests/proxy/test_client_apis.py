@@ -19,7 +19,7 @@ from agl_proxy.translate.messages import MESSAGES
 from agl_proxy.translate.responses import RESPONSES
 
 from .fake_backend import WORDS, word_ids
-from .helpers import wait_for_spans
+from .helpers import model_entry, wait_for_spans
 
 QUESTION = [{"role": "user", "content": "hi"}]
 TOOL_CALL = {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
@@ -70,6 +70,18 @@ async def test_anthropic_sdk_gets_its_own_exceptions(proxy: LLMProxy, backend) -
             async for _ in stream:
                 pass
     await client.close()
+
+
+async def test_anthropic_sdks_send_their_key_as_x_api_key(proxy_factory, backend) -> None:
+    proxy = await proxy_factory([model_entry("tiny", backend[1])], key="agent-key")
+    client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="agent-key", max_retries=0)
+    reply = await client.messages.create(model="tiny", max_tokens=5, messages=QUESTION)
+    assert reply.content[0].text == "".join(WORDS)
+    await client.close()
+    wrong = anthropic.AsyncAnthropic(base_url=proxy.url, api_key="wrong-key", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        await wrong.messages.create(model="tiny", max_tokens=5, messages=QUESTION)
+    await wrong.close()
 
 
 async def test_rollout_headers_attribute_translated_calls(new_rollout, proxy: LLMProxy, backend, store) -> None:
