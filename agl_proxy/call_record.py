@@ -16,6 +16,9 @@ from agl_store.models import Span, TraceStatus
 from .deployments import Deployment
 from .errors import ProxyError
 
+OPERATION_APIS = {"chat": "chat.completions", "text_completion": "completions"}
+"""The `agl.api` of a call made in the operation's own OpenAI API."""
+
 
 @dataclass
 class CallRecord:
@@ -37,6 +40,8 @@ class CallRecord:
     latency_s: float = 0.0
     error: CallError | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    api: str | None = None
+    """The client's API (`responses`, `messages`) when it is not the operation's own."""
 
     def fail(self, error_type: str, message: str, status_code: int) -> None:
         self.error = {"type": error_type, "message": message, "status_code": status_code}
@@ -116,6 +121,7 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
         call_span.LATENCY_S: record.latency_s,
         call_span.TTFT_S: record.ttft_s,
         call_span.ERROR: record.error,
+        call_span.API: record.api or OPERATION_APIS.get(record.operation),
         **record.extra,
     }
 

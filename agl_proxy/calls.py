@@ -18,8 +18,6 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from agl_store import call_span
-
 from .backend import Backend, Call, RetryableBackendError
 from .call_record import CallRecord
 from .deployments import Deployment
@@ -41,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_ID_CHARS = 256
-_API_NAMES = {"chat": "chat.completions", "text_completion": "completions"}
 # Ids travel on to the backend as header values: printable ASCII only.
 _ID = re.compile(r"[\x20-\x7e]*")
 
@@ -111,7 +108,6 @@ class LLMCallEndpoint:
         self.state = state
         self.operation = operation
         self.api = api
-        self.api_name = api.name if api is not None else _API_NAMES[operation]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.api is not None:
@@ -156,7 +152,7 @@ class LLMCallEndpoint:
             stream=bool(body.get("stream")),
             start_time=start_time,
             request=request,
-            extra={call_span.API: self.api_name},
+            api=self.api.name if self.api is not None else None,
         )
         if isinstance(send, TranslatingSend):
             send.record = record
