@@ -25,36 +25,37 @@ QUESTION = [{"role": "user", "content": "hi"}]
 TOOL_CALL = {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "field"),
-    [
-        ("/messages", {"messages": QUESTION}, "max_tokens"),
-        ("/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
-         "messages[0].content[0].type"),
-        ("/messages", {"max_tokens": 5, "messages": QUESTION, "tools": [{"type": "web_search_20250305"}]},
-         "tools[0].type"),
-        ("/messages", {"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
-        ("/messages", {"max_tokens": 5, "messages": QUESTION, "tool_choice": {"type": "some"}}, "tool_choice.type"),
-        ("/messages", {"max_tokens": 5, "system": [{"type": "image"}], "messages": QUESTION}, "system[0].type"),
-        ("/messages", {"max_tokens": 5, "messages": QUESTION, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
-        ("/responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-        ("/responses", {"input": [{"type": "web_search_call"}]}, "input[0].type"),
-        ("/responses", {"input": "hi", "tools": [{"type": "file_search"}]}, "tools[0].type"),
-        ("/responses", {"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input[0].content[0].type"),
-        ("/responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
-        ("/responses", {"input": 7}, "input"),
-    ],
-)  # fmt: skip
-async def test_what_cannot_be_mapped_is_a_400_naming_the_field(proxy: LLMProxy, http, path, body, field) -> None:
-    response = await http.post(proxy.base_url + path, json={"model": "tiny", **body})
+REFUSED = [
+    ("/messages", {"messages": QUESTION}, "max_tokens"),
+    ("/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+     "messages[0].content[0].type"),
+    ("/messages", {"max_tokens": 5, "messages": QUESTION, "tools": [{"type": "web_search_20250305"}]},
+     "tools[0].type"),
+    ("/messages", {"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("/messages", {"max_tokens": 5, "messages": QUESTION, "tool_choice": {"type": "some"}}, "tool_choice.type"),
+    ("/messages", {"max_tokens": 5, "system": [{"type": "image"}], "messages": QUESTION}, "system[0].type"),
+    ("/messages", {"max_tokens": 5, "messages": QUESTION, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
+    ("/messages/count_tokens", {"messages": [{"role": "user", "content": 7}]}, "messages[0].content"),
+    ("/responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ("/responses", {"input": [{"type": "web_search_call"}]}, "input[0].type"),
+    ("/responses", {"input": "hi", "tools": [{"type": "file_search"}]}, "tools[0].type"),
+    ("/responses", {"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input[0].content[0].type"),
+    ("/responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ("/responses", {"input": 7}, "input"),
+]  # fmt: skip
 
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["message"].startswith(field + ":")
-    if path == "/messages":  # Anthropic's shape; the Responses API's errors are OpenAI's
-        assert response.json()["type"] == "error" and error["type"] == "invalid_request_error"
-    else:
+
+async def test_what_cannot_be_mapped_is_a_400_naming_the_field(proxy: LLMProxy, http, backend) -> None:
+    for path, body, field in REFUSED:
+        response = await http.post(proxy.base_url + path, json={"model": "tiny", **body})
+
+        assert response.status_code == 400, (path, body)
+        error = response.json()["error"]
+        assert error["message"].startswith(field + ":"), (field, error)
         assert error["type"] == "invalid_request_error"
+        if path.startswith("/messages"):  # Anthropic's shape; the Responses API's errors are OpenAI's
+            assert response.json()["type"] == "error"
+    assert backend[0].requests == []  # nothing reached the backend
 
 
 async def test_anthropic_sdk_gets_its_own_exceptions(proxy: LLMProxy, backend) -> None:
