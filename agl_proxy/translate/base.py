@@ -39,10 +39,25 @@ class ClientApi(ABC):
 
     name: str
     """The span's `agl.api` value."""
+    refused: tuple[str, ...] = ()
+    """Request fields that change what the model does and have no chat equivalent."""
+    refused_why: str = "is not supported by agl's proxy"
 
-    @abstractmethod
     def chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat request for `body`; BadRequestError names the field that cannot be mapped."""
+        for name in self.refused:
+            if body.get(name):
+                raise refuse(name, self.refused_why)
+        chat = self.chat_fields(body)
+        if body.get("stream"):
+            chat["stream"] = True
+            # The closing event of each API carries the usage.
+            chat["stream_options"] = {"include_usage": True}
+        return chat
+
+    @abstractmethod
+    def chat_fields(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat request's fields but `stream`: model, messages, tools, sampling."""
 
     @abstractmethod
     def response(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

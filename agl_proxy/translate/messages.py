@@ -28,8 +28,6 @@ from .base import (
 )
 
 _SAMPLING = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", **VLLM_FIELDS}
-# Fields that change what the model does and have no chat equivalent here.
-_REFUSED = ("mcp_servers", "container")
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -205,11 +203,9 @@ def _usage(chat: dict[str, Any], choice: dict[str, Any]) -> dict[str, int]:
 
 class MessagesApi(ClientApi):
     name = "messages"
+    refused = ("mcp_servers", "container")
 
-    def chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        for name in _REFUSED:
-            if body.get(name):
-                raise refuse(name, "is not supported by agl's proxy")
+    def chat_fields(self, body: dict[str, Any]) -> dict[str, Any]:
         chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages(body)}
         if body.get("max_tokens") is None:
             raise refuse("max_tokens", "is required")
@@ -220,9 +216,6 @@ class MessagesApi(ClientApi):
             chat["tools"] = chat_tools(body["tools"])
         if body.get("tool_choice") is not None:
             _tool_choice(body["tool_choice"], chat)
-        if body.get("stream"):
-            chat["stream"] = True
-            chat["stream_options"] = {"include_usage": True}
         return chat
 
     def response(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

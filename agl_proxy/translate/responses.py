@@ -33,7 +33,6 @@ _SAMPLING = {
     "parallel_tool_calls": "parallel_tool_calls",
     **VLLM_FIELDS,
 }
-_REFUSED = ("previous_response_id", "conversation", "background", "prompt")
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
@@ -176,11 +175,10 @@ def _text_format(text: Any) -> dict[str, Any] | None:
 
 class ResponsesApi(ClientApi):
     name = "responses"
+    refused = ("previous_response_id", "conversation", "background", "prompt")
+    refused_why = "is not supported: agl's proxy keeps no state; send the whole conversation in input"
 
-    def chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        for name in _REFUSED:
-            if body.get(name):
-                raise refuse(name, "is not supported: agl's proxy keeps no state; send the whole conversation in input")
+    def chat_fields(self, body: dict[str, Any]) -> dict[str, Any]:
         chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages(body)}
         copy_fields(body, chat, _SAMPLING)
         if body.get("tools"):
@@ -195,9 +193,6 @@ class ResponsesApi(ClientApi):
         if body.get("top_logprobs"):
             chat["logprobs"] = True
             chat["top_logprobs"] = body["top_logprobs"]
-        if body.get("stream"):
-            chat["stream"] = True
-            chat["stream_options"] = {"include_usage": True}
         return chat
 
     def response(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

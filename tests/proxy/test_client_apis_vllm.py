@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.conversations import TOOL_RESULT, messages, tool_history, tools
+from tests.support.conversations import TOOL_RESULT, langchain_tool_conversation, messages, tool_history, tools
 
 from .helpers import model_entry, wait_for_spans
 
@@ -171,20 +171,12 @@ async def test_replayed_histories_extend_the_previous_call(
 
 async def test_langchain_agent_on_chat_anthropic(vllm_proxy, vllm_server, new_rollout, store, tokenizer) -> None:
     from langchain_anthropic import ChatAnthropic
-    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
     ids = await new_rollout()
     llm = ChatAnthropic(
         model=vllm_server.model, base_url=rollout_root(vllm_proxy, ids), api_key="-", max_tokens=8, **SAMPLING
     )
-    agent = llm.bind_tools(TOOLS)
-    history: list[Any] = [SystemMessage(MESSAGES[0]["content"]), HumanMessage(MESSAGES[1]["content"])]
-    first = await agent.ainvoke(history)
-    history += [
-        AIMessage(content="", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}]),
-        ToolMessage(content=TOOL_RESULT, tool_call_id="call_1"),
-    ]
-    chunks = [chunk async for chunk in agent.astream(history)]
+    first, chunks = await langchain_tool_conversation(llm)
     assert first.content is not None and chunks
 
     one, two = await wait_for_spans(store, ids[0], 2)
