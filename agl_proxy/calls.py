@@ -1,4 +1,5 @@
-"""The endpoint of `/v1/chat/completions` and `/v1/completions`, as a pure ASGI app.
+"""The endpoint of `/v1/chat/completions` and `/v1/completions` (and, translated to chat,
+`/v1/responses` and `/v1/messages`), as a pure ASGI app.
 
 Per call: wait while the span backlog is full (refuse if it stays full), refuse while
 paused, read the body, attribute it to a rollout (path or

@@ -122,8 +122,8 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             )
             turn = None
         elif kind == "reasoning":
-            texts = item.get("content") or item.get("summary") or []
-            expect(texts, list, field + ".content", "a list")
+            key = "content" if item.get("content") else "summary"
+            texts = expect(item.get(key) or [], list, f"{field}.{key}", "a list")
             reasoning = "".join(str(t.get("text", "")) for t in texts if isinstance(t, dict))
             turn = None
         else:
