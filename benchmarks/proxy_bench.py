@@ -472,7 +472,8 @@ def litellm_adapter_cpu(calls: int) -> str:
     from litellm.llms.anthropic.messages.adapters.transformation import AnthropicAdapter
 
     adapter = AnthropicAdapter()
-    _, body = api_call("messages", MODEL, False, 16)
+    # The model as LiteLLM's proxy hands it to the adapter: with its provider.
+    _, body = api_call("messages", "hosted_vllm/" + MODEL, False, 16)
     answer = _chat(MODEL)
     t0 = time.process_time()
     for _ in range(calls):
