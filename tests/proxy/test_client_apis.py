@@ -92,14 +92,16 @@ async def test_rollout_headers_attribute_translated_calls(new_rollout, proxy: LL
     oai = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="-", max_retries=0, default_headers=headers)
     message = await claude.messages.create(model="tiny", max_tokens=5, messages=QUESTION)
     beta = await claude.beta.messages.create(model="tiny", max_tokens=5, messages=QUESTION)  # ?beta=true
-    response = await oai.responses.create(model="tiny", input="hi", stream=True)
-    events = [event.type async for event in response]
+    async with oai.responses.stream(model="tiny", input="hi") as stream:  # the SDK's accumulating helper
+        events = [event.type async for event in stream]
+        final = await stream.get_final_response()
     chat = await oai.chat.completions.create(model="tiny", messages=QUESTION)  # type: ignore[arg-type]
     await claude.close()
     await oai.close()
 
     assert message.content[0].text == beta.content[0].text == "".join(WORDS) == chat.choices[0].message.content
     assert events[0] == "response.created" and events[-1] == "response.completed"
+    assert final.output_text == "".join(WORDS)
     spans = await wait_for_spans(store, ids[0], 4)
     assert [span.attributes["agl.api"] for span in spans] == ["messages", "messages", "responses", "chat.completions"]
     assert all(span.attributes["agl.choices"][0]["token_ids"] == word_ids(WORDS) for span in spans)
