@@ -20,7 +20,7 @@ from starlette.types import Receive, Send
 
 from .assembly import StreamAssembler
 from .backend import Call, RetryableBackendError, request_fields
-from .backend import RequestOptions as RequestOptions  # the proxy's settings build them from here
+from .backend import RequestOptions as RequestOptions  # state.py imports it from here
 from .call_record import CallRecord
 from .deployments import Deployment
 from .errors import BackendFailedError, BackendTimeoutError, ProxyError, short_text
