@@ -31,8 +31,11 @@ from agl_store.web.cross_site import CrossSiteGuard, is_loopback
 
 from .auth import BearerKeyMiddleware
 from .calls import LLMCallEndpoint, json_object
-from .errors import BadRequestError, ProxyError, render_error
+from .errors import BadRequestError, ModelNotFoundError, ProxyError, render_error
 from .state import ProxyState
+from .token_count import CountTokensEndpoint
+from .translate.messages import MESSAGES
+from .translate.responses import RESPONSES
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 CANCEL_GRACE_S = 10.0
@@ -99,19 +102,41 @@ def pause_request(body: dict[str, Any]) -> PauseRequest:
     return PauseRequest(reason, bool(body.get("drain")), None if timeout is None else float(timeout), cancel)
 
 
+def _model_entry(name: str, created: int) -> dict[str, Any]:
+    """A model as OpenAI's and Anthropic's SDKs both read it (each ignores the other's fields)."""
+    created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "agl",
+        "type": "model",
+        "display_name": name,
+        "created_at": created_at,
+    }
+
+
 def _model_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
         created = int(time.time())
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "agl"}
-            for name in proxy_state.registry.model_names
-        ]
-        return JSONBytesResponse({"object": "list", "data": data})
+        data = [_model_entry(name, created) for name in proxy_state.registry.model_names]
+        ids = [entry["id"] for entry in data] or [None]
+        # Anthropic's SDK pages through models; agl's fit in one page.
+        page = {"has_more": False, "first_id": ids[0], "last_id": ids[-1]}
+        return JSONBytesResponse({"object": "list", "data": data, **page})
 
-    return [
-        Route(path, models, methods=["GET"], middleware=middleware)
-        for path in ("/v1/models", "/models", ROLLOUT_PREFIX + "/v1/models")
-    ]
+    async def model(request: Request) -> Response:
+        name = request.path_params["model"]
+        if name not in proxy_state.registry.model_names:
+            raise ModelNotFoundError(f"model: no model named {name!r:.100}; GET /v1/models lists them")
+        return JSONBytesResponse(_model_entry(name, int(time.time())))
+
+    routes: list[BaseRoute] = []
+    for prefix in ("", ROLLOUT_PREFIX):
+        for version in ("/v1", ""):
+            for path, endpoint in (("/models", models), ("/models/{model:path}", model)):
+                routes.append(Route(prefix + version + path, endpoint, methods=["GET"], middleware=middleware))
+    return routes
 
 
 def _admin_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list[BaseRoute]:
@@ -182,13 +207,18 @@ async def _health(request: Request) -> Response:
 
 
 def _call_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list[BaseRoute]:
-    chat = LLMCallEndpoint(proxy_state, "chat")
-    completions = LLMCallEndpoint(proxy_state, "text_completion")
+    endpoints: dict[str, ASGIApp] = {
+        "/chat/completions": LLMCallEndpoint(proxy_state, "chat"),
+        "/completions": LLMCallEndpoint(proxy_state, "text_completion"),
+        "/responses": LLMCallEndpoint(proxy_state, "chat", RESPONSES),
+        "/messages": LLMCallEndpoint(proxy_state, "chat", MESSAGES),
+        "/messages/count_tokens": CountTokensEndpoint(proxy_state),
+    }
     routes: list[BaseRoute] = []
     # Base URLs with and without /v1 both occur in agent code; serve both.
     for prefix in ("", ROLLOUT_PREFIX):
         for version in ("/v1", ""):
-            for path, endpoint in (("/chat/completions", chat), ("/completions", completions)):
+            for path, endpoint in endpoints.items():
                 routes.append(Route(prefix + version + path, endpoint, methods=["POST"], middleware=middleware))
     return routes
 

@@ -17,6 +17,9 @@ from .deployments import Deployment
 from .errors import ProxyError
 from .sampling import SAMPLING_FIELDS
 
+OPERATION_APIS = {"chat": "chat.completions", "text_completion": "completions"}
+"""The `agl.api` of a call made in the operation's own OpenAI API."""
+
 
 @dataclass
 class CallRecord:
@@ -42,6 +45,10 @@ class CallRecord:
     token_ids: tuple[str, str | None] | None = None
     """(status, cause) once `check_token_ids()` ran: `ok`, `missing` or `mismatch`, and why."""
     extra: dict[str, Any] = field(default_factory=dict)
+    client_request: dict[str, Any] | None = None
+    """A translated call's request in the client's own API (`request` is the chat request sent)."""
+    api: str | None = None
+    """The client's API (`responses`, `messages`) when it is not the operation's own."""
 
     def fail(self, error_type: str, message: str, status_code: int) -> None:
         self.error = {"type": error_type, "message": message, "status_code": status_code}
@@ -162,7 +169,7 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
         call_span.RESPONSE_MODEL: response.get("model"),
         call_span.INPUT_TOKENS: input_tokens,
         call_span.OUTPUT_TOKENS: output_tokens,
-        call_span.REQUEST: record.request,
+        call_span.REQUEST: record.request if record.client_request is None else record.client_request,
         call_span.RESPONSE: record.response,
         call_span.PROMPT_TOKEN_IDS: prompt_ids,
         call_span.CHOICES: choices,
@@ -174,6 +181,7 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
         call_span.ERROR: record.error,
         **_sampling_attributes(record),
         **_token_id_attributes(record),
+        call_span.API: record.api or OPERATION_APIS.get(record.operation),
         **record.extra,
     }
 

@@ -1,4 +1,5 @@
-"""The endpoint of `/v1/chat/completions` and `/v1/completions`, as a pure ASGI app.
+"""The endpoint of `/v1/chat/completions` and `/v1/completions` (and, translated to chat,
+`/v1/responses` and `/v1/messages`), as a pure ASGI app.
 
 Per call: wait while the span backlog is full (refuse if it stays full), read the body,
 wait while paused (refuse past the hold bound), attribute it to a rollout (path or
@@ -21,6 +22,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from .answering import ClientAnswer
+from .backend import Backend, Call, RetryableBackendError
 from .call_record import CallRecord
 from .deployments import Deployment
 from .errors import (
@@ -33,11 +35,12 @@ from .errors import (
     SpanBacklogError,
     send_error,
 )
-from .forwarding import RetryableBackendError, forward
-from .litellm_path import complete_with_litellm
+from .forwarding import PassthroughBackend
+from .litellm_path import LiteLLMBackend
 from .pausing import CallHandle
 from .sampling import SAMPLING_FIELDS
 from .state import ProxyState
+from .translate.base import ClientApi, TranslatingSend
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +105,20 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 
 class LLMCallEndpoint:
-    """Serves one OpenAI operation (`chat` or `text_completion`) of a proxy."""
+    """Serves one OpenAI operation (`chat` or `text_completion`) of a proxy.
 
-    def __init__(self, state: ProxyState, operation: str) -> None:
+    With `api`, the client speaks that API (Responses, Anthropic Messages): its request is
+    translated to a chat request and every answer, error or event back to its own format.
+    """
+
+    def __init__(self, state: ProxyState, operation: str, api: ClientApi | None = None) -> None:
         self.state = state
         self.operation = operation
+        self.api = api
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.api is not None:
+            send = TranslatingSend(send, self.api)
         state = self.state
         # Backpressure: a call is admitted only while the store keeps up with the spans of
         # earlier ones, so no answered call's span ever has to be given up.
@@ -141,7 +151,10 @@ class LLMCallEndpoint:
         start_time = time.time()
         try:
             rollout_id, attempt_id = attribution(scope)
-            body = json_object(raw)
+            body = request = json_object(raw)
+            if isinstance(send, TranslatingSend):
+                send.request = request
+                body = send.api.chat_request(request)
         except BadRequestError as exc:
             await send_error(send, exc)
             return
@@ -153,8 +166,11 @@ class LLMCallEndpoint:
             requested_model=model if isinstance(model, str) else None,
             stream=bool(body.get("stream")),
             start_time=start_time,
-            request=body,
+            request=request,
+            api=self.api.name if self.api is not None else None,
         )
+        if isinstance(send, TranslatingSend):
+            send.record = record
         replicas: Sequence[Deployment] = []
         no_backend: NoBackendError | None = None
         try:
@@ -187,6 +203,8 @@ class LLMCallEndpoint:
             record.fail_with(error)
             await answer.fail(error)
         finally:
+            if request is not body:
+                record.client_request = request  # the span keeps the client's request, in its own API
             record.latency_s = time.perf_counter() - t0
             if record.ttft_s is None and record.error is None:
                 record.ttft_s = record.latency_s
@@ -225,7 +243,10 @@ class LLMCallEndpoint:
             if deployment is None:
                 assert last_error is not None
                 if len(tried) > 1:
-                    last_error.message += f" (tried {len(tried)} replicas of {record.requested_model!r})"
+                    raise type(last_error)(
+                        f"{last_error.message} (tried {len(tried)} replicas of {record.requested_model!r})",
+                        headers=last_error.headers,
+                    )
                 raise last_error
             tried.add(deployment.key)
             sent = body
@@ -235,11 +256,7 @@ class LLMCallEndpoint:
                 sent = enforcement.apply({**defaults, **body})
             state.balancer.acquire(deployment)
             try:
-                if deployment.passthrough:
-                    assert state.client is not None, "the proxy's app was not started"
-                    await forward(state.client, deployment, record, sent, send, t0, state.options, receive)
-                else:
-                    await complete_with_litellm(deployment, record, sent, send, t0, state.options)
+                await self._backend(deployment).serve(Call(record, sent, send, t0, state.options, receive))
                 if record.status_code < 500:
                     state.balancer.mark_ok(deployment)
                 return
@@ -251,3 +268,10 @@ class LLMCallEndpoint:
                 )
             finally:
                 state.balancer.release(deployment)
+
+    def _backend(self, deployment: Deployment) -> Backend:
+        if not deployment.passthrough:
+            return LiteLLMBackend(deployment)
+        client = self.state.client
+        assert client is not None, "the proxy's app was not started"
+        return PassthroughBackend(client, deployment, self.operation)

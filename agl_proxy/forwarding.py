@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -20,6 +19,7 @@ import orjson
 from starlette.types import Receive, Send
 
 from .assembly import StreamAssembler
+from .backend import Call, RequestOptions, RetryableBackendError, request_fields
 from .call_record import CallRecord
 from .deployments import Deployment
 from .errors import BackendFailedError, BackendTimeoutError, ProxyError, short_text
@@ -28,41 +28,11 @@ CONNECT_TIMEOUT_S = 10.0
 _PATHS = {"chat": "/chat/completions", "text_completion": "/completions"}
 
 
-class RetryableBackendError(Exception):
-    """The replica failed before anything was sent to the client; another may serve the call."""
-
-    def __init__(self, error: ProxyError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-@dataclass(frozen=True)
-class RequestOptions:
-    """What the proxy adds to every request it forwards."""
-
-    logprobs: bool = False
-    """Ask for the sampled tokens' logprobs when the client did not ask itself."""
-    sampling_overrides: Mapping[str, Any] = field(default_factory=dict)
-    """Request fields that replace the client's (e.g. a training temperature)."""
-
-
-def request_fields(body: Mapping[str, Any], deployment: Deployment, options: RequestOptions) -> dict[str, Any]:
-    """The client's request fields over the deployment's defaults, under the proxy's overrides.
-
-    Both paths (pass-through and LiteLLM) start from this, then name the model their way.
-    """
-    out = dict(body)
-    for key, value in deployment.request_defaults.items():
-        out.setdefault(key, value)
-    out.update(options.sampling_overrides)
-    return out
-
-
 def backend_body(
     body: Mapping[str, Any], deployment: Deployment, operation: str, options: RequestOptions
 ) -> dict[str, Any]:
     """The request body as the backend gets it."""
-    out = request_fields(body, deployment, options)
+    out = request_fields(body, deployment.request_defaults, options)
     out["model"] = deployment.model
     if deployment.is_vllm:
         out["return_token_ids"] = True
@@ -123,52 +93,52 @@ async def relay_chunk(data: bytes, send: Send, assembler: StreamAssembler, recor
         record.ttft_s = time.perf_counter() - t0
 
 
-async def forward(
-    client: httpx.AsyncClient,
-    deployment: Deployment,
-    record: CallRecord,
-    body: Mapping[str, Any],
-    send: Send,
-    t0: float,
-    options: RequestOptions,
-    receive: Receive | None = None,
-) -> None:
-    """Serve one call from `deployment`, answering the client through `send`.
+class PassthroughBackend:
+    """Serves calls from an OpenAI-compatible deployment with agl's own HTTP client."""
 
-    With `receive`, a stream stops (and the backend is released) when the client goes away.
-    """
-    request_body = backend_body(body, deployment, record.operation, options)
-    record.deployment = deployment
-    record.request = request_body
-    label = deployment.label
-    timeout = httpx.Timeout(deployment.timeout_s, connect=min(CONNECT_TIMEOUT_S, deployment.timeout_s))
-    request = client.build_request(
-        "POST",
-        deployment.api_base + _PATHS[record.operation],  # type: ignore[operator]
-        content=orjson.dumps(request_body),
-        headers=backend_headers(deployment, record.rollout_id, record.attempt_id),
-        timeout=timeout,
-    )
-    try:
+    __slots__ = ("client", "deployment", "url")
+
+    def __init__(self, client: httpx.AsyncClient, deployment: Deployment, operation: str) -> None:
+        self.client = client
+        self.deployment = deployment
+        self.url = f"{deployment.api_base}{_PATHS[operation]}"
+
+    async def serve(self, call: Call) -> None:
+        deployment, client, record = self.deployment, self.client, call.record
+        request_body = backend_body(call.body, deployment, record.operation, call.options)
+        record.deployment = deployment
+        record.request = request_body
+        label = deployment.label
+        timeout = httpx.Timeout(deployment.timeout_s, connect=min(CONNECT_TIMEOUT_S, deployment.timeout_s))
+        request = client.build_request(
+            "POST",
+            self.url,
+            content=orjson.dumps(request_body),
+            headers=backend_headers(deployment, record.rollout_id, record.attempt_id),
+            timeout=timeout,
+        )
         try:
-            response = await client.send(request, stream=True)
-        except httpx.RemoteProtocolError:
-            # A kept-alive connection the server had just closed: the request never ran.
-            response = await client.send(request, stream=True)
-    except httpx.ConnectError as exc:
-        raise RetryableBackendError(BackendFailedError(f"backend {label} refused the connection: {exc}")) from exc
-    except httpx.TimeoutException as exc:
-        raise BackendTimeoutError(f"backend {label} did not answer within {deployment.timeout_s:g} s") from exc
-    except httpx.TransportError as exc:
-        raise RetryableBackendError(BackendFailedError(f"backend {label} failed: {type(exc).__name__}: {exc}")) from exc
-    try:
-        is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
-        if is_stream and response.status_code < 300:
-            await _relay_stream(response, deployment, record, send, t0, receive)
-        else:
-            await _relay_body(response, deployment, record, send)
-    finally:
-        await response.aclose()
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.RemoteProtocolError:
+                # A kept-alive connection the server had just closed: the request never ran.
+                response = await client.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            raise RetryableBackendError(BackendFailedError(f"backend {label} refused the connection: {exc}")) from exc
+        except httpx.TimeoutException as exc:
+            raise BackendTimeoutError(f"backend {label} did not answer within {deployment.timeout_s:g} s") from exc
+        except httpx.TransportError as exc:
+            raise RetryableBackendError(
+                BackendFailedError(f"backend {label} failed: {type(exc).__name__}: {exc}")
+            ) from exc
+        try:
+            is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
+            if is_stream and response.status_code < 300:
+                await _relay_stream(response, deployment, record, call.send, call.t0, call.receive)
+            else:
+                await _relay_body(response, deployment, record, call.send)
+        finally:
+            await response.aclose()
 
 
 async def _relay_body(response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send) -> None:

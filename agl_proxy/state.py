@@ -15,10 +15,10 @@ import httpx
 
 from agl_store.base import LightningStore
 
+from .backend import RequestOptions
 from .balancing import Balancer
 from .deployments import ModelRegistry
 from .exporter import SpanExporter
-from .forwarding import RequestOptions
 from .litellm_path import import_litellm
 from .metrics import ProxyMetrics
 from .pausing import PauseGate

@@ -54,6 +54,8 @@ SAMPLING = "agl.sampling"
 only the keys someone (the agent, the deployment, the proxy) set."""
 SAMPLING_MODE = "agl.sampling.mode"
 """The rollout mode whose sampling the proxy enforced on the call; absent when none applied."""
+API = "agl.api"
+"""The API the client called: `chat.completions`, `completions`, `responses` or `messages`."""
 
 
 class CallChoice(TypedDict, total=False):

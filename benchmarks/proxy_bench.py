@@ -6,7 +6,11 @@
     .venv/bin/python benchmarks/proxy_bench.py --no-peers --json artifacts/proxy_bench.json
     .venv/bin/python benchmarks/proxy_bench.py --no-scenarios --sustained-repeats 3   # the sustained line only
 
-Every target serves the same OpenAI chat call, streamed and not, at concurrency 1 and 32:
+Every target serves the same OpenAI chat call, streamed and not, at concurrency 1 and 32; `agl` and
+`litellm` also serve it through the OpenAI Responses API and Anthropic's Messages API (`--apis`), each
+translated to the backend's chat completions, so their CPU per call less the chat line's is what the
+translation costs (and, since a server's CPU per call is read in clock ticks, the same translations
+are also timed in this process, on the fake backend's answers: `translation CPU` lines):
 
 - `direct`: the backend itself (the latency floor; no proxy CPU);
 - `bare`: `_proxy_bare.py`, bytes forwarded with one httpx client, nothing parsed or recorded
@@ -59,6 +63,9 @@ PEER_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_DANGEROUSLY_PERMIT_
 START_TIMEOUT_S = 120.0
 MODEL = "bench"
 SUSTAINED_CLIENTS = 16
+APIS = ("chat", "responses", "messages")
+# The client APIs each target serves; the backend and the bare pass-through speak only chat.
+TARGET_APIS = {"agl": APIS, "litellm": APIS}
 
 
 @dataclass
@@ -73,6 +80,7 @@ class Target:
 class Result:
     target: str
     backend: str
+    api: str
     stream: bool
     concurrency: int
     calls: int
@@ -153,17 +161,22 @@ async def one_call(client: httpx.AsyncClient, url: str, body: dict[str, Any], st
     return time.perf_counter() - t0
 
 
+def api_call(api: str, model: str, stream: bool, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """(path under the base URL, body) of the same one-question call in `api`."""
+    question = [{"role": "user", "content": "Benchmark me."}]
+    common = {"model": model, "temperature": 0, "stream": stream}
+    if api == "responses":
+        return "/responses", {**common, "input": question, "max_output_tokens": max_tokens}
+    if api == "messages":
+        return "/messages", {**common, "messages": question, "max_tokens": max_tokens}
+    return "/chat/completions", {**common, "messages": question, "max_tokens": max_tokens}
+
+
 async def run_load(
-    target: Target, backend: str, model: str, stream: bool, concurrency: int, calls: int, max_tokens: int
+    target: Target, backend: str, model: str, api: str, stream: bool, concurrency: int, calls: int, max_tokens: int
 ) -> Result:
-    url = target.base_url + "/chat/completions"
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Benchmark me."}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": stream,
-    }
+    path, body = api_call(api, model, stream, max_tokens)
+    url = target.base_url + path
     latencies: list[float] = []
     errors = 0
     remaining = [calls]
@@ -192,6 +205,7 @@ async def run_load(
     return Result(
         target=target.name,
         backend=backend,
+        api=api,
         stream=stream,
         concurrency=concurrency,
         calls=done,
@@ -335,23 +349,26 @@ def bench_backend(
     for name, make in makers:
         if args.only and name not in args.only.split(","):
             continue
+        apis = [api for api in TARGET_APIS.get(name, ("chat",)) if api in args.apis.split(",")]
         try:
             with make() as target:
-                for stream in (False, True):
-                    for concurrency in (1, 32):
-                        n = calls if concurrency > 1 else max(10, calls // 2)
-                        if name == "al-0.3":
-                            n = max(10, n // 4)  # ~50 ms of CPU per call: keep its turn short
-                        result = await_(run_load(target, backend, model, stream, concurrency, n, max_tokens))
-                        results.append(result)
-                        cpu = float("nan") if result.cpu_ms_per_call is None else result.cpu_ms_per_call
-                        errors = f"  errors {result.errors}" if result.errors else ""
-                        print(
-                            f"  {backend:5} {name:8} stream={str(stream):5} c={concurrency:<3} "
-                            f"{result.calls_per_s:8.1f}/s mean {result.mean_ms:7.2f} ms  "
-                            f"cpu {cpu:6.2f} ms/call{errors}",
-                            flush=True,
-                        )
+                for api in apis:
+                    for stream in (False, True):
+                        for concurrency in (1, 32):
+                            n = calls if concurrency > 1 else max(10, calls // 2)
+                            if name == "al-0.3":
+                                n = max(10, n // 4)  # ~50 ms of CPU per call: keep its turn short
+                            load = run_load(target, backend, model, api, stream, concurrency, n, max_tokens)
+                            result = await_(load)
+                            results.append(result)
+                            cpu = float("nan") if result.cpu_ms_per_call is None else result.cpu_ms_per_call
+                            errors = f"  errors {result.errors}" if result.errors else ""
+                            print(
+                                f"  {backend:5} {name:8} {api:9} stream={str(stream):5} c={concurrency:<3} "
+                                f"{result.calls_per_s:8.1f}/s mean {result.mean_ms:7.2f} ms  "
+                                f"cpu {cpu:6.2f} ms/call{errors}",
+                                flush=True,
+                            )
         except (RuntimeError, OSError) as exc:
             notes.append(f"{backend}/{name}: skipped: {str(exc).strip()[:400]}")
             print(f"  {backend:5} {name:8} skipped: {str(exc).strip()[:200]}", flush=True)
@@ -362,6 +379,7 @@ def await_(coro: Any) -> Any:
 
 
 def add_deltas(results: list[Result]) -> None:
+    # Every API's latency is compared with the backend's own chat call.
     direct = {(r.backend, r.stream, r.concurrency): r.mean_ms for r in results if r.target == "direct"}
     for r in results:
         base = direct.get((r.backend, r.stream, r.concurrency))
@@ -370,15 +388,16 @@ def add_deltas(results: list[Result]) -> None:
 
 def table(results: list[Result]) -> str:
     lines = [
-        "| backend | target | stream | c | calls/s | mean ms | p50 ms | p99 ms | added ms vs direct "
+        "| backend | target | api | stream | c | calls/s | mean ms | p50 ms | p99 ms | added ms vs direct "
         "| server CPU ms/call |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         cpu = "-" if r.cpu_ms_per_call is None else f"{r.cpu_ms_per_call:.2f}"
         added = "-" if r.added_ms is None else f"{r.added_ms:+.2f}"
         lines.append(
-            f"| {r.backend} | {r.target} | {'yes' if r.stream else 'no'} | {r.concurrency} | {r.calls_per_s:.1f} "
+            f"| {r.backend} | {r.target} | {r.api} | {'yes' if r.stream else 'no'} | {r.concurrency} "
+            f"| {r.calls_per_s:.1f} "
             f"| {r.mean_ms:.2f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {cpu} |"
         )
     return "\n".join(lines)
@@ -386,7 +405,7 @@ def table(results: list[Result]) -> str:
 
 def verdict(results: list[Result], ready: dict[str, float]) -> list[str]:
     out = []
-    by = {(r.backend, r.target, r.stream, r.concurrency): r for r in results}
+    by = {(r.backend, r.target, r.stream, r.concurrency): r for r in results if r.api == "chat"}
     for c in (1, 32):
         agl, bare = by.get(("fake", "agl", False, c)), by.get(("fake", "bare", False, c))
         if agl and agl.cpu_ms_per_call is not None:
@@ -398,8 +417,94 @@ def verdict(results: list[Result], ready: dict[str, float]) -> list[str]:
                 ratio = peer.cpu_ms_per_call / agl.cpu_ms_per_call
                 line += f", agent-lightning 0.3 {peer.cpu_ms_per_call:.1f} ms ({ratio:.0f}× agl)"
             out.append(line)
+    out += translation_verdict(results)
     if "agl" in ready:
         out.append(f"agl proxy serve ready in {ready['agl']:.2f} s (aim ≤ 3 s)")
+    return out
+
+
+def translation_cpu(calls: int) -> list[str]:
+    """CPU per call that agl's translations add, timed here: request to chat, the chat answer (body or
+    stream, the fake backend's bytes) through `TranslatingSend` to the client's format."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from _proxy_fake_backend import _chat, _chunks
+
+    from agl_proxy.translate.base import ClientApi, TranslatingSend
+    from agl_proxy.translate.messages import MESSAGES
+    from agl_proxy.translate.responses import RESPONSES
+
+    async def discard(message: Any) -> None:
+        pass
+
+    async def one(api: ClientApi, body: dict[str, Any], answer: list[bytes], content_type: bytes) -> None:
+        send = TranslatingSend(discard, api)
+        send.request = body
+        api.chat_request(body)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type)]})
+        for data in answer:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def run() -> list[str]:
+        out = []
+        for api_name, api in (("responses", RESPONSES), ("messages", MESSAGES)):
+            for stream in (False, True):
+                _, body = api_call(api_name, MODEL, stream, 16)
+                answer = _chunks(MODEL) if stream else [_chat(MODEL)]
+                content_type = b"text/event-stream" if stream else b"application/json"
+                t0 = time.process_time()
+                for _ in range(calls):
+                    await one(api, body, answer, content_type)
+                cost_ms = (time.process_time() - t0) / calls * 1000
+                aim = "" if stream else " (aim ≤ 0.3)"
+                kind = "stream of 16 tokens" if stream else "non-stream"
+                out.append(f"translation CPU, {api_name} {kind}: {cost_ms:.3f} ms/call{aim}")
+        return out + [litellm_adapter_cpu(calls)]
+
+    return asyncio.run(run())
+
+
+def litellm_adapter_cpu(calls: int) -> str:
+    """The same non-streamed Messages call through LiteLLM's own Anthropic adapter (what its proxy runs), timed here."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from _proxy_fake_backend import _chat
+    from litellm import ModelResponse
+    from litellm.llms.anthropic.messages.adapters.transformation import AnthropicAdapter
+
+    adapter = AnthropicAdapter()
+    # The model as LiteLLM's proxy hands it to the adapter: with its provider.
+    _, body = api_call("messages", "hosted_vllm/" + MODEL, False, 16)
+    answer = _chat(MODEL)
+    t0 = time.process_time()
+    for _ in range(calls):
+        adapter.translate_completion_input_params(dict(body))
+        reply = adapter.translate_completion_output_params(ModelResponse(**json.loads(answer)))
+        json.dumps(reply if isinstance(reply, dict) else reply.model_dump())  # type: ignore[union-attr]
+    cost_ms = (time.process_time() - t0) / calls * 1000
+    what = "LiteLLM's AnthropicAdapter (request and response only)"
+    return f"translation CPU, messages non-stream, {what}: {cost_ms:.3f} ms/call"
+
+
+def translation_verdict(results: list[Result]) -> list[str]:
+    """Per translated API: its CPU per call over the chat line's, agl beside LiteLLM's proxy."""
+    cpu = {(r.target, r.api, r.stream, r.concurrency): r.cpu_ms_per_call for r in results if r.backend == "fake"}
+    out = []
+    for api in APIS[1:]:
+        for stream in (False, True):
+            parts = []
+            for target in ("agl", "litellm"):
+                costs = [
+                    (own, base)
+                    for c in (1, 32)
+                    if (own := cpu.get((target, api, stream, c))) is not None
+                    and (base := cpu.get((target, "chat", stream, c))) is not None
+                ]
+                if costs:
+                    extra = statistics.fmean(own - base for own, base in costs)
+                    parts.append(f"{target} {extra:+.2f} ms CPU/call over its chat calls")
+            if parts:
+                aim = " (aim ≤ +0.3 for agl)" if not stream else ""
+                out.append(f"{api} {'stream' if stream else 'non-stream'}: " + ", ".join(parts) + aim)
     return out
 
 
@@ -430,6 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-calls", type=int, default=64)
     parser.add_argument("--no-peers", action="store_true", help="skip agent-lightning 0.3 and LiteLLM's proxy")
     parser.add_argument("--only", help="comma-separated targets: direct,bare,agl,al-0.3,litellm")
+    parser.add_argument(
+        "--apis",
+        default=",".join(APIS),
+        help="comma-separated client APIs for agl and litellm: chat,responses,messages",
+    )
     parser.add_argument(
         "--sustained-seconds", type=float, default=60.0, help="sustained-load line: seconds per target (0 skips)"
     )
@@ -478,7 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results))
     print()
-    for line in verdict(results, ready) + sustained_verdict(sustained) + notes:
+    lines = verdict(results, ready) + sustained_verdict(sustained)
+    if any(api != "chat" for api in args.apis.split(",")):
+        lines += translation_cpu(2000)
+    for line in lines + notes:
         print("- " + line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

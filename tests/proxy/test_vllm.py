@@ -7,12 +7,10 @@ chat-template ids.
 
 from __future__ import annotations
 
-from typing import Any
-
 import openai
 import pytest
 
-from tests.support.conversations import TOOL_RESULT, messages, tool_history, tools
+from tests.support.conversations import langchain_tool_conversation, messages, tool_history, tools
 from tests.test_environment import chat_template_ids
 
 from .helpers import model_entry, wait_for_spans
@@ -82,21 +80,13 @@ async def test_completions_with_token_id_prompts(vllm_proxy, vllm_server, new_ro
 
 
 async def test_langchain_agent_with_a_tool_conversation(vllm_proxy, vllm_server, new_rollout, store, tokenizer) -> None:
-    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
     from langchain_openai import ChatOpenAI
 
     ids = await new_rollout()
     llm = ChatOpenAI(
         base_url=vllm_proxy.as_resource().get_base_url(*ids), api_key="unused", model=vllm_server.model, **SAMPLING
     )
-    agent = llm.bind_tools(TOOLS)
-    history: list[Any] = [SystemMessage(MESSAGES[0]["content"]), HumanMessage(MESSAGES[1]["content"])]
-    first = await agent.ainvoke(history)
-    history += [
-        AIMessage(content="", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}]),
-        ToolMessage(content=TOOL_RESULT, tool_call_id="call_1"),
-    ]
-    chunks = [chunk async for chunk in agent.astream(history)]
+    first, chunks = await langchain_tool_conversation(llm)
     await llm.root_async_client.close()
     assert first.content is not None and chunks
 

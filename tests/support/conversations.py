@@ -42,3 +42,22 @@ def tool_history() -> list[dict[str, Any]]:
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULT},
     ]
+
+
+async def langchain_tool_conversation(llm: Any) -> tuple[Any, list[Any]]:
+    """Two turns of a LangChain agent with ``tools()`` bound to ``llm``: ``messages()`` as LangChain
+    messages, then, streamed, the same history with the call of ``get_weather`` and its result.
+
+    Returns the first answer and the second's chunks.
+    """
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    agent = llm.bind_tools(tools())
+    system, question = messages()
+    history: list[Any] = [SystemMessage(system["content"]), HumanMessage(question["content"])]
+    first = await agent.ainvoke(history)
+    history += [
+        AIMessage(content="", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}]),
+        ToolMessage(content=TOOL_RESULT, tool_call_id="call_1"),
+    ]
+    return first, [chunk async for chunk in agent.astream(history)]
