@@ -44,6 +44,12 @@ LATENCY_S = "agl.latency_s"
 TTFT_S = "agl.ttft_s"
 ERROR = "agl.error"
 """A `CallError` on failure (the span's status is then ERROR), else None."""
+API = "agl.api"
+"""The API the agent called: `chat.completions`, `completions`, `responses` or `messages`."""
+TOKEN_IDS_STATUS = "agl.token_ids.status"
+"""`ok`, `missing` or `mismatch`: whether the call's token ids are there and trainable."""
+TOKEN_IDS_CAUSE = "agl.token_ids.cause"
+"""Why the token ids are not `ok` (absent when they are)."""
 
 
 class CallChoice(TypedDict, total=False):

@@ -66,9 +66,17 @@ def known_limits(calls: list[dict[str, list[int]]]) -> Limits:
 
 
 def llm_call_span(
-    rollout_id: str, attempt_id: str, prompt: list[int], response: list[int], start: float, content: str = "ok"
+    rollout_id: str,
+    attempt_id: str,
+    prompt: list[int],
+    response: list[int],
+    start: float,
+    content: str = "ok",
+    version: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Span:
-    """An `agl.llm_call` span shaped as the proxy writes it (docs/spans.md)."""
+    """An `agl.llm_call` span shaped as the proxy writes it (docs/spans.md), served by weights
+    `version`, with `extra` attributes on top."""
     return Span(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
@@ -89,10 +97,11 @@ def llm_call_span(
             "agl.choices": [{"index": 0, "token_ids": response, "logprobs": None, "finish_reason": "stop"}],
             "agl.stream": False,
             "agl.backend": "http://127.0.0.1:9/v1",
-            "agl.model_version": None,
+            "agl.model_version": version,
             "agl.latency_s": 0.25,
             "agl.ttft_s": 0.25,
             "agl.error": None,
+            **(extra or {}),
         },
     )
 
@@ -105,21 +114,25 @@ async def write_rollout(
     content: str = "ok",
     input: Any = None,
     mode: str | None = "train",
-    finish: bool = True,
+    finish: bool | str = True,
+    version: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> KnownRollout:
-    """Start a rollout, write one span per call (and a reward), and mark it succeeded."""
+    """Start a rollout (under the latest resources), write one span per call served by weights
+    `version` (and a reward), and mark it succeeded, or `finish` it with that attempt status."""
     rollout = await store.start_rollout(input=input if input is not None else {"question": "weather"}, mode=mode)  # type: ignore[arg-type]
     rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
     start = time.time()
     spans = [
-        llm_call_span(rid, aid, call["prompt"], call["response"], start + k, content) for k, call in enumerate(calls)
+        llm_call_span(rid, aid, call["prompt"], call["response"], start + k, content, version, extra)
+        for k, call in enumerate(calls)
     ]
     if reward is not None:
         spans.append(reward_span(rid, aid, reward, start_time=start + len(calls), end_time=start + len(calls)))
     for span in spans:  # one at a time: each takes the next sequence number
         await store.add_span(span)
     if finish:
-        await store.update_attempt(rid, aid, status="succeeded")
+        await store.update_attempt(rid, aid, status="succeeded" if finish is True else finish)  # type: ignore[arg-type]
     return KnownRollout(rid, aid, calls)
 
 
