@@ -19,10 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agl_store.base import LightningStore
-from agl_store.models import Span, reward_span
+from agl_store.models import ProxyLLM, Span, reward_span
 from agl_train.aggregate import Limits
+from agl_train.proxy_control import LLM_RESOURCE_NAME
 
 Encode = Callable[[str], list[int]]
+
+CALLS = [{"prompt": [1, 2, 3], "response": [4, 5]}, {"prompt": [1, 2, 3, 4, 5, 6], "response": [7, 8, 9]}]
+"""Two calls merged into one trajectory row: 2 + 3 generated tokens trained, 1 inserted."""
 
 INJECTION = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 """Agent output that would run if the page ever parsed data as HTML."""
@@ -139,3 +143,24 @@ async def write_rollout(
 async def write_known_rollout(store: LightningStore, encode: Encode, **kwargs: Any) -> KnownRollout:
     """The three-call rollout of the module docstring, with reward 0.75."""
     return await write_rollout(store, known_calls(encode), reward=0.75, **kwargs)
+
+
+async def publish(store: LightningStore, model: str = "tiny", endpoint: str = "http://127.0.0.1:9/v1") -> str:
+    """A resource set as the trainer publishes one per step (`publish_replicas`)."""
+    update = await store.add_resources({LLM_RESOURCE_NAME: ProxyLLM(endpoint=endpoint, model=model)})
+    return update.resources_id
+
+
+async def write_two_steps(store: LightningStore) -> None:
+    """Step 1: three train rollouts (rewards 0, 0.5, 1), one failed, one timed out; a validation
+    set of version 1 with two rollouts (0.25, 0.75). Step 2: one train rollout still running."""
+    await publish(store)
+    for reward in (0.0, 0.5, 1.0):
+        await write_rollout(store, CALLS, reward=reward, version="1")
+    await write_rollout(store, CALLS[:1], reward=None, version="1", finish="failed")
+    await write_rollout(store, CALLS[:1], reward=None, version="1", finish="timeout")
+    await publish(store)
+    for reward in (0.25, 0.75):
+        await write_rollout(store, CALLS, reward=reward, version="1", mode="val")
+    await publish(store)
+    await write_rollout(store, CALLS, reward=None, version="2", finish=False)

@@ -8,16 +8,12 @@ from typing import Any
 import httpx
 import pytest
 
-from agl_store.base import LightningStore
-from agl_store.models import LLM, ProxyLLM
+from agl_store.models import LLM
 from agl_store.server import create_app
 from agl_train.proxy_control import LLM_RESOURCE_NAME
 from tests.proxy.helpers import serve
 
-from .rollouts import write_rollout
-
-CALLS = [{"prompt": [1, 2, 3], "response": [4, 5]}, {"prompt": [1, 2, 3, 4, 5, 6], "response": [7, 8, 9]}]
-"""Two calls merged into one trajectory row: 2 + 3 generated tokens trained, 1 inserted."""
+from .rollouts import CALLS, publish, write_rollout, write_two_steps
 
 
 async def get(url: str, path: str, **params: Any) -> dict:
@@ -25,27 +21,6 @@ async def get(url: str, path: str, **params: Any) -> dict:
         response = await http.get(path, params=params)
     assert response.status_code == 200, response.text
     return response.json()
-
-
-async def publish(store: LightningStore, model: str = "tiny", endpoint: str = "http://127.0.0.1:9/v1") -> str:
-    """A resource set as the trainer publishes one per step (`publish_replicas`)."""
-    update = await store.add_resources({LLM_RESOURCE_NAME: ProxyLLM(endpoint=endpoint, model=model)})
-    return update.resources_id
-
-
-async def write_two_steps(store: LightningStore) -> None:
-    """Step 1: three train rollouts (rewards 0, 0.5, 1), one failed, one timed out; a validation
-    set of version 1 with two rollouts (0.25, 0.75). Step 2: one train rollout still running."""
-    await publish(store)
-    for reward in (0.0, 0.5, 1.0):
-        await write_rollout(store, CALLS, reward=reward, version="1")
-    await write_rollout(store, CALLS[:1], reward=None, version="1", finish="failed")
-    await write_rollout(store, CALLS[:1], reward=None, version="1", finish="timeout")
-    await publish(store)
-    for reward in (0.25, 0.75):
-        await write_rollout(store, CALLS, reward=reward, version="1", mode="val")
-    await publish(store)
-    await write_rollout(store, CALLS, reward=None, version="2", finish=False)
 
 
 async def test_each_step_summarises_train_and_validation_apart(store, store_url) -> None:

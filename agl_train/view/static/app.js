@@ -136,7 +136,8 @@ async function route() {
   const { parts, params } = parseHash();
   try {
     let view;
-    if (parts[0] === "rollouts" && parts[1] && parts[2] === "tokens") view = await tokenView(parts[1], params);
+    if (parts[0] === "training") view = await trainingView(params);
+    else if (parts[0] === "rollouts" && parts[1] && parts[2] === "tokens") view = await tokenView(parts[1], params);
     else if (parts[0] === "rollouts" && parts[1]) view = await rolloutView(parts[1]);
     else view = await listView(params);
     if (token !== state.token) return; // the user moved on while this view loaded
@@ -284,6 +285,115 @@ async function listView(params) {
   };
 }
 
+// --- the training page ----------------------------------------------------------------------
+
+function fmtSpread(reward) {
+  if (!reward || !reward.n) return "—";
+  return `${fmtReward(reward.mean)} ± ${fmtReward(reward.std)}`;
+}
+
+function fmtRange(reward) {
+  return reward && reward.n ? `${fmtReward(reward.min)} … ${fmtReward(reward.max)}` : "";
+}
+
+// "3 ok · 1 failed · 1 timed out · 2 running": zero counts left out, so a healthy step reads short.
+function outcomes(mode) {
+  if (!mode) return h("span", { class: "muted" }, "—");
+  const parts = [
+    [mode.succeeded, "ok", "ok"],
+    [mode.failed, "failed", "bad"],
+    [mode.timeout, "timed out", "bad"],
+    [mode.cancelled, "cancelled", "muted"],
+    [mode.running, "running", "live"],
+    [mode.queued, "queued", "live"],
+  ].filter(([n]) => n);
+  if (!parts.length) return h("span", { class: "muted" }, "none");
+  return parts.flatMap(([n, label, kind], i) => [i ? " · " : "", h("span", { class: `count-${kind}` }, `${n} ${label}`)]);
+}
+
+function stepRow(step) {
+  const train = step.modes.train;
+  const val = step.modes.val;
+  const cell = (testid, ...content) => h("td", { class: "num", "data-testid": testid }, ...content);
+  return h(
+    "tr",
+    { "data-step": step.step ?? step.resources_ids[0] },
+    h("td", {}, step.step ?? h("span", { class: "muted", title: step.resources_ids.join(", ") }, "?"), step.finished ? "" : [" ", h("span", { class: "status status-running", "data-testid": "live-step" }, "live")]),
+    h("td", {}, fmtTime(step.published)),
+    h("td", { "data-testid": "train-outcomes" }, outcomes(train)),
+    cell("train-reward", fmtSpread(train && train.reward)),
+    cell("train-range", fmtRange(train && train.reward)),
+    cell("train-rows", train ? train.rows : ""),
+    cell("train-tokens", train ? train.trained_tokens : ""),
+    h("td", { "data-testid": "val-outcomes" }, outcomes(val)),
+    cell("val-reward", fmtSpread(val && val.reward)),
+    cell("val-range", fmtRange(val && val.reward)),
+  );
+}
+
+function stepsTable(page) {
+  const head = h(
+    "thead",
+    {},
+    h("tr", {}, h("th", { rowspan: 2 }, "step"), h("th", { rowspan: 2 }, "published (UTC)"), h("th", { colspan: 5, class: "group" }, "train"), h("th", { colspan: 3, class: "group" }, "validation")),
+    h(
+      "tr",
+      {},
+      ["rollouts", "reward mean ± std", "min … max", "rows", "trained tokens", "rollouts", "reward mean ± std", "min … max"].map((name, i) =>
+        h("th", { class: i === 0 || i === 5 ? null : "num" }, name),
+      ),
+    ),
+  );
+  return h("table", { class: "steps", "data-testid": "steps" }, head, h("tbody", {}, page.steps.map(stepRow)));
+}
+
+function stepsPager(page, params) {
+  const at = (offset) => {
+    const next = new URLSearchParams(params);
+    next.set("offset", String(Math.max(0, offset)));
+    return `#/training?${next}`;
+  };
+  const last = page.offset + page.limit;
+  return h(
+    "div",
+    { class: "pager", "data-testid": "steps-pager" },
+    page.offset > 0 ? h("a", { href: at(page.offset - page.limit) }, "← newer") : h("span", { class: "muted" }, "← newer"),
+    h("span", {}, `resource sets ${page.total ? page.offset + 1 : 0}–${Math.min(last, page.total)} of ${page.total}`),
+    last < page.total ? h("a", { href: at(page.offset + page.limit) }, "older →") : h("span", { class: "muted" }, "older →"),
+  );
+}
+
+function stepsBody(page, params) {
+  if (!page.total) return [h("p", { class: "muted", "data-testid": "no-steps" }, "No resources published yet: the trainer publishes one set per step.")];
+  return [stepsPager(page, params), stepsTable(page)];
+}
+
+async function trainingView(params) {
+  const query = new URLSearchParams();
+  for (const name of ["limit", "offset"]) if (params.get(name)) query.set(name, params.get(name));
+  const page = await load(`/steps?${query}`);
+  const body = h("div", {}, stepsBody(page, params));
+  const node = h(
+    "section",
+    { "data-testid": "training" },
+    h("h1", {}, "Training"),
+    h(
+      "p",
+      { class: "muted" },
+      "One row per weight version (the trainer's step): the rollouts enqueued under the resources it published. ",
+      "Rewards of succeeded rollouts; rows and trained tokens as the trace aggregator builds them.",
+    ),
+    body,
+  );
+  return {
+    node,
+    refresh: async (current) => {
+      const fresh = await load(`/steps?${query}`);
+      if (current()) body.replaceChildren(...stepsBody(fresh, params));
+    },
+  };
+}
+
 // --- one rollout ---------------------------------------------------------------------------
 
 function summaryBlock(pairs) {
@@ -333,6 +443,14 @@ async function spanDetail(rolloutId, spanId) {
   return h("div", { "data-testid": "span-detail" }, parts);
 }
 
+// A call whose token ids are missing or do not match is not trained as recorded: shown loud, with its cause.
+function tokenIdsBadge(span) {
+  const status = span.token_ids_status;
+  if (!status) return "";
+  if (status === "ok") return h("span", { class: "muted" }, "ok");
+  return h("span", { class: "badge token-ids-bad", "data-testid": "token-ids-status", title: span.token_ids_cause || "" }, status, span.token_ids_cause ? `: ${span.token_ids_cause}` : "");
+}
+
 function spansTable(rolloutId, spans) {
   const starts = spans.map((s) => s.start_time).filter((t) => t !== null && t !== undefined);
   const ends = spans.map((s) => s.end_time ?? s.start_time).filter((t) => t !== null && t !== undefined);
@@ -350,6 +468,8 @@ function spansTable(rolloutId, spans) {
       h("td", { class: "num" }, fmtDuration(span.duration)),
       h("td", { class: "bar-cell" }, spanBar(span, t0, total)),
       h("td", {}, span.backend || ""),
+      h("td", {}, span.api || ""),
+      h("td", {}, tokenIdsBadge(span)),
       h("td", { class: "num" }, tokens),
       h("td", {}, statusBadge(span.status), span.status_description ? ` ${span.status_description}` : ""),
     );
@@ -360,7 +480,7 @@ function spansTable(rolloutId, spans) {
         open = null;
         return;
       }
-      open = h("tr", { class: "span-open" }, h("td", { colspan: 8 }, h("p", { class: "muted" }, "Loading…")));
+      open = h("tr", { class: "span-open" }, h("td", { colspan: 10 }, h("p", { class: "muted" }, "Loading…")));
       row.after(open);
       const cell = open.firstChild;
       try {
@@ -371,7 +491,7 @@ function spansTable(rolloutId, spans) {
     });
     body.append(row);
   }
-  const head = ["seq", "name", "start", "duration", "timeline", "backend", "tokens in / out", "status"];
+  const head = ["seq", "name", "start", "duration", "timeline", "backend", "API", "token ids", "tokens in / out", "status"];
   return h("table", { "data-testid": "spans" }, h("thead", {}, h("tr", {}, head.map((n) => h("th", {}, n)))), body);
 }
 
@@ -516,7 +636,7 @@ async function tokenView(rolloutId, params) {
       ["LLM calls", String(view.n_calls)],
       ["rows", String(view.rows.length)],
       ["prefix breaks", String(view.metrics["training/n_prefix_breaks"] ?? 0)],
-      ["tokens", view.decoded ? "decoded" : "raw ids (start with --tokenizer to decode)"],
+      ["tokens", view.decoded ? `decoded with ${view.tokenizer}` : "raw ids (no tokenizer: start with --tokenizer, or publish a model readable here)"],
       ["skipped calls", skipped || "none"],
     ]),
     legend(),
