@@ -153,14 +153,14 @@ async def publish(store: LightningStore, model: str = "tiny", endpoint: str = "h
 
 async def write_two_steps(store: LightningStore) -> None:
     """Step 1: three train rollouts (rewards 0, 0.5, 1), one failed, one timed out; a validation
-    set of version 1 with two rollouts (0.25, 0.75). Step 2: one train rollout still running."""
+    set of version 1 with two rollouts (0.5, 0.9). Step 2: one train rollout still running."""
     await publish(store)
     for reward in (0.0, 0.5, 1.0):
         await write_rollout(store, CALLS, reward=reward, version="1")
     await write_rollout(store, CALLS[:1], reward=None, version="1", finish="failed")
     await write_rollout(store, CALLS[:1], reward=None, version="1", finish="timeout")
     await publish(store)
-    for reward in (0.25, 0.75):
+    for reward in (0.5, 0.9):
         await write_rollout(store, CALLS, reward=reward, version="1", mode="val")
     await publish(store)
     await write_rollout(store, CALLS, reward=None, version="2", finish=False)

@@ -261,16 +261,18 @@ async def test_the_training_page_shows_each_step_and_follows_a_live_one(store, s
     await expect(first.locator("[data-testid=train-rows]")).to_have_text("3")
     await expect(first.locator("[data-testid=train-tokens]")).to_have_text("15")
     await expect(first.locator("[data-testid=val-outcomes]")).to_have_text("2 ok")
-    await expect(first.locator("[data-testid=val-reward]")).to_have_text("0.5 ± 0.25")
+    await expect(first.locator("[data-testid=val-reward]")).to_have_text("0.7 ± 0.2")
     await expect(live.locator("[data-testid=live-step]")).to_be_visible()
     await expect(live.locator("[data-testid=train-outcomes]")).to_have_text("1 running")
+    chart = page.locator("[data-testid=reward-chart]")
+    await expect(chart.locator("circle.train")).to_have_count(1)  # step 2 has no reward yet
+    await expect(chart.locator("circle.val")).to_have_count(1)
 
-    await write_rollout(store, CALLS, reward=0.5, version="2")
+    await write_rollout(store, CALLS, reward=0.9, version="2")
 
     await expect(live.locator("[data-testid=train-outcomes]")).to_have_text("1 ok · 1 running")
-    await expect(
-        page.locator("[data-testid=steps] tbody tr").nth(0).locator("[data-testid=train-reward]")
-    ).to_have_text("0.5 ± 0")
+    await expect(live.locator("[data-testid=train-reward]")).to_have_text("0.9 ± 0")
+    await expect(chart.locator("circle.train")).to_have_count(2)
     screenshot = TRAINING_SCREENSHOT if UPDATE_DOCS_IMAGES else tmp_path / "training-page.png"
     await page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 0

@@ -45,7 +45,12 @@ async def test_each_step_summarises_train_and_validation_apart(store, store_url)
     assert train["reward"]["std"] == pytest.approx((1 / 6) ** 0.5)
     assert (train["reward"]["min"], train["reward"]["max"]) == (0.0, 1.0)
     assert (train["rows"], train["trained_tokens"]) == (3, 3 * 5)
-    assert (val["succeeded"], val["reward"]["mean"], val["rows"]) == (2, pytest.approx(0.5), 2)
+    assert (val["succeeded"], val["reward"]["mean"], val["reward"]["std"], val["rows"]) == (
+        2,
+        pytest.approx(0.7),
+        pytest.approx(0.2),
+        2,
+    )
 
 
 async def test_a_live_step_is_read_again(store, store_url) -> None:

@@ -363,9 +363,45 @@ function stepsPager(page, params) {
   );
 }
 
+// s("circle", {cx: 1}): an SVG element; attributes only, never markup.
+function s(tag, attrs, ...children) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+  for (const child of children.flat()) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return node;
+}
+
+// Mean reward per step, train and validation, oldest left; train's min … max as a bar per step.
+function rewardChart(steps) {
+  const shown = steps.filter((step) => Object.values(step.modes).some((m) => m.reward.n)).reverse();
+  if (shown.length < 1) return null;
+  const [width, height, left, right, top, bottom] = [640, 170, 44, 12, 10, 24];
+  const values = shown.flatMap((step) => Object.values(step.modes).flatMap((m) => (m.reward.n ? [m.reward.min, m.reward.max] : [])));
+  let [low, high] = [Math.min(...values), Math.max(...values)];
+  if (high === low) [low, high] = [low - 0.5, high + 0.5];
+  const inset = 16; // points clear of the axis and the edge
+  const span = width - left - right - 2 * inset;
+  const x = (i) => left + inset + (shown.length === 1 ? span / 2 : (i * span) / (shown.length - 1));
+  const y = (v) => top + ((high - v) * (height - top - bottom)) / (high - low);
+  const chart = s("svg", { class: "reward-chart", "data-testid": "reward-chart", viewBox: `0 0 ${width} ${height}`, width, height, role: "img" });
+  chart.append(s("title", {}, "mean reward per step: train (blue, with min … max) and validation (orange)"));
+  for (const v of [low, (low + high) / 2, high]) {
+    chart.append(s("line", { class: "grid", x1: left, x2: width - right, y1: y(v), y2: y(v) }));
+    chart.append(s("text", { class: "axis", x: left - 6, y: y(v) + 4, "text-anchor": "end" }, fmtReward(v)));
+  }
+  shown.forEach((step, i) => chart.append(s("text", { class: "axis", x: x(i), y: height - 6, "text-anchor": "middle" }, step.step ?? "?")));
+  for (const mode of ["train", "val"]) {
+    const points = shown.map((step, i) => [i, step.modes[mode]]).filter(([, m]) => m && m.reward.n);
+    if (mode === "train") for (const [i, m] of points) chart.append(s("line", { class: "range", x1: x(i), x2: x(i), y1: y(m.reward.min), y2: y(m.reward.max) }));
+    if (points.length > 1) chart.append(s("polyline", { class: `line ${mode}`, points: points.map(([i, m]) => `${x(i)},${y(m.reward.mean)}`).join(" ") }));
+    for (const [i, m] of points) chart.append(s("circle", { class: `point ${mode}`, cx: x(i), cy: y(m.reward.mean), r: 3.5 }, s("title", {}, `${mode} step ${shown[i].step}: ${fmtSpread(m.reward)}`)));
+  }
+  return h("figure", { class: "chart" }, chart, h("figcaption", { class: "muted" }, h("span", { class: "key train" }, "train"), " ", h("span", { class: "key val" }, "validation"), " mean reward per step; bars: train min … max"));
+}
+
 function stepsBody(page, params) {
   if (!page.total) return [h("p", { class: "muted", "data-testid": "no-steps" }, "No resources published yet: the trainer publishes one set per step.")];
-  return [stepsPager(page, params), stepsTable(page)];
+  return [rewardChart(page.steps), stepsPager(page, params), stepsTable(page)].filter(Boolean);
 }
 
 async function trainingView(params) {
