@@ -253,19 +253,20 @@ function rolloutTable(page) {
   );
 }
 
-function pager(page, params) {
+// "← newer  1–50 of 120  older →" over a page of `shown` items; `base` is the view's hash path.
+function pager(page, params, shown, base = "#/", noun = "") {
   const at = (offset) => {
     const next = new URLSearchParams(params);
     next.set("offset", String(Math.max(0, offset)));
-    return `#/?${next}`;
+    return `${base}?${next}`;
   };
   const first = page.total ? page.offset + 1 : 0;
-  const last = page.offset + page.items.length;
+  const last = page.offset + shown;
   return h(
     "div",
     { class: "pager", "data-testid": "pager" },
     page.offset > 0 ? h("a", { href: at(page.offset - page.limit) }, "← newer") : h("span", { class: "muted" }, "← newer"),
-    h("span", { "data-testid": "page-range" }, `${first}–${last} of ${page.total}`),
+    h("span", { "data-testid": "page-range" }, `${noun}${first}–${last} of ${page.total}`),
     last < page.total ? h("a", { href: at(page.offset + page.limit) }, "older →") : h("span", { class: "muted" }, "older →"),
   );
 }
@@ -274,13 +275,13 @@ async function listView(params) {
   const config = await loadConfig();
   const query = listQuery(params);
   const page = await load(`/rollouts?${query}`);
-  const table = h("div", {}, pager(page, params), rolloutTable(page));
+  const table = h("div", {}, pager(page, params, page.items.length), rolloutTable(page));
   const node = h("section", {}, h("h1", {}, "Rollouts"), filterForm(config, params), table);
   return {
     node,
     refresh: async (current) => {
       const fresh = await load(`/rollouts?${query}`);
-      if (current()) table.replaceChildren(pager(fresh, params), rolloutTable(fresh));
+      if (current()) table.replaceChildren(pager(fresh, params, fresh.items.length), rolloutTable(fresh));
     },
   };
 }
@@ -347,22 +348,6 @@ function stepsTable(page) {
   return h("table", { class: "steps", "data-testid": "steps" }, head, h("tbody", {}, page.steps.map(stepRow)));
 }
 
-function stepsPager(page, params) {
-  const at = (offset) => {
-    const next = new URLSearchParams(params);
-    next.set("offset", String(Math.max(0, offset)));
-    return `#/training?${next}`;
-  };
-  const last = page.offset + page.limit;
-  return h(
-    "div",
-    { class: "pager", "data-testid": "steps-pager" },
-    page.offset > 0 ? h("a", { href: at(page.offset - page.limit) }, "← newer") : h("span", { class: "muted" }, "← newer"),
-    h("span", {}, `resource sets ${page.total ? page.offset + 1 : 0}–${Math.min(last, page.total)} of ${page.total}`),
-    last < page.total ? h("a", { href: at(page.offset + page.limit) }, "older →") : h("span", { class: "muted" }, "older →"),
-  );
-}
-
 // s("circle", {cx: 1}): an SVG element; attributes only, never markup.
 function s(tag, attrs, ...children) {
   const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
@@ -401,7 +386,7 @@ function rewardChart(steps) {
 
 function stepsBody(page, params) {
   if (!page.total) return [h("p", { class: "muted", "data-testid": "no-steps" }, "No resources published yet: the trainer publishes one set per step.")];
-  return [rewardChart(page.steps), stepsPager(page, params), stepsTable(page)].filter(Boolean);
+  return [rewardChart(page.steps), pager(page, params, Math.max(0, Math.min(page.limit, page.total - page.offset)), "#/training", "resource sets "), stepsTable(page)].filter(Boolean);
 }
 
 async function trainingView(params) {
