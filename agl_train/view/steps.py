@@ -36,6 +36,8 @@ from .token_view import TokenViewOptions
 OUTCOMES = ("succeeded", "failed", "timeout", "cancelled", "running", "queued")
 MAX_STEPS_PAGE = 100
 """The most resource sets one steps request summarises."""
+_READ_CHUNK = 16
+"""Rollouts whose spans are read at once: a store behind HTTP answers them in parallel."""
 _WINDOW_MARGIN_S = 1.0
 """Rollouts started this close outside a set's window are read too (and kept only by `resources_id`)."""
 
@@ -192,7 +194,10 @@ class StepSummaries:
             start_time_before=None if window_end is None else window_end + _WINDOW_MARGIN_S,
         )
         rollouts = [rollout for rollout in started if rollout.resources_id == resources.resources_id]
-        records = [await self._record(store, rollout) for rollout in rollouts]
+        records: list[dict[str, Any]] = []
+        for start in range(0, len(rollouts), _READ_CHUNK):
+            chunk = rollouts[start : start + _READ_CHUNK]
+            records += await asyncio.gather(*(self._record(store, rollout) for rollout in chunk))
         version = model_version_of(records) or await _running_version(store, rollouts)
         summary = {
             "step": version,
