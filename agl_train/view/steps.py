@@ -4,8 +4,10 @@ A step is one resource set the trainer published (`publish_replicas`: one per tr
 and one per validation). Its rollouts are those enqueued under its `resources_id`; since the
 trainer enqueues them right after publishing, the store is asked only for the rollouts started
 between the set's creation and the next set's, and those are filtered by `resources_id`. The
-step's number is the `agl.model_version` its LLM calls were served with (the trainer's global
-step); a train set and a validation set of the same version are one step on the page.
+step's number is the earliest `agl.model_version` its LLM calls were served with: the version
+published with the set (the trainer's global step), since in asynchronous training later calls
+of the same rollouts may be served by newer weights. A train set and a validation set of the
+same version are one step on the page.
 
 Rows and trained tokens are those the trace aggregator builds from succeeded rollouts, at the
 view's level and limits, as the trainer would. Everything read here is cached once it can no
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,14 +59,24 @@ def outcome(rollout: Rollout) -> str:
     return "queued" if rollout.status in ("queuing", "requeuing") else "running"
 
 
+def _version_order(version: str) -> tuple[int, int | str]:
+    # Global steps compare as numbers; any other label after them, as text.
+    return (0, int(version)) if version.isdigit() else (1, version)
+
+
+def earliest_version(versions: Iterable[str | None]) -> str | None:
+    """The earliest of weight versions (None ones left out), or None."""
+    known = [version for version in versions if version is not None]
+    return min(known, key=_version_order) if known else None
+
+
 def model_version(spans: Iterable[Span]) -> str | None:
-    """The weight version most of the spans' LLM calls were served with, or None."""
-    versions = Counter(
+    """The earliest weight version the spans' LLM calls were served with, or None."""
+    return earliest_version(
         str(span.attributes[call_span.MODEL_VERSION])
         for span in spans
         if span.name == call_span.NAME and span.attributes.get(call_span.MODEL_VERSION) is not None
     )
-    return versions.most_common(1)[0][0] if versions else None
 
 
 def rollout_record(rollout: Rollout, spans: Sequence[Span], options: TokenViewOptions) -> dict[str, Any]:
@@ -198,7 +210,7 @@ class StepSummaries:
         for start in range(0, len(rollouts), _READ_CHUNK):
             chunk = rollouts[start : start + _READ_CHUNK]
             records += await asyncio.gather(*(self._record(store, rollout) for rollout in chunk))
-        version = model_version_of(records) or await _running_version(store, rollouts)
+        version = earliest_version(record["version"] for record in records) or await _running_version(store, rollouts)
         summary = {
             "step": version,
             "resources_ids": [resources.resources_id],
@@ -240,11 +252,6 @@ class StepSummaries:
                 by_mode.setdefault(record["mode"], []).append(record)
             steps.append({**step, "modes": {mode: mode_summary(records) for mode, records in sorted(by_mode.items())}})
         return {"steps": steps, "total": len(sets), "limit": limit, "offset": offset}
-
-
-def model_version_of(records: Iterable[dict[str, Any]]) -> str | None:
-    versions = Counter(record["version"] for record in records if record["version"] is not None)
-    return versions.most_common(1)[0][0] if versions else None
 
 
 async def _running_version(store: LightningStore, rollouts: Sequence[Rollout]) -> str | None:

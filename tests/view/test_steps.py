@@ -13,7 +13,7 @@ from agl_store.server import create_app
 from agl_train.proxy_control import LLM_RESOURCE_NAME
 from tests.proxy.helpers import serve
 
-from .rollouts import CALLS, publish, write_rollout, write_two_steps
+from .rollouts import CALLS, llm_call_span, publish, write_rollout, write_two_steps
 
 
 async def get(url: str, path: str, **params: Any) -> dict:
@@ -61,6 +61,21 @@ async def test_a_live_step_is_read_again(store, store_url) -> None:
     newest = (await get(store_url, "/view/api/steps"))["steps"][0]
 
     assert newest["modes"]["train"]["succeeded"] == 1 and newest["modes"]["train"]["reward"]["mean"] == 0.5
+
+
+async def test_a_rollout_served_partly_by_newer_weights_stays_in_its_step(store, store_url) -> None:
+    await publish(store)
+    slow = await write_rollout(store, CALLS[:1], version="1", finish=False)
+    await publish(store)  # the next step: the slow rollout's next calls are served by version 2
+    for k in range(2):
+        later = llm_call_span(slow.rollout_id, slow.attempt_id, [1, 2, 3, 4, 5 + k], [7], 0.0, version="2")
+        await store.add_span(later)
+    await store.update_attempt(slow.rollout_id, slow.attempt_id, status="succeeded")
+    await write_rollout(store, CALLS, version="2")
+
+    steps = (await get(store_url, "/view/api/steps"))["steps"]
+
+    assert [(step["step"], step["modes"]["train"]["succeeded"]) for step in steps] == [("2", 1), ("1", 1)]
 
 
 async def test_steps_are_paged_by_resource_set(store, store_url) -> None:
