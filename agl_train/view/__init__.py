@@ -1,9 +1,9 @@
-"""A web view of rollouts, spans and token masks.
+"""A web view of training steps, rollouts, spans and token masks.
 
 Served by the store server at `/` (through the `agl.store_pages` entry point, see
 `store_plugin.py`) and by `agl view --store URL` on its own (`app.py`, `cli.py`). The token view
 builds rows with the training core's own functions (`token_view.py`), so it shows what the
-trainer trains.
+trainer trains; the training page sums a step's rollouts the same way (`steps.py`).
 """
 
 from .app import create_view_app

@@ -21,9 +21,13 @@ DEFAULT_PORT = 4748
 
 def add_view_commands(subparsers: Any) -> None:
     """Add `agl view` to the top-level subparsers."""
-    view = subparsers.add_parser("view", help="web view of rollouts, spans and token masks")
+    view = subparsers.add_parser("view", help="web view of training steps, rollouts, spans and token masks")
     view.add_argument("--store", required=True, help="store URL: http://host:port, sqlite:///PATH or memory://")
-    view.add_argument("--tokenizer", default=None, help="local tokenizer (model) directory; raw token ids without it")
+    view.add_argument(
+        "--tokenizer",
+        default=None,
+        help="local tokenizer (model) directory; without it, the published model's when readable here, else raw ids",
+    )
     view.add_argument("--key", default=None, help="the store's bearer key; the page then asks for it too")
     view.add_argument("--host", default="127.0.0.1")
     view.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")

@@ -10,7 +10,6 @@ The API lives under `/view/api/` and reads the store from the app's lifespan sta
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -27,8 +26,10 @@ from agl_store.transitions import check_rollout_mode, check_rollout_status
 from agl_store.web.wire import endpoint, store_of
 
 from ..aggregate import AGGREGATORS, Limits
+from .steps import StepSummaries
 from .summaries import MAX_PAGE_SIZE, RolloutFilter, SummaryCache, list_rollouts, rollout_detail, span_detail
-from .token_view import TokenDecoder, TokenViewOptions, load_tokenizer, token_view
+from .token_view import TokenViewOptions, token_view
+from .tokenizers import Tokenizers
 
 API_PREFIX = "/view/api"
 STATIC_FILES = {
@@ -57,7 +58,8 @@ class ViewSettings:
     """How the view builds token rows: the tokenizer that decodes them and the trainer's aggregator settings."""
 
     tokenizer: str | None = None
-    """A local tokenizer directory (a model directory); None shows raw token ids."""
+    """A local tokenizer directory (a model directory); None decodes with the published model's
+    tokenizer when it is readable here (`tokenizers.py`), else shows raw token ids."""
     options: TokenViewOptions = field(default_factory=TokenViewOptions)
 
 
@@ -98,22 +100,13 @@ def rollout_filter(request: Request) -> RolloutFilter:
 
 
 class ViewRoutes:
-    """The view's routes over one `ViewSettings`; the tokenizer is loaded once, on first use."""
+    """The view's routes over one `ViewSettings`; a tokenizer is loaded once, on first use."""
 
     def __init__(self, settings: ViewSettings) -> None:
         self.settings = settings
-        self._tokenizer: TokenDecoder | None = None
-        self._tokenizer_lock = asyncio.Lock()
+        self.tokenizers = Tokenizers(settings.tokenizer)
         self._summaries = SummaryCache()
-
-    async def tokenizer(self) -> TokenDecoder | None:
-        """The configured tokenizer (loaded in a thread the first time), or None."""
-        if self.settings.tokenizer is None:
-            return None
-        async with self._tokenizer_lock:
-            if self._tokenizer is None:
-                self._tokenizer = await asyncio.to_thread(load_tokenizer, self.settings.tokenizer)
-        return self._tokenizer
+        self._steps = StepSummaries(settings.options)
 
     def routes(self) -> list[BaseRoute]:
         """The page shell and the API routes, to add to a Starlette app that has a store in its state."""
@@ -123,6 +116,7 @@ class ViewRoutes:
         return static + [
             endpoint(f"{API_PREFIX}/config", self.config, methods=["GET"]),
             endpoint(f"{API_PREFIX}/rollouts", self.rollouts, methods=["GET"]),
+            endpoint(f"{API_PREFIX}/steps", self.steps, methods=["GET"]),
             endpoint(f"{API_PREFIX}/rollouts/{{rollout_id}}", self.rollout, methods=["GET"]),
             endpoint(f"{API_PREFIX}/rollouts/{{rollout_id}}/tokens", self.tokens, methods=["GET"]),
             endpoint(f"{API_PREFIX}/rollouts/{{rollout_id}}/spans/{{span_id}}", self.span, methods=["GET"]),
@@ -145,6 +139,9 @@ class ViewRoutes:
             "call_span": {"request": call_span.REQUEST, "response": call_span.RESPONSE, "error": call_span.ERROR},
         }
 
+    async def steps(self, request: Request) -> dict[str, Any]:
+        return await self._steps.steps(store_of(request), _int(request, "limit", 20), _int(request, "offset", 0))
+
     async def rollouts(self, request: Request) -> dict[str, Any]:
         return await list_rollouts(store_of(request), rollout_filter(request), self._summaries)
 
@@ -156,8 +153,9 @@ class ViewRoutes:
 
     async def tokens(self, request: Request) -> dict[str, Any]:
         options = self._options(request)
-        tokenizer = await self.tokenizer()
-        return await token_view(store_of(request), request.path_params["rollout_id"], options, tokenizer)
+        tokenizer, path = await self.tokenizers.get(store_of(request))
+        view = await token_view(store_of(request), request.path_params["rollout_id"], options, tokenizer)
+        return {**view, "tokenizer": path}
 
     def _options(self, request: Request) -> TokenViewOptions:
         # The page may try other levels and limits than the configured ones, to see what they would train.

@@ -6,7 +6,8 @@ group, so agl_store serves the view at `/` without importing agl_train by name. 
 server calls `store_pages(settings)` with the `--page-setting view.KEY=VALUE` options of its
 command line (`create_app(..., page_settings={"view": {...}})` in Python):
 
-- `tokenizer`: a local tokenizer (model) directory; unset shows raw token ids;
+- `tokenizer`: a local tokenizer (model) directory; unset uses the published model's tokenizer
+  when it is readable here, else shows raw token ids;
 - `level`: `trajectory` (default) or `transition`;
 - `max_prompt_length`, `max_response_length`: the aggregator's limits (default 2048 / 8192).
 """

@@ -183,7 +183,13 @@ def span_line(span: Span) -> dict[str, Any]:
     }
     if span.name == call_span.NAME:
         tokens = span_tokens(span)
-        line.update(tokens_in=tokens["in"], tokens_out=tokens["out"])
+        line.update(
+            tokens_in=tokens["in"],
+            tokens_out=tokens["out"],
+            api=attributes.get(call_span.API),
+            token_ids_status=attributes.get(call_span.TOKEN_IDS_STATUS),
+            token_ids_cause=attributes.get(call_span.TOKEN_IDS_CAUSE),
+        )
     if REWARD_VALUE_ATTRIBUTE in attributes:
         line["reward"] = attributes[REWARD_VALUE_ATTRIBUTE]
     return line

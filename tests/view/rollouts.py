@@ -19,10 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agl_store.base import LightningStore
-from agl_store.models import Span, reward_span
+from agl_store.models import ProxyLLM, Span, reward_span
 from agl_train.aggregate import Limits
+from agl_train.proxy_control import LLM_RESOURCE_NAME
 
 Encode = Callable[[str], list[int]]
+
+CALLS = [{"prompt": [1, 2, 3], "response": [4, 5]}, {"prompt": [1, 2, 3, 4, 5, 6], "response": [7, 8, 9]}]
+"""Two calls merged into one trajectory row: 2 + 3 generated tokens trained, 1 inserted."""
 
 INJECTION = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 """Agent output that would run if the page ever parsed data as HTML."""
@@ -66,9 +70,17 @@ def known_limits(calls: list[dict[str, list[int]]]) -> Limits:
 
 
 def llm_call_span(
-    rollout_id: str, attempt_id: str, prompt: list[int], response: list[int], start: float, content: str = "ok"
+    rollout_id: str,
+    attempt_id: str,
+    prompt: list[int],
+    response: list[int],
+    start: float,
+    content: str = "ok",
+    version: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Span:
-    """An `agl.llm_call` span shaped as the proxy writes it (docs/spans.md)."""
+    """An `agl.llm_call` span shaped as the proxy writes it (docs/spans.md), served by weights
+    `version`, with `extra` attributes on top."""
     return Span(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
@@ -89,10 +101,11 @@ def llm_call_span(
             "agl.choices": [{"index": 0, "token_ids": response, "logprobs": None, "finish_reason": "stop"}],
             "agl.stream": False,
             "agl.backend": "http://127.0.0.1:9/v1",
-            "agl.model_version": None,
+            "agl.model_version": version,
             "agl.latency_s": 0.25,
             "agl.ttft_s": 0.25,
             "agl.error": None,
+            **(extra or {}),
         },
     )
 
@@ -105,24 +118,49 @@ async def write_rollout(
     content: str = "ok",
     input: Any = None,
     mode: str | None = "train",
-    finish: bool = True,
+    finish: bool | str = True,
+    version: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> KnownRollout:
-    """Start a rollout, write one span per call (and a reward), and mark it succeeded."""
+    """Start a rollout (under the latest resources), write one span per call served by weights
+    `version` (and a reward), and mark it succeeded, or `finish` it with that attempt status."""
     rollout = await store.start_rollout(input=input if input is not None else {"question": "weather"}, mode=mode)  # type: ignore[arg-type]
     rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
     start = time.time()
     spans = [
-        llm_call_span(rid, aid, call["prompt"], call["response"], start + k, content) for k, call in enumerate(calls)
+        llm_call_span(rid, aid, call["prompt"], call["response"], start + k, content, version, extra)
+        for k, call in enumerate(calls)
     ]
     if reward is not None:
         spans.append(reward_span(rid, aid, reward, start_time=start + len(calls), end_time=start + len(calls)))
     for span in spans:  # one at a time: each takes the next sequence number
         await store.add_span(span)
     if finish:
-        await store.update_attempt(rid, aid, status="succeeded")
+        await store.update_attempt(rid, aid, status="succeeded" if finish is True else finish)  # type: ignore[arg-type]
     return KnownRollout(rid, aid, calls)
 
 
 async def write_known_rollout(store: LightningStore, encode: Encode, **kwargs: Any) -> KnownRollout:
     """The three-call rollout of the module docstring, with reward 0.75."""
     return await write_rollout(store, known_calls(encode), reward=0.75, **kwargs)
+
+
+async def publish(store: LightningStore, model: str = "tiny", endpoint: str = "http://127.0.0.1:9/v1") -> str:
+    """A resource set as the trainer publishes one per step (`publish_replicas`)."""
+    update = await store.add_resources({LLM_RESOURCE_NAME: ProxyLLM(endpoint=endpoint, model=model)})
+    return update.resources_id
+
+
+async def write_two_steps(store: LightningStore) -> None:
+    """Step 1: three train rollouts (rewards 0, 0.5, 1), one failed, one timed out; a validation
+    set of version 1 with two rollouts (0.5, 0.9). Step 2: one train rollout still running."""
+    await publish(store)
+    for reward in (0.0, 0.5, 1.0):
+        await write_rollout(store, CALLS, reward=reward, version="1")
+    await write_rollout(store, CALLS[:1], reward=None, version="1", finish="failed")
+    await write_rollout(store, CALLS[:1], reward=None, version="1", finish="timeout")
+    await publish(store)
+    for reward in (0.5, 0.9):
+        await write_rollout(store, CALLS, reward=reward, version="1", mode="val")
+    await publish(store)
+    await write_rollout(store, CALLS, reward=None, version="2", finish=False)

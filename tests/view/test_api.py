@@ -11,9 +11,7 @@ from agl_store.models import EnqueueRolloutRequest
 from agl_store.server import create_app
 from tests.proxy.helpers import serve
 
-from .rollouts import write_rollout
-
-CALLS = [{"prompt": [1, 2, 3], "response": [4, 5]}, {"prompt": [1, 2, 3, 4, 5, 6], "response": [7, 8, 9]}]
+from .rollouts import CALLS, write_rollout
 
 
 async def get(url: str, path: str, **params) -> dict:

@@ -18,14 +18,22 @@ from agl_store.server import create_app
 from tests.proxy.helpers import serve
 
 from .browser import CHROMIUM, CHROMIUM_ARGS, missing_browser
-from .rollouts import INJECTION, known_calls, known_limits, write_known_rollout, write_rollout
+from .rollouts import (
+    CALLS,
+    INJECTION,
+    known_calls,
+    known_limits,
+    write_known_rollout,
+    write_rollout,
+    write_two_steps,
+)
 
 pytestmark = pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))
 
 # The README's screenshot is rewritten only when asked (AGL_UPDATE_DOCS_IMAGES=1), so a test run leaves the tree clean.
 README_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "token-view.png"
+TRAINING_SCREENSHOT = README_SCREENSHOT.with_name("training-page.png")
 UPDATE_DOCS_IMAGES = os.environ.get("AGL_UPDATE_DOCS_IMAGES") == "1"
-CALLS = [{"prompt": [1, 2, 3], "response": [4, 5]}, {"prompt": [1, 2, 3, 4, 5, 6], "response": [7, 8, 9]}]
 ROLE_COLOURS = {  # app.css: --prompt, --generated, --inserted, --truncated, --dropped
     "prompt": "rgb(219, 228, 240)",
     "generated": "rgb(183, 228, 176)",
@@ -236,3 +244,47 @@ async def test_the_page_asks_for_the_key_once(store, page) -> None:
         await expect(page.locator("[data-testid=spans] tr.span-row")).to_have_count(3)
         await expect(page.locator("#key-form")).to_be_hidden()
         assert await page.evaluate("sessionStorage.getItem('agl.view.key')") == "s3cret"
+
+
+async def test_the_training_page_shows_each_step_and_follows_a_live_one(store, store_url, page, tmp_path) -> None:
+    await write_two_steps(store)
+    await page.goto(store_url + "/")
+    await page.get_by_role("link", name="Training").click()
+
+    steps = page.locator("[data-testid=steps] tbody tr")
+    await expect(steps).to_have_count(2)
+    live, first = steps.nth(0), steps.nth(1)
+    await expect(first.locator("td").first).to_have_text("1")
+    await expect(first.locator("[data-testid=train-outcomes]")).to_have_text("3 ok · 1 failed · 1 timed out")
+    await expect(first.locator("[data-testid=train-reward]")).to_have_text("0.5 ± 0.4082")
+    await expect(first.locator("[data-testid=train-range]")).to_have_text("0 … 1")
+    await expect(first.locator("[data-testid=train-rows]")).to_have_text("3")
+    await expect(first.locator("[data-testid=train-tokens]")).to_have_text("15")
+    await expect(first.locator("[data-testid=val-outcomes]")).to_have_text("2 ok")
+    await expect(first.locator("[data-testid=val-reward]")).to_have_text("0.7 ± 0.2")
+    await expect(live.locator("[data-testid=live-step]")).to_be_visible()
+    await expect(live.locator("[data-testid=train-outcomes]")).to_have_text("1 running")
+    chart = page.locator("[data-testid=reward-chart]")
+    await expect(chart.locator("circle.train")).to_have_count(1)  # step 2 has no reward yet
+    await expect(chart.locator("circle.val")).to_have_count(1)
+
+    await write_rollout(store, CALLS, reward=0.9, version="2")
+
+    await expect(live.locator("[data-testid=train-outcomes]")).to_have_text("1 ok · 1 running")
+    await expect(live.locator("[data-testid=train-reward]")).to_have_text("0.9 ± 0")
+    await expect(chart.locator("circle.train")).to_have_count(2)
+    screenshot = TRAINING_SCREENSHOT if UPDATE_DOCS_IMAGES else tmp_path / "training-page.png"
+    await page.screenshot(path=str(screenshot), full_page=True)
+    assert screenshot.stat().st_size > 0
+
+
+async def test_a_call_without_usable_token_ids_stands_out(store, store_url, page) -> None:
+    mismatch = {"agl.api": "responses", "agl.token_ids.status": "mismatch", "agl.token_ids.cause": "retokenized"}
+    known = await write_rollout(store, CALLS[:1], extra=mismatch)
+    await page.goto(f"{store_url}/#/rollouts/{known.rollout_id}")
+
+    call = page.locator("[data-testid=spans] tr.span-row").first
+    await expect(call).to_contain_text("responses")
+    badge = call.locator("[data-testid=token-ids-status]")
+    await expect(badge).to_have_text("mismatch: retokenized")
+    await expect(badge).to_have_css("background-color", "rgb(248, 199, 195)")

@@ -136,7 +136,8 @@ async function route() {
   const { parts, params } = parseHash();
   try {
     let view;
-    if (parts[0] === "rollouts" && parts[1] && parts[2] === "tokens") view = await tokenView(parts[1], params);
+    if (parts[0] === "training") view = await trainingView(params);
+    else if (parts[0] === "rollouts" && parts[1] && parts[2] === "tokens") view = await tokenView(parts[1], params);
     else if (parts[0] === "rollouts" && parts[1]) view = await rolloutView(parts[1]);
     else view = await listView(params);
     if (token !== state.token) return; // the user moved on while this view loaded
@@ -252,19 +253,20 @@ function rolloutTable(page) {
   );
 }
 
-function pager(page, params) {
+// "← newer  1–50 of 120  older →" over a page of `shown` items; `base` is the view's hash path.
+function pager(page, params, shown, base = "#/", noun = "") {
   const at = (offset) => {
     const next = new URLSearchParams(params);
     next.set("offset", String(Math.max(0, offset)));
-    return `#/?${next}`;
+    return `${base}?${next}`;
   };
   const first = page.total ? page.offset + 1 : 0;
-  const last = page.offset + page.items.length;
+  const last = page.offset + shown;
   return h(
     "div",
     { class: "pager", "data-testid": "pager" },
     page.offset > 0 ? h("a", { href: at(page.offset - page.limit) }, "← newer") : h("span", { class: "muted" }, "← newer"),
-    h("span", { "data-testid": "page-range" }, `${first}–${last} of ${page.total}`),
+    h("span", { "data-testid": "page-range" }, `${noun}${first}–${last} of ${page.total}`),
     last < page.total ? h("a", { href: at(page.offset + page.limit) }, "older →") : h("span", { class: "muted" }, "older →"),
   );
 }
@@ -273,13 +275,142 @@ async function listView(params) {
   const config = await loadConfig();
   const query = listQuery(params);
   const page = await load(`/rollouts?${query}`);
-  const table = h("div", {}, pager(page, params), rolloutTable(page));
+  const table = h("div", {}, pager(page, params, page.items.length), rolloutTable(page));
   const node = h("section", {}, h("h1", {}, "Rollouts"), filterForm(config, params), table);
   return {
     node,
     refresh: async (current) => {
       const fresh = await load(`/rollouts?${query}`);
-      if (current()) table.replaceChildren(pager(fresh, params), rolloutTable(fresh));
+      if (current()) table.replaceChildren(pager(fresh, params, fresh.items.length), rolloutTable(fresh));
+    },
+  };
+}
+
+// --- the training page ----------------------------------------------------------------------
+
+function fmtSpread(reward) {
+  if (!reward || !reward.n) return "—";
+  return `${fmtReward(reward.mean)} ± ${fmtReward(reward.std)}`;
+}
+
+function fmtRange(reward) {
+  return reward && reward.n ? `${fmtReward(reward.min)} … ${fmtReward(reward.max)}` : "";
+}
+
+// "3 ok · 1 failed · 1 timed out · 2 running": zero counts left out, so a healthy step reads short.
+function outcomes(mode) {
+  if (!mode) return h("span", { class: "muted" }, "—");
+  const parts = [
+    [mode.succeeded, "ok", "ok"],
+    [mode.failed, "failed", "bad"],
+    [mode.timeout, "timed out", "bad"],
+    [mode.cancelled, "cancelled", "muted"],
+    [mode.running, "running", "live"],
+    [mode.queued, "queued", "live"],
+  ].filter(([n]) => n);
+  if (!parts.length) return h("span", { class: "muted" }, "none");
+  return parts.flatMap(([n, label, kind], i) => [i ? " · " : "", h("span", { class: `count-${kind}` }, `${n} ${label}`)]);
+}
+
+function stepRow(step) {
+  const train = step.modes.train;
+  const val = step.modes.val;
+  const cell = (testid, ...content) => h("td", { class: "num", "data-testid": testid }, ...content);
+  return h(
+    "tr",
+    { "data-step": step.step ?? step.resources_ids[0] },
+    h("td", {}, step.step ?? h("span", { class: "muted", title: step.resources_ids.join(", ") }, "?"), step.finished ? "" : [" ", h("span", { class: "status status-running", "data-testid": "live-step" }, "live")]),
+    h("td", {}, fmtTime(step.published)),
+    h("td", { "data-testid": "train-outcomes" }, outcomes(train)),
+    cell("train-reward", fmtSpread(train && train.reward)),
+    cell("train-range", fmtRange(train && train.reward)),
+    cell("train-rows", train ? train.rows : ""),
+    cell("train-tokens", train ? train.trained_tokens : ""),
+    h("td", { "data-testid": "val-outcomes" }, outcomes(val)),
+    cell("val-reward", fmtSpread(val && val.reward)),
+    cell("val-range", fmtRange(val && val.reward)),
+  );
+}
+
+function stepsTable(page) {
+  const head = h(
+    "thead",
+    {},
+    h("tr", {}, h("th", { rowspan: 2 }, "step"), h("th", { rowspan: 2 }, "published (UTC)"), h("th", { colspan: 5, class: "group" }, "train"), h("th", { colspan: 3, class: "group" }, "validation")),
+    h(
+      "tr",
+      {},
+      ["rollouts", "reward mean ± std", "min … max", "rows", "trained tokens", "rollouts", "reward mean ± std", "min … max"].map((name, i) =>
+        h("th", { class: i === 0 || i === 5 ? null : "num" }, name),
+      ),
+    ),
+  );
+  return h("table", { class: "steps", "data-testid": "steps" }, head, h("tbody", {}, page.steps.map(stepRow)));
+}
+
+// s("circle", {cx: 1}): an SVG element; attributes only, never markup.
+function s(tag, attrs, ...children) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+  for (const child of children.flat()) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return node;
+}
+
+// Mean reward per step, train and validation, oldest left; train's min … max as a bar per step.
+function rewardChart(steps) {
+  const shown = steps.filter((step) => Object.values(step.modes).some((m) => m.reward.n)).reverse();
+  if (shown.length < 1) return null;
+  const [width, height, left, right, top, bottom] = [640, 170, 44, 12, 10, 24];
+  const values = shown.flatMap((step) => Object.values(step.modes).flatMap((m) => (m.reward.n ? [m.reward.min, m.reward.max] : [])));
+  let [low, high] = [Math.min(...values), Math.max(...values)];
+  if (high === low) [low, high] = [low - 0.5, high + 0.5];
+  const inset = 16; // points clear of the axis and the edge
+  const span = width - left - right - 2 * inset;
+  const x = (i) => left + inset + (shown.length === 1 ? span / 2 : (i * span) / (shown.length - 1));
+  const y = (v) => top + ((high - v) * (height - top - bottom)) / (high - low);
+  const chart = s("svg", { class: "reward-chart", "data-testid": "reward-chart", viewBox: `0 0 ${width} ${height}`, width, height, role: "img" });
+  chart.append(s("title", {}, "mean reward per step: train (blue, with min … max) and validation (orange)"));
+  for (const v of [low, (low + high) / 2, high]) {
+    chart.append(s("line", { class: "grid", x1: left, x2: width - right, y1: y(v), y2: y(v) }));
+    chart.append(s("text", { class: "axis", x: left - 6, y: y(v) + 4, "text-anchor": "end" }, fmtReward(v)));
+  }
+  shown.forEach((step, i) => chart.append(s("text", { class: "axis", x: x(i), y: height - 6, "text-anchor": "middle" }, step.step ?? "?")));
+  for (const mode of ["train", "val"]) {
+    const points = shown.map((step, i) => [i, step.modes[mode]]).filter(([, m]) => m && m.reward.n);
+    if (mode === "train") for (const [i, m] of points) chart.append(s("line", { class: "range", x1: x(i), x2: x(i), y1: y(m.reward.min), y2: y(m.reward.max) }));
+    if (points.length > 1) chart.append(s("polyline", { class: `line ${mode}`, points: points.map(([i, m]) => `${x(i)},${y(m.reward.mean)}`).join(" ") }));
+    for (const [i, m] of points) chart.append(s("circle", { class: `point ${mode}`, cx: x(i), cy: y(m.reward.mean), r: 3.5 }, s("title", {}, `${mode} step ${shown[i].step}: ${fmtSpread(m.reward)}`)));
+  }
+  return h("figure", { class: "chart" }, chart, h("figcaption", { class: "muted" }, h("span", { class: "key train" }, "train"), " ", h("span", { class: "key val" }, "validation"), " mean reward per step; bars: train min … max"));
+}
+
+function stepsBody(page, params) {
+  if (!page.total) return [h("p", { class: "muted", "data-testid": "no-steps" }, "No resources published yet: the trainer publishes one set per step.")];
+  return [rewardChart(page.steps), pager(page, params, Math.max(0, Math.min(page.limit, page.total - page.offset)), "#/training", "resource sets "), stepsTable(page)].filter(Boolean);
+}
+
+async function trainingView(params) {
+  const query = new URLSearchParams();
+  for (const name of ["limit", "offset"]) if (params.get(name)) query.set(name, params.get(name));
+  const page = await load(`/steps?${query}`);
+  const body = h("div", {}, stepsBody(page, params));
+  const node = h(
+    "section",
+    { "data-testid": "training" },
+    h("h1", {}, "Training"),
+    h(
+      "p",
+      { class: "muted" },
+      "One row per weight version (the trainer's step): the rollouts enqueued under the resources it published. ",
+      "Rewards of succeeded rollouts; rows and trained tokens as the trace aggregator builds them.",
+    ),
+    body,
+  );
+  return {
+    node,
+    refresh: async (current) => {
+      const fresh = await load(`/steps?${query}`);
+      if (current()) body.replaceChildren(...stepsBody(fresh, params));
     },
   };
 }
@@ -333,6 +464,14 @@ async function spanDetail(rolloutId, spanId) {
   return h("div", { "data-testid": "span-detail" }, parts);
 }
 
+// A call whose token ids are missing or do not match is not trained as recorded: shown loud, with its cause.
+function tokenIdsBadge(span) {
+  const status = span.token_ids_status;
+  if (!status) return "";
+  if (status === "ok") return h("span", { class: "muted" }, "ok");
+  return h("span", { class: "badge token-ids-bad", "data-testid": "token-ids-status", title: span.token_ids_cause || "" }, status, span.token_ids_cause ? `: ${span.token_ids_cause}` : "");
+}
+
 function spansTable(rolloutId, spans) {
   const starts = spans.map((s) => s.start_time).filter((t) => t !== null && t !== undefined);
   const ends = spans.map((s) => s.end_time ?? s.start_time).filter((t) => t !== null && t !== undefined);
@@ -350,6 +489,8 @@ function spansTable(rolloutId, spans) {
       h("td", { class: "num" }, fmtDuration(span.duration)),
       h("td", { class: "bar-cell" }, spanBar(span, t0, total)),
       h("td", {}, span.backend || ""),
+      h("td", {}, span.api || ""),
+      h("td", {}, tokenIdsBadge(span)),
       h("td", { class: "num" }, tokens),
       h("td", {}, statusBadge(span.status), span.status_description ? ` ${span.status_description}` : ""),
     );
@@ -360,7 +501,7 @@ function spansTable(rolloutId, spans) {
         open = null;
         return;
       }
-      open = h("tr", { class: "span-open" }, h("td", { colspan: 8 }, h("p", { class: "muted" }, "Loading…")));
+      open = h("tr", { class: "span-open" }, h("td", { colspan: 10 }, h("p", { class: "muted" }, "Loading…")));
       row.after(open);
       const cell = open.firstChild;
       try {
@@ -371,7 +512,7 @@ function spansTable(rolloutId, spans) {
     });
     body.append(row);
   }
-  const head = ["seq", "name", "start", "duration", "timeline", "backend", "tokens in / out", "status"];
+  const head = ["seq", "name", "start", "duration", "timeline", "backend", "API", "token ids", "tokens in / out", "status"];
   return h("table", { "data-testid": "spans" }, h("thead", {}, h("tr", {}, head.map((n) => h("th", {}, n)))), body);
 }
 
@@ -516,7 +657,7 @@ async function tokenView(rolloutId, params) {
       ["LLM calls", String(view.n_calls)],
       ["rows", String(view.rows.length)],
       ["prefix breaks", String(view.metrics["training/n_prefix_breaks"] ?? 0)],
-      ["tokens", view.decoded ? "decoded" : "raw ids (start with --tokenizer to decode)"],
+      ["tokens", view.decoded ? `decoded with ${view.tokenizer}` : "raw ids (no tokenizer: start with --tokenizer, or publish a model readable here)"],
       ["skipped calls", skipped || "none"],
     ]),
     legend(),
