@@ -70,12 +70,15 @@ class AglWorker(ActorRolloutRefWorker):
         import torch
 
         params, _ = self.actor.engine.get_per_tensor_param()
-        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params}
-        if torch.distributed.get_rank() == 0:
-            from safetensors.torch import save_file
+        if torch.distributed.get_rank() != 0:
+            for _ in params:  # each full tensor is gathered with rank 0, then dropped here
+                pass
+            return
+        from safetensors.torch import save_file
 
-            os.makedirs(directory, exist_ok=True)
-            save_file(tensors, os.path.join(directory, WEIGHTS_FILE))
+        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params}
+        os.makedirs(directory, exist_ok=True)
+        save_file(tensors, os.path.join(directory, WEIGHTS_FILE))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[misc]
     def param_numel(self) -> tuple[int, int]:

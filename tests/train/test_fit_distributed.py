@@ -31,8 +31,9 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    """Two steps saving a checkpoint at the last, then a second run resuming from it (with no
-    step left to train it only loads the checkpoint and syncs the weights to vLLM)."""
+    """Two steps saving a checkpoint at the last (Ray started by `run_ppo`), then a second run
+    resuming from it on a Ray cluster started beforehand (with no step left to train, it only
+    loads the checkpoint and syncs the weights to vLLM)."""
     import ray
 
     address = dev_vllm_server.root_url.removeprefix("http://")
@@ -43,7 +44,11 @@ def runs(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Runs:
             dev_vllm_server.model_path, address, trained_dir, STEPS, print_lines=False, workers=WORKERS,
             extra=[f"trainer.save_freq={STEPS}", "trainer.val_before_train=false"],
         )  # fmt: skip
-        ray.shutdown()  # verl's resource pools outlive the run in its cluster: resume in a fresh one, as a new job
+        ray.shutdown()  # verl's resource pools outlive the run in its cluster: resume in a fresh one
+        # Started here, not by agl (as `ray start` or a job submission would): agl's loss, attention
+        # choice and CPU platform still reach the workers, which set them up themselves.
+        logger_path = {"VERL_FILE_LOGGER_PATH": str(resumed_dir / "metrics.jsonl")}  # what train() sets for its run
+        ray.init(num_cpus=WORKERS + 1, num_gpus=0, include_dashboard=False, runtime_env={"env_vars": logger_path})
         resumed = train(
             dev_vllm_server.model_path, address, resumed_dir, STEPS, print_lines=False, workers=WORKERS,
             extra=["trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}",
