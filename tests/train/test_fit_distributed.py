@@ -42,7 +42,7 @@ def runs(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     try:
         trained = train(
             dev_vllm_server.model_path, address, trained_dir, STEPS, print_lines=False, workers=WORKERS,
-            extra=[f"trainer.save_freq={STEPS}", "trainer.val_before_train=false"],
+            extra=[f"trainer.save_freq={STEPS}", "trainer.val_before_train=false", "trainer.test_freq=-1"],
         )  # fmt: skip
         ray.shutdown()  # verl's resource pools outlive the run in its cluster: resume in a fresh one
         # Started here, not by agl (as `ray start` or a job submission would): agl's loss, attention
