@@ -38,6 +38,7 @@ from ._verl import (
     Role,
     create_colocated_worker_cls,
     is_distillation_enabled,
+    need_reference_policy,
     need_reward_model,
     omega_conf_to_dataclass,
     register,
@@ -112,6 +113,16 @@ def check_worker_config(config: Any) -> None:
             "generate(), while agl's agents call vLLM with the base model's name, so they would sample from "
             "the base weights as the adapter trains; set actor_rollout_ref.model.lora.merge=true (the merged "
             "weights are synced)"
+        )
+    workers = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    separate_ref = need_reference_policy(config) and lora_rank == 0 and not model.get("lora_adapter_path")
+    if str(config.trainer.get("device", "cuda")) == "cpu" and workers > 1 and separate_ref:
+        # verl shards a reference model with FSDP2's CPUOffloadPolicy(pin_memory=True)
+        # (verl/workers/engine/fsdp/transformer_impl.py:462); pinning needs an accelerator.
+        raise ValueError(
+            "actor_rollout_ref.actor.use_kl_loss=true needs verl's reference model, which cannot be sharded "
+            f"on the CPU over trainer.n_gpus_per_node={config.trainer.n_gpus_per_node} workers (FSDP2 pins its "
+            "offloaded parameters); set actor_rollout_ref.actor.use_kl_loss=false, or one worker"
         )
 
 

@@ -89,6 +89,10 @@ def test_the_attention_is_left_to_the_workers(tokenizer) -> None:
             "lora_rank=8 without actor_rollout_ref.model.lora.merge=true: .* base weights",
         ),
         (["actor_rollout_ref.model.lora.rank=8"], "set actor_rollout_ref.model.lora.merge=true"),
+        (
+            ["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true"],
+            "use_kl_loss=true needs verl's reference model, which cannot be sharded on the CPU",
+        ),
     ],
 )
 def test_what_the_workers_would_build_and_never_use_is_refused_with_the_key(tokenizer, overrides, message) -> None:
