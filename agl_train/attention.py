@@ -7,6 +7,10 @@ to `auto`; `resolve_attn_implementation(config)` replaces `auto` with `flash_att
 flash-attn can be imported and with `sdpa` (PyTorch's scaled-dot-product attention, always
 there) otherwise, and logs the choice once. An explicit `flash_attention_2` without flash-attn
 is an error that names the key.
+
+The choice is made where the model is loaded: each verl worker resolves its own
+`actor_rollout_ref` config (`workers.AglWorker`, `key=MODEL_ATTN_KEY`), so a driver without
+flash-attn does not hold back GPU workers that have it, nor the reverse. The driver leaves `auto`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+MODEL_ATTN_KEY = ATTN_KEY.removeprefix("actor_rollout_ref.")
+"""The same key in the `actor_rollout_ref` part of the config, which is what a worker gets."""
 AUTO = "auto"
 FLASH = "flash_attention_2"
 SDPA = "sdpa"
@@ -28,16 +34,17 @@ def flash_attn_installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def resolve_attn_implementation(config: Any, *, flash_attn: bool | None = None) -> str:
-    """Set `ATTN_KEY` in `config` (an OmegaConf DictConfig) to what this machine can run; returns it.
+def resolve_attn_implementation(config: Any, *, key: str = ATTN_KEY, flash_attn: bool | None = None) -> str:
+    """Set `key` in `config` (an OmegaConf DictConfig) to what this machine can run; returns it.
 
     `auto` (agl's default) or an absent key becomes `flash_attention_2` with flash-attn and
-    `sdpa` without; any other value stays. `flash_attn` overrides the detection (tests).
+    `sdpa` without; any other value stays. Messages name the full key (`ATTN_KEY`) whichever
+    part of the config is given. `flash_attn` overrides the detection (tests).
     """
     from omegaconf import OmegaConf, open_dict
 
     available = flash_attn_installed() if flash_attn is None else flash_attn
-    chosen = OmegaConf.select(config, ATTN_KEY, default=AUTO)
+    chosen = OmegaConf.select(config, key, default=AUTO)
     if chosen in (AUTO, None):
         chosen = FLASH if available else SDPA
         if not available:
@@ -48,8 +55,8 @@ def resolve_attn_implementation(config: Any, *, flash_attn: bool | None = None) 
             f"install it (requirements/gpu.txt) or set {ATTN_KEY}={SDPA} (or {AUTO})"
         )
     with open_dict(config):
-        OmegaConf.update(config, ATTN_KEY, chosen, force_add=True)
+        OmegaConf.update(config, key, chosen, force_add=True)
     return str(chosen)
 
 
-__all__ = ["ATTN_KEY", "AUTO", "FLASH", "SDPA", "flash_attn_installed", "resolve_attn_implementation"]
+__all__ = ["ATTN_KEY", "AUTO", "MODEL_ATTN_KEY", "FLASH", "SDPA", "flash_attn_installed", "resolve_attn_implementation"]

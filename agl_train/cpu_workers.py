@@ -1,29 +1,33 @@
-"""Run `AglTrainer.fit()` on the CPU: an in-process stand-in for the parts of verl 0.9.1 that need CUDA.
+"""Run `AglTrainer.fit()` on the CPU: the parts of verl 0.9.1 that need CUDA, replaced for the CPU.
 
-verl's worker stack cannot start on a CPU: its workers are Ray actors placed on GPUs, its training
-engine wraps the model in FSDP (registered for cuda/npu only), its device layer knows no CPU, and the
-trained weights reach vLLM through CUDA IPC / NCCL into vLLM replicas that verl starts itself. This
-module replaces exactly those pieces and nothing else:
+verl's worker stack assumes an accelerator: its resource pools ask Ray for GPUs, its training engine
+is registered for cuda/npu only, its device layer knows no CPU, and the trained weights reach vLLM
+through CUDA IPC / NCCL into vLLM replicas that verl starts itself. This module replaces exactly
+those pieces and nothing else:
 
 | verl piece | replaced by |
 | --- | --- |
-| the platform (`verl.plugin.platform`: cuda/npu/rocm) | `CpuPlatform`, set with verl's `set_platform` |
-| `RayWorkerGroup` of `ActorRolloutRefWorker`s | `LocalWorkerGroup`: one `ActorRolloutRefWorker` in this process |
-| FSDP wrapping in `FSDPEngineWithLMHead` | `CpuEngine`: the same engine with the HF model left unwrapped |
+| the platform (`verl.plugin.platform`: cuda/npu/rocm) | `CpuPlatform`, set with verl's `set_platform` in each worker |
+| `ResourcePoolManager` (one GPU per worker) | `CpuResourcePoolManager`: the same pools, one CPU per worker |
+| `FSDPEngineWithLMHead` on cuda/npu | `CpuEngine`: verl's FSDP engine over gloo, in float32 |
 | `LLMServerManager` (vLLM replicas verl starts) | `ExternalReplicas`: vLLM servers started elsewhere |
 | `CheckpointEngineManager` (NCCL/IPC weight push) | `DiskWeightSync`: safetensors + vLLM's `reload_weights` |
 
+Two ways to run, both with verl's own `ActorRolloutRefWorker` code (`workers.AglWorker`):
+
+- distributed: `entry.run_ppo(config, train, val, rollout=ExternalRollout(addresses, weights_dir))`
+  with `trainer.device=cpu` and `trainer.n_gpus_per_node=N`: a local Ray cluster, verl's
+  `RayWorkerGroup` of N worker processes in a CPU resource pool, FSDP sharding the actor across them.
+- one process: `run_ppo_on_cpu(config, train, val, addresses, weights_dir)`: the worker built in this
+  process (`LocalWorkerGroup`, world size 1, the model unwrapped), no Ray. It starts in seconds
+  instead of the half minute or more of a Ray cluster and its worker processes, which the CI's
+  learning test (tests/train/test_fit_cpu.py, 16 steps) would pay on two cores.
+
 Everything else is verl's own code, run for real: `ActorRolloutRefWorker.init_model`, the
-`TrainingWorker`'s mini-batch iteration (`train_mini_batch`), the engine's micro-batching, forward,
-log-prob / entropy, backward, grad clipping and optimizer step, `ppo_loss` with the registered
-`per_rollout_mean` policy loss, and `RayPPOTrainer._compute_old_log_prob` / `_update_actor`.
-
-```python
-trainer = run_ppo_on_cpu(config, train_tasks, val_tasks, ["127.0.0.1:8000"], weights_dir=Path("weights"))
-```
-
-is `agl_train.entry.run_ppo` without Ray: the same checks and `AglTrainer`, with
-`init_cpu_workers(trainer, ...)` in place of `trainer.init_workers()`, then `trainer.fit()`.
+`TrainingWorker`'s mini-batch iteration, the engine's micro-batching, forward, log-prob / entropy,
+backward, grad clipping and optimizer step, `ppo_loss` with the registered `per_rollout_mean`
+policy loss, `get_per_tensor_param`, the FSDP checkpoint, and `RayPPOTrainer._compute_old_log_prob`
+/ `_update_actor` / `_balance_batch`.
 
 The vLLM servers must serve a copy of `actor_rollout_ref.model.path` with `VLLM_SERVER_DEV_MODE=1`
 (for `/collective_rpc` and `/reset_prefix_cache`).
@@ -37,22 +41,24 @@ import os
 import shutil
 import socket
 import types
-import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
 
+from ._verl import (
+    EngineRegistry,
+    FSDPEngineWithLMHead,
+    PlatformBase,
+    RayResourcePool,
+    ResourcePoolManager,
+    Role,
+    platform_manager,
+)
 from .proxy_control import server_root
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from verl.plugin.platform import platform_manager
-    from verl.plugin.platform.platform_base import PlatformBase
-    from verl.workers.engine import EngineRegistry
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 logger = logging.getLogger(__name__)
 
@@ -180,21 +186,48 @@ class CpuPlatform(PlatformBase):
         return None
 
 
+CPU_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+"""FSDP's mixed precision on the CPU: float32 throughout (verl's default computes in bf16)."""
+
+
 class CpuEngine(FSDPEngineWithLMHead):
-    """verl's FSDP language-model engine with the model left unwrapped: one process holds the
-    whole model in float32, so there is nothing to shard and no mixed precision to apply.
-    Everything else (micro-batches, forward, log-probs, backward, clipping, optimizer,
-    lr scheduler, `get_per_tensor_param`) is the FSDP engine's own code."""
+    """verl's FSDP language-model engine on the CPU. With one process the model is left
+    unwrapped (nothing to shard); with more, verl's own FSDP wrapping shards it over the gloo
+    group, with `CPU_PRECISION` (`cpu_precision` sets it in the worker's config). Everything else
+    (micro-batches, forward, log-probs, backward, clipping, optimizer, lr scheduler,
+    `get_per_tensor_param`, checkpoints) is the FSDP engine's own code."""
 
     def _build_fsdp_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        if torch.distributed.get_world_size() > 1:
+            if self.engine_config.strategy != "fsdp2":
+                # verl wraps FSDP1 with sync_module_states=True, which torch refuses for CPU tensors.
+                raise ValueError(
+                    f"actor_rollout_ref.actor.strategy={self.engine_config.strategy} cannot shard on the CPU "
+                    "(FSDP1's sync_module_states needs GPU tensors); set actor_rollout_ref.actor.strategy=fsdp2"
+                )
+            return super()._build_fsdp_module(module)
         self._autocast_dtype = torch.float32  # the engine then runs without autocast
         self.scaler = None
         return module
 
 
+def cpu_precision(actor_rollout_ref: Any) -> None:
+    """Train and score in float32 on the CPU unless `actor_rollout_ref.{actor,ref}.fsdp_config.mixed_precision`
+    is set: bf16 buys a CPU nothing, and the actor's log-probs must match vLLM's float32 ones."""
+    from omegaconf import OmegaConf, open_dict
+
+    with open_dict(actor_rollout_ref):
+        for role in ("actor", "ref"):
+            key = f"{role}.fsdp_config.mixed_precision"
+            if OmegaConf.select(actor_rollout_ref, key) is None:
+                OmegaConf.update(actor_rollout_ref, key, dict(CPU_PRECISION), force_add=True)
+
+
 def use_cpu() -> None:
-    """Point verl at the CPU: the CPU platform, `CpuEngine` for `fsdp`/`fsdp2` on `cpu`, and a
-    one-process gloo group (what `torchrun` would set up, on a free local port)."""
+    """Point verl at the CPU in this process: the CPU platform, `CpuEngine` for `fsdp`/`fsdp2` on
+    `cpu`, and the gloo group. In a Ray worker the group is the worker group's (verl's
+    `RayWorkerGroup` sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT); alone, a one-process
+    group on a free local port (what `torchrun` would set up)."""
     if platform_manager.get_platform().device_name != "cpu":
         platform_manager.set_platform(CpuPlatform())
     try:
@@ -211,7 +244,10 @@ def use_cpu() -> None:
         if "MASTER_PORT" not in os.environ:
             os.environ["MASTER_PORT"] = str(_free_port())
         torch.distributed.init_process_group(
-            "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}"
+            "gloo",
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
         )
 
 
@@ -226,11 +262,10 @@ class LocalWorkerGroup:
     process (world size 1), called directly instead of through Ray's dispatch and collect."""
 
     def __init__(self, actor_rollout_ref_config: Any, role: str) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from verl.workers.engine_workers import ActorRolloutRefWorker
+        from .workers import AglWorker
 
-        self.worker = ActorRolloutRefWorker(actor_rollout_ref_config, role=role)
+        cpu_precision(actor_rollout_ref_config)
+        self.worker = AglWorker(actor_rollout_ref_config, role=role, device="cpu")
         self.worker.init_model()
         self.world_size = 1
         # verl's trainer caches each role's data-parallel ranks here (`_get_dp_size`, used by `balance_batch`).
@@ -261,11 +296,9 @@ class LocalWorkerGroup:
     def load_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         self.worker.load_checkpoint(*args, **kwargs)
 
-    def per_tensor_params(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The actor's weights under their HF names, from the engine's `get_per_tensor_param`
-        (what verl's weight sync sends to vLLM)."""
-        params, _ = self.worker.actor.engine.get_per_tensor_param()
-        return iter(params)
+    def save_rollout_weights(self, directory: str) -> None:
+        """The actor's weights to `directory/model.safetensors` (`AglWorker.save_rollout_weights`)."""
+        self.worker.save_rollout_weights(directory)
 
 
 class Replica:
@@ -285,9 +318,19 @@ class ExternalReplicas:
         return list(self._replicas)
 
 
+@dataclass(frozen=True)
+class ExternalRollout:
+    """Where the trainer's rollouts run when verl does not start its vLLM replicas: the servers'
+    `host:port` addresses, and the folder the weights go through on their way to them."""
+
+    server_addresses: Sequence[str]
+    weights_dir: Path
+
+
 class DiskWeightSync:
     """Stands in for verl's `CheckpointEngineManager`: after an update the actor's weights are
-    written as safetensors under `weights_dir/step_<k>`, then every replica loads them in place
+    written as safetensors under `weights_dir/step_<k>` (by the actor's worker group:
+    `save_rollout_weights`, rank 0 writing what all ranks gather), then every replica loads them in place
     with vLLM's `reload_weights` (`POST /collective_rpc`) and drops its prefix cache (KV computed
     with the old weights). The server keeps running; the trainer pauses and drains the proxy
     around the switch, so no request sees half-loaded weights.
@@ -295,7 +338,7 @@ class DiskWeightSync:
 
     def __init__(
         self,
-        actor: LocalWorkerGroup,
+        actor: Any,
         replicas: ExternalReplicas,
         weights_dir: Path,
         timeout_s: float = RELOAD_TIMEOUT_S,
@@ -311,14 +354,11 @@ class DiskWeightSync:
         return None
 
     def update_weights(self, global_steps: int) -> dict[str, float]:
-        from safetensors.torch import save_file
-
         target = self.weights_dir / f"step_{global_steps}"
         staging = self.weights_dir / f".step_{global_steps}.partial"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in self.actor.per_tensor_params()}
-        save_file(tensors, str(staging / "model.safetensors"))
+        self.actor.save_rollout_weights(str(staging.resolve()))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         with httpx.Client(timeout=self.timeout_s) as http:
@@ -341,6 +381,19 @@ def _raise_for(answer: httpx.Response, root: str, what: str) -> None:
         raise RuntimeError(f"{root} has no {what} endpoint: start vLLM with VLLM_SERVER_DEV_MODE=1")
     if answer.status_code >= 400:
         raise RuntimeError(f"{what} on {root} answered {answer.status_code}: {answer.text[:500]}")
+
+
+class CpuResourcePoolManager(ResourcePoolManager):
+    """verl's `ResourcePoolManager` with its pools on CPUs: the one change agl makes to verl's
+    placement. verl's `create_resource_pool` builds `RayResourcePool(use_gpu=True)` (a GPU in
+    every bundle) and checks the cluster's GPUs; here each of a pool's processes gets a bundle of
+    one CPU, and `RayWorkerGroup` (which reads `use_gpu` from the pool) places its workers there."""
+
+    def create_resource_pool(self) -> None:
+        for name, process_on_nodes in self.resource_pool_spec.items():
+            self.resource_pool_dict[name] = RayResourcePool(
+                process_on_nodes=process_on_nodes, use_gpu=False, max_colocate_count=1, name_prefix=name
+            )
 
 
 def init_cpu_workers(trainer: Any, server_addresses: Sequence[str], weights_dir: Path) -> None:
@@ -371,10 +424,6 @@ def run_ppo_on_cpu(
     from .entry import build_trainer, check_inputs
     from .verl_loss import register_per_rollout_loss
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from verl.trainer.ppo.ray_trainer import ResourcePoolManager, Role
-
     train, val = check_inputs(config, train_dataset, val_dataset)
     register_per_rollout_loss()
     config = config.copy()
@@ -395,13 +444,17 @@ def run_ppo_on_cpu(
 
 
 __all__ = [
+    "CPU_PRECISION",
     "CpuEngine",
     "CpuPlatform",
+    "CpuResourcePoolManager",
     "DiskWeightSync",
     "ExternalReplicas",
+    "ExternalRollout",
     "LocalWorkerGroup",
     "Replica",
     "init_cpu_workers",
+    "cpu_precision",
     "run_ppo_on_cpu",
     "use_cpu",
 ]

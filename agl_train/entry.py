@@ -10,39 +10,51 @@ config = compose_config(["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruc
 run_ppo(config, train_tasks, val_tasks)
 ```
 
-`run_ppo` checks its inputs before anything starts, starts Ray (unless it already runs) with
-`worker_process_setup_hook` registering the `per_rollout_mean` loss in every worker process,
-and runs `AglTrainer` inside a Ray actor, as verl's own `main_ppo` does.
+`run_ppo` checks its inputs before anything starts, starts Ray (unless it already runs) and runs
+`AglTrainer` inside a Ray actor, as verl's own `main_ppo` does. verl's workers are
+`workers.AglWorker`s, which set up agl's pieces (the `per_rollout_mean` loss, the attention
+implementation, the CPU platform) in their own processes, so nothing depends on how Ray was started.
+
+On the CPU (`trainer.device=cpu`, `trainer.n_gpus_per_node` worker processes) the rollouts run on
+vLLM servers started elsewhere: `run_ppo(config, train, val, rollout=ExternalRollout(addresses,
+weights_dir))` (`cpu_workers`).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
-from .attention import resolve_attn_implementation
 from .config import trainer_settings
 from .dataset import check_dataset
 
-WORKER_SETUP_HOOK = "agl_train.entry.worker_process_setup_hook"
+if TYPE_CHECKING:
+    from .cpu_workers import ExternalRollout
+
+CPU_DEVICE_KEY = "trainer.device"
 
 
-def worker_process_setup_hook() -> None:
-    """Runs in every Ray worker process at start-up: registers the `per_rollout_mean` loss,
-    so verl's actors find it by `policy_loss.loss_mode`."""
-    from .verl_loss import register_per_rollout_loss
+@dataclass(frozen=True)
+class TrainedActor:
+    """What `run_ppo` reports of the actor it trained: per worker process, in rank order, the
+    parameter elements it held and the whole model's (equal where nothing is sharded)."""
 
-    register_per_rollout_loss()
+    param_numel: list[tuple[int, int]]
+
+    @property
+    def world_size(self) -> int:
+        """The actor's worker processes (FSDP's data-parallel ranks)."""
+        return len(self.param_numel)
 
 
 def ray_init_kwargs(config: Any) -> dict[str, Any]:
-    """`ray.init` arguments: verl's runtime env and `ray_kwargs.ray_init`, plus agl's setup hook."""
+    """`ray.init` arguments: verl's runtime env and `ray_kwargs.ray_init`. On the CPU the cluster
+    gets a logical CPU per worker process and one for the trainer's actor unless `num_cpus` is set
+    (a small machine has fewer cores than that; the processes share them)."""
     from omegaconf import OmegaConf
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+    from ._verl import get_ppo_ray_runtime_env
 
     # Both are mappings in verl's config schema; to_container is typed for any node.
     ray_init = cast(
@@ -54,8 +66,18 @@ def ray_init_kwargs(config: Any) -> dict[str, Any]:
             OmegaConf.merge(get_ppo_ray_runtime_env(config), ray_init.pop("runtime_env", None) or {}), resolve=True
         ),
     )
-    runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
-    return {**{k: v for k, v in ray_init.items() if v is not None}, "runtime_env": runtime_env}
+    kwargs = {**{k: v for k, v in ray_init.items() if v is not None}, "runtime_env": runtime_env}
+    if is_cpu(config):
+        workers = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+        kwargs.setdefault("num_cpus", workers + 1)
+        kwargs.setdefault("num_gpus", 0)
+        kwargs.setdefault("include_dashboard", False)
+    return kwargs
+
+
+def is_cpu(config: Any) -> bool:
+    """Whether `trainer.device` asks for the CPU."""
+    return str(config.trainer.get("device", "cuda")) == "cpu"
 
 
 def check_inputs(config: Any, train_dataset: Any, val_dataset: Any) -> tuple[list[Any], list[Any]]:
@@ -69,34 +91,41 @@ def check_inputs(config: Any, train_dataset: Any, val_dataset: Any) -> tuple[lis
     return train, val
 
 
-def run_ppo(config: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any]) -> None:
+def run_ppo(
+    config: Any, train_dataset: Sequence[Any], val_dataset: Sequence[Any], rollout: ExternalRollout | None = None
+) -> TrainedActor:
     """Train with verl on agent rollouts of `train_dataset`, validating on `val_dataset`.
 
     Each dataset is a non-empty in-memory sequence of JSON-like tasks; each task becomes a
-    rollout's `input`. Blocks until training ends. The actor's attention implementation is
-    chosen here, in `config` (`attention.resolve_attn_implementation`: `auto` → flash-attention
-    where it is installed, else SDPA).
+    rollout's `input`. Blocks until training ends; returns what the actor's workers held
+    (`TrainedActor`: the world size, the shards). `rollout` replaces the vLLM replicas verl would
+    start by servers started elsewhere; the CPU needs it (`trainer.device=cpu`).
     """
     train, val = check_inputs(config, train_dataset, val_dataset)
-    resolve_attn_implementation(config)
+    if is_cpu(config) and rollout is None:
+        raise ValueError(
+            f"{CPU_DEVICE_KEY}=cpu: verl cannot start its vLLM servers on the CPU; start vLLM (dev mode) "
+            "and pass run_ppo(..., rollout=agl_train.cpu_workers.ExternalRollout(addresses, weights_dir))"
+        )
     import ray
 
-    worker_process_setup_hook()
     if not ray.is_initialized():
         ray.init(**ray_init_kwargs(config))
-    runner = make_task_runner().options(runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK}).remote()
-    ray.get(runner.run.remote(config, train, val))
+    runner = make_task_runner().remote()
+    return TrainedActor(ray.get(runner.run.remote(config, train, val, rollout)))
 
 
 def build_trainer(config: Any, train: list[Any], val: list[Any], **worker_kwargs: Any) -> Any:
     """`AglTrainer` on a resolved `config` after verl's `validate_config`, with in-memory datasets;
     `worker_kwargs` are `RayPPOTrainer`'s worker arguments (`role_worker_mapping`, ...)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy
-        from verl.utils.config import omega_conf_to_dataclass, validate_config
-        from verl.workers.config import HFModelConfig
-
+    from ._verl import (
+        HFModelConfig,
+        create_rl_sampler,
+        need_critic,
+        need_reference_policy,
+        omega_conf_to_dataclass,
+        validate_config,
+    )
     from .dataset import InMemoryDataset, collate_inputs
     from .trainer import AglTrainer
 
@@ -119,31 +148,45 @@ def make_task_runner() -> Any:
     """The Ray actor class that builds verl's workers and runs `AglTrainer.fit()`."""
     import ray
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from verl.trainer.main_ppo_v0 import BaseTaskRunner
+    from ._verl import BaseTaskRunner, Role
 
     class AglTaskRunner(BaseTaskRunner):
-        def run(self, config: Any, train: list[Any], val: list[Any]) -> None:
+        def run(
+            self, config: Any, train: list[Any], val: list[Any], rollout: ExternalRollout | None = None
+        ) -> list[tuple[int, int]]:
             from omegaconf import OmegaConf
-            from verl.trainer.ppo.utils import need_critic
+
+            from ._verl import RayWorkerGroup
+            from .cpu_workers import CpuResourcePoolManager
+            from .workers import AglWorker
 
             OmegaConf.resolve(config)
-            resolve_attn_implementation(config)  # no-op after run_ppo; here for callers of the runner alone
-            _, worker_group_cls = self.add_actor_rollout_worker(config)
-            if need_critic(config):
-                self.add_critic_worker(config)
+            if is_cpu(config):
+                from ._verl import platform_manager
+                from .cpu_workers import CpuPlatform
+
+                platform_manager.set_platform(CpuPlatform())  # verl's trainer code asks the platform too
+            self.add_actor_rollout_worker(config)
+            # verl's mapping names its own worker class; agl's sets itself up in each worker process.
+            for role in (Role.ActorRollout, Role.ActorRolloutRef):
+                if role in self.role_worker_mapping:
+                    self.role_worker_mapping[role] = ray.remote(AglWorker)
             self.add_reward_model_resource_pool(config)
+            pools = self.init_resource_pool_mgr(config)
+            if is_cpu(config):
+                pools = CpuResourcePoolManager(resource_pool_spec=pools.resource_pool_spec, mapping=pools.mapping)
             trainer = build_trainer(
                 config,
                 train,
                 val,
                 role_worker_mapping=self.role_worker_mapping,
-                resource_pool_manager=self.init_resource_pool_mgr(config),
-                ray_worker_group_cls=worker_group_cls,
+                resource_pool_manager=pools,
+                ray_worker_group_cls=RayWorkerGroup,
+                rollout=rollout,
             )
             trainer.init_workers()
             trainer.fit()
+            return [tuple(numel) for numel in trainer.actor_rollout_wg.param_numel()]
 
     return ray.remote(num_cpus=1)(AglTaskRunner)
 

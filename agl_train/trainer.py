@@ -22,8 +22,16 @@ import numpy as np
 from agl_store.base import LightningStore
 from agl_store.models import RolloutConfig
 
-from ._verl import DataProto
-from .attention import resolve_attn_implementation
+from ._verl import (
+    DataProto,
+    RayPPOTrainer,
+    Tracking,
+    calculate_debug_metrics,
+    compute_data_metrics,
+    compute_timing_metrics,
+    marked_timer,
+    reduce_metrics,
+)
 from .config import trainer_settings
 from .dataset import INPUT_KEY
 from .hooks import run_startup_hooks
@@ -34,14 +42,7 @@ from .runner.groups import GroupTracker
 from .runner.loop_thread import LoopThread
 from .schedule import StepPlan, StepSchedule
 from .step import WAIT_GRACE_S, StepData, read_succeeded, rollout_step
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.utils.debug import marked_timer
-    from verl.utils.debug.metrics import calculate_debug_metrics
-    from verl.utils.metric import reduce_metrics
+from .workers import check_worker_config, init_worker_groups
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +57,15 @@ class AglTrainer(RayPPOTrainer):
     `collate_inputs`. The constructor checks agl's settings before verl builds anything: a bad
     combination (an async batch not larger than `data.train_batch_size`, KL in the reward, a
     critic or GAE, a verl feature agl's loop does not implement) raises ValueError naming the
-    key; it also resolves the actor's attention implementation (`attention`).
+    key. `rollout` (`cpu_workers.ExternalRollout`): vLLM servers started elsewhere instead of
+    the replicas verl starts (`init_workers`).
     """
 
-    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, config: Any, *args: Any, rollout: Any = None, **kwargs: Any) -> None:
         # agl's settings are checked before verl builds anything, so a bad one fails fast.
         self.agl_settings, self.runner_settings = trainer_settings(config)
-        resolve_attn_implementation(config)  # workers read it; a no-op after run_ppo
+        check_worker_config(config)
+        self.external_rollout = rollout
         with warnings.catch_warnings():
             # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
             # v0 worker stack (RayPPOTrainer's worker groups) and owns the loop, so the warning is noise here.
@@ -177,6 +180,11 @@ class AglTrainer(RayPPOTrainer):
 
     # --- verl's side ------------------------------------------------------------------------
 
+    def init_workers(self) -> None:
+        """verl's worker groups and rollout replicas, without the managers agl does not use
+        (`workers.init_worker_groups`)."""
+        init_worker_groups(self)
+
     def _validate(self, merged: bool = False) -> dict[str, float]:
         """Mean reward of one rollout per validation task (`val/reward_mean`)."""
         tasks = [item[INPUT_KEY] for item in self.val_dataset]
@@ -261,7 +269,6 @@ class AglTrainer(RayPPOTrainer):
     def fit(self) -> None:
         """verl's training loop with agl's rollout step, on `StepSchedule`'s steps."""
         from omegaconf import OmegaConf
-        from verl.utils.tracking import Tracking
 
         # A fresh dump executor, as verl's fit has (a previous fit shut its own down); shutting
         # down first is idempotent and avoids reading the executor's private `_shutdown` flag.

@@ -1,8 +1,9 @@
 """The `per_rollout_mean` policy loss, registered in verl's policy-loss registry.
 
-verl looks losses up by `actor_rollout_ref.actor.policy_loss.loss_mode`; the trainer calls
-`register_per_rollout_loss()` in every Ray worker process (`worker_process_setup_hook`)
-so that actors find it. The math is `loss.per_rollout_mean_loss`.
+verl looks losses up by `actor_rollout_ref.actor.policy_loss.loss_mode` in the worker that
+trains; agl's worker class (`workers.AglWorker`) calls `register_per_rollout_loss()` in its
+constructor, so every worker process has it however Ray was started. The math is
+`loss.per_rollout_mean_loss`.
 """
 
 from __future__ import annotations

@@ -83,3 +83,14 @@ def test_no_package_imports_upward() -> None:
 
 def test_the_check_reads_the_real_imports() -> None:
     assert "agl_store.web.http_transport" in {module for _, _, module in imports("agl_proxy")}
+
+
+def test_agl_train_imports_verl_only_through_its_verl_module() -> None:
+    # agl_train/_verl.py imports verl with its import-time warnings silenced, in one place.
+    direct = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
+        for path, line, module in imports("agl_train")
+        if module.split(".")[0] == "verl" and path.name != "_verl.py"
+    ]
+    assert direct == []
+    assert "verl.workers.engine_workers" in {module for _, _, module in imports("agl_train")}

@@ -1,11 +1,14 @@
 """Train the tiny random model to write lowercase words: a whole agl + verl run on the CPU.
 
     python -m examples.lowercase_words.train [--steps 16] [--out artifacts/lowercase_words] [--png PATH]
+    python -m examples.lowercase_words.train --ray --workers 2
 
 What runs: a vLLM server (dev mode, for in-place weight reloads) on a copy of the test suite's
-tiny model, `agl proxy serve` with its embedded SQLite store, and `AglTrainer.fit()` through
-`agl_train.cpu_workers.run_ppo_on_cpu` (verl's actor update in this process, agents as local
-subprocesses). One line per step; at the end the training curve goes to `--png`.
+tiny model, `agl proxy serve` with its embedded SQLite store, and `AglTrainer.fit()` with agents
+as local subprocesses. By default through `agl_train.cpu_workers.run_ppo_on_cpu` (verl's actor
+update in this process); with `--ray`, through `agl_train.entry.run_ppo` on a local Ray cluster:
+verl's `RayWorkerGroup` of `--workers` processes, FSDP2 sharding the actor across them over gloo.
+One line per step; at the end the training curve goes to `--png`.
 """
 
 from __future__ import annotations
@@ -49,9 +52,21 @@ def tasks(count: int, offset: int = 0) -> list[dict[str, str]]:
     return [{"prompt": PROMPTS[(offset + i) % len(PROMPTS)]} for i in range(count)]
 
 
-def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int = 0) -> list[str]:
+def overrides(
+    model_path: Path, proxy_url: str, steps: int, out: Path, seed: int = 0, workers: int | None = None
+) -> list[str]:
     """The run's config over agl's defaults (GRPO, no critic, sdpa without flash-attn): 4 prompts × 4 rollouts
-    per step, one mini-batch per step, on the CPU."""
+    per step, one mini-batch per step, on the CPU; with `workers`, in that many Ray worker processes."""
+    # The step's 16 rows (8 a mini-batch) are split over the workers; verl wants whole micro-batches on each.
+    distributed = [
+        "trainer.device=cpu",
+        f"trainer.n_gpus_per_node={workers}",
+        "trainer.nnodes=1",
+        "actor_rollout_ref.actor.strategy=fsdp2",  # FSDP1 cannot shard CPU tensors (agl_train/cpu_workers.py)
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={8 // workers}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={16 // workers}",
+    ] if workers else []  # fmt: skip
     return [
         f"actor_rollout_ref.model.path={model_path}",
         "actor_rollout_ref.actor.strategy=fsdp",
@@ -86,6 +101,7 @@ def overrides(model_path: Path, proxy_url: str, steps: int, out: Path, seed: int
         f"trainer.default_local_dir={out / 'checkpoints'}",
         "trainer.project_name=agl-examples",
         "trainer.experiment_name=lowercase_words",
+        *distributed,
     ]
 
 
@@ -126,12 +142,19 @@ def _wait_for_listening(process: subprocess.Popen[bytes], log_path: Path) -> str
 
 @dataclass
 class Run:
-    """What a training run leaves: per-step metrics, validations outside a step, the store file, the trainer."""
+    """What a training run leaves: per-step metrics, validations outside a step, the store file, the
+    trainer (None when it ran in a Ray actor), and what each of the actor's worker processes held
+    (`agl_train.entry.TrainedActor.param_numel`; one unsharded process without Ray)."""
 
     history: list[dict[str, float]]
     validations: list[dict[str, float]]
     db_path: Path
     trainer: Any
+    param_numel: list[tuple[int, int]]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.param_numel)
 
 
 class StepPrinter:
@@ -198,13 +221,25 @@ def format_step(m: dict[str, float]) -> str:
     )
 
 
-def train(model_path: Path, vllm_address: str, out: Path, steps: int, seed: int = 0, print_lines: bool = True) -> Run:
+def train(
+    model_path: Path,
+    vllm_address: str,
+    out: Path,
+    steps: int,
+    seed: int = 0,
+    print_lines: bool = True,
+    workers: int | None = None,
+    extra: Sequence[str] = (),
+) -> Run:
     """`steps` training steps against the vLLM at `vllm_address`, which must serve `model_path`
-    in dev mode (`VLLM_SERVER_DEV_MODE=1`); everything the run writes goes under `out`."""
+    in dev mode (`VLLM_SERVER_DEV_MODE=1`); everything the run writes goes under `out`. With
+    `workers`, on a local Ray cluster in that many worker processes (started here unless Ray
+    runs already; the caller shuts it down). `extra`: more config overrides."""
     import torch
 
     from agl_train.config import compose_config
-    from agl_train.cpu_workers import run_ppo_on_cpu
+    from agl_train.cpu_workers import ExternalRollout, run_ppo_on_cpu
+    from agl_train.entry import run_ppo
 
     # A 345 K-parameter model gains nothing from a second thread, and OpenMP threads spinning
     # against vLLM and the agents for two cores made each update ~10x slower (measured).
@@ -213,14 +248,22 @@ def train(model_path: Path, vllm_address: str, out: Path, steps: int, seed: int 
     metrics_path = out / "metrics.jsonl"
     for stale in (metrics_path, out / "agl.db", out / "agl.db-wal", out / "agl.db-shm"):
         stale.unlink(missing_ok=True)
+    trainer, param_numel = None, []
     with (
         _environment("VERL_FILE_LOGGER_PATH", str(metrics_path)),  # where verl's file logger writes
         running_proxy(out) as proxy_url,
         StepPrinter(metrics_path, print_lines) as printer,
     ):
-        config = compose_config(overrides(model_path, proxy_url, steps, out, seed))
-        trainer = run_ppo_on_cpu(config, tasks(4 * steps), tasks(4, offset=1), [vllm_address], out / "weights")
-    return Run(history=printer.history, validations=printer.validations, db_path=out / "agl.db", trainer=trainer)
+        config = compose_config([*overrides(model_path, proxy_url, steps, out, seed, workers), *extra])
+        train_tasks, val_tasks = tasks(4 * steps), tasks(4, offset=1)
+        if workers:
+            rollout = ExternalRollout([vllm_address], out / "weights")
+            param_numel = run_ppo(config, train_tasks, val_tasks, rollout=rollout).param_numel
+        else:
+            trainer = run_ppo_on_cpu(config, train_tasks, val_tasks, [vllm_address], out / "weights")
+            params = sum(p.numel() for p in trainer.actor_rollout_wg.model.parameters())
+            param_numel = [(params, params)]
+    return Run(printer.history, printer.validations, out / "agl.db", trainer, param_numel)
 
 
 @contextlib.contextmanager
@@ -332,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="run directory (model copy, store, logs)")
     parser.add_argument("--png", type=Path, default=None, help="training curve (default OUT/training-curve.png)")
+    parser.add_argument("--ray", action="store_true", help="verl's Ray worker group and FSDP instead of one process")
+    parser.add_argument("--workers", type=int, default=2, help="with --ray: actor worker processes (FSDP ranks)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     out: Path = args.out.resolve()
@@ -341,7 +386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"starting vLLM on {model} (about a minute on a CPU)", flush=True)
     with running_vllm_server(model, log_path=out / "vllm.log", extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as vllm:
         address = vllm.base_url.removeprefix("http://").removesuffix("/v1")
-        train(model, address, out, args.steps, args.seed)
+        run = train(model, address, out, args.steps, args.seed, workers=args.workers if args.ray else None)
+    if args.ray:
+        import ray
+
+        ray.shutdown()
+    print(f"actor world size {run.world_size}", flush=True)
     by_version = rewards_by_version(out / "agl.db")
     result = improvement(by_version, window=max(1, args.steps // 4))
     png = args.png or out / "training-curve.png"

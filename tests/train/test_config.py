@@ -204,11 +204,14 @@ def test_the_gpu_check_runs_on_agls_defaults(tiny_model_path, tmp_path) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    composed = OmegaConf.load(tmp_path / "config.yaml")
-    assert composed.algorithm.adv_estimator == "grpo" and composed.critic.enable is False
-    assert list(composed.trainer.logger) == ["console", "file"]
-    assert composed.actor_rollout_ref.model.override_config.attn_implementation in ("sdpa", "flash_attention_2")
-    assert composed.trainer.save_freq == composed.trainer.test_freq == composed.trainer.total_training_steps
+    tools, resumed = (OmegaConf.load(tmp_path / f"config-{run}.yaml") for run in ("tools", "resume-async"))
+    assert tools.algorithm.adv_estimator == "grpo" and tools.critic.enable is False
+    assert list(tools.trainer.logger) == ["console", "file"]
+    assert tools.actor_rollout_ref.model.override_config.attn_implementation == "auto"  # resolved by the workers
+    assert tools.trainer.save_freq == tools.trainer.test_freq == tools.trainer.total_training_steps
+    assert tools.actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser == "hermes"
+    assert resumed.trainer.resume_from_path.endswith(f"global_step_{tools.trainer.total_training_steps}")
+    assert resumed.agentlightning.async_rollout.enabled is True
 
 
 def with_overrides(config, dotlist):

@@ -1,5 +1,6 @@
-"""The CPU stand-in's actor without vLLM: verl's `ActorRolloutRefWorker` in this process, and its
-checkpoints through verl's own checkpoint manager (what `fit()` saves and resumes from)."""
+"""The CPU stand-in's actor without vLLM: verl's `ActorRolloutRefWorker` (as agl's `AglWorker`) in
+this process, and its checkpoints through verl's own checkpoint manager (what `fit()` saves and
+resumes from)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,22 @@ pytestmark = pytest.mark.slow
 
 def test_a_checkpoint_saved_by_verl_restores_the_actors_weights(tiny_model_path: Path, tmp_path: Path) -> None:
     from omegaconf import OmegaConf
+    from safetensors.torch import load_file
 
-    from agl_train.attention import resolve_attn_implementation
+    from agl_train._verl import get_policy_loss_fn
+    from agl_train.attention import flash_attn_installed
     from agl_train.config import compose_config
-    from agl_train.cpu_workers import LocalWorkerGroup, use_cpu
-    from agl_train.verl_loss import register_per_rollout_loss
+    from agl_train.cpu_workers import LocalWorkerGroup
+    from agl_train.verl_loss import compute_policy_loss_per_rollout_mean
     from examples.lowercase_words.train import overrides
 
-    register_per_rollout_loss()
     config = compose_config(overrides(tiny_model_path, "http://127.0.0.1:9", steps=2, out=tmp_path))
     OmegaConf.resolve(config)
-    resolve_attn_implementation(config)  # as the trainer's constructor does: sdpa without flash-attn
-    use_cpu()
     actor = LocalWorkerGroup(config.actor_rollout_ref, role="actor")
+    # The worker set itself up: agl's loss registered, the attention chosen where it loads the model.
+    assert get_policy_loss_fn("per_rollout_mean") is compute_policy_loss_per_rollout_mean
+    attention = actor.worker.config.model.override_config.attn_implementation
+    assert attention == ("flash_attention_2" if flash_attn_installed() else "sdpa")
     saved = {name: tensor.clone() for name, tensor in actor.model.state_dict().items()}
     path = str(tmp_path / "global_step_1" / "actor")
 
@@ -37,4 +41,6 @@ def test_a_checkpoint_saved_by_verl_restores_the_actors_weights(tiny_model_path:
 
     restored = actor.model.state_dict()
     assert all(torch.equal(saved[name], restored[name]) for name in saved)
-    assert sorted(name for name, _ in actor.per_tensor_params()) == sorted(saved)  # what the weight sync sends
+    actor.save_rollout_weights(str(tmp_path / "weights"))  # what the weight sync sends
+    sent = load_file(tmp_path / "weights" / "model.safetensors")
+    assert sorted(sent) == sorted(saved) and all(torch.equal(sent[name], saved[name]) for name in saved)

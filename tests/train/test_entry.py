@@ -1,4 +1,4 @@
-"""`run_ppo`'s input checks, the in-memory dataset, and the Ray worker set-up hook."""
+"""`run_ppo`'s input checks, the in-memory dataset, and how Ray starts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from agl_train.config import compose_config
 from agl_train.dataset import InMemoryDataset, check_dataset, collate_inputs
-from agl_train.entry import WORKER_SETUP_HOOK, ray_init_kwargs, run_ppo, worker_process_setup_hook
+from agl_train.entry import ray_init_kwargs, run_ppo
 
 TASKS = [{"question": "1+1", "answer": "2"}, {"question": "2*3", "answer": "6"}, {"question": "9-4", "answer": "5"}]
 
@@ -65,17 +65,14 @@ def test_verl_samples_from_it(config) -> None:
     assert sorted(sampler) == [0, 1, 2]
 
 
-def test_the_worker_hook_registers_the_per_rollout_loss() -> None:
-    from verl.trainer.ppo.core_algos import get_policy_loss_fn
-
-    from agl_train.verl_loss import compute_policy_loss_per_rollout_mean
-
-    worker_process_setup_hook()
-    worker_process_setup_hook()  # every worker process runs it; twice in one process is fine
-    assert get_policy_loss_fn("per_rollout_mean") is compute_policy_loss_per_rollout_mean
-
-
-def test_ray_starts_with_the_hook_and_verl_runtime_env(config) -> None:
+def test_ray_starts_with_verl_runtime_env(config) -> None:
     kwargs = ray_init_kwargs(config)
-    assert kwargs["runtime_env"]["worker_process_setup_hook"] == WORKER_SETUP_HOOK
     assert kwargs["runtime_env"]["env_vars"]["VLLM_LOGGING_LEVEL"] == "WARN"  # verl's, kept
+    assert "num_cpus" not in kwargs  # Ray counts the machine's
+
+
+def test_on_the_cpu_ray_gets_a_cpu_per_worker_and_the_vllm_servers_must_be_given() -> None:
+    cpu = compose_config(["data.train_batch_size=2", "trainer.device=cpu", "trainer.n_gpus_per_node=2"])
+    assert ray_init_kwargs(cpu)["num_cpus"] == 3  # two workers and the trainer's actor
+    with pytest.raises(ValueError, match=r"trainer.device=cpu: .*rollout=agl_train.cpu_workers.ExternalRollout"):
+        run_ppo(cpu, TASKS, TASKS)

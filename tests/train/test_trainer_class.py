@@ -71,12 +71,34 @@ def test_the_constructor_refuses_a_critic_config_before_verl_builds_anything(tok
         build(tokenizer, ["algorithm.rollout_correction.rollout_is=token"])
 
 
-def test_the_constructor_chooses_the_attention_the_workers_will_load(tokenizer) -> None:
-    from agl_train.attention import flash_attn_installed
-
+def test_the_attention_is_left_to_the_workers(tokenizer) -> None:
+    # Each worker resolves `auto` where it loads the model (agl_train.workers.AglWorker), not the driver.
     trainer = build(tokenizer, [])
-    chosen = trainer.config.actor_rollout_ref.model.override_config.attn_implementation
-    assert chosen == ("flash_attention_2" if flash_attn_installed() else "sdpa")
+    assert trainer.config.actor_rollout_ref.model.override_config.attn_implementation == "auto"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["reward.reward_model.enable=true"],
+            "reward.reward_model.enable=true: .*set reward.reward_model.enable=false",
+        ),
+        (
+            ["actor_rollout_ref.model.lora_rank=8"],
+            "lora_rank=8 without actor_rollout_ref.model.lora.merge=true: .* base weights",
+        ),
+        (["actor_rollout_ref.model.lora.rank=8"], "set actor_rollout_ref.model.lora.merge=true"),
+        (
+            ["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true"],
+            "use_kl_loss=true needs verl's reference model, which cannot be sharded on the CPU",
+        ),
+    ],
+)
+def test_what_the_workers_would_build_and_never_use_is_refused_with_the_key(tokenizer, overrides, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        build(tokenizer, overrides)
+    build(tokenizer, ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora.merge=true"])
 
 
 # --- the update half of a step, with verl's own batch code ----------------------------------
