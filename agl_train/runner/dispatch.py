@@ -106,7 +106,7 @@ class RolloutDispatcher:
             if free > 0:
                 try:
                     claimed = list(await self.store.dequeue_many_rollouts(limit=free, worker_id=self.worker_id))
-                except Exception:  # noqa: BLE001 - a flaky store must not end the loop
+                except Exception:  # a flaky store must not end the loop
                     logger.exception("rollout dispatcher: dequeue failed; retrying")
             for rollout in claimed:
                 task = asyncio.create_task(self._run_one(rollout), name=f"agl-rollout-{rollout.rollout_id}")
@@ -131,7 +131,7 @@ class RolloutDispatcher:
         except asyncio.CancelledError:
             await record_outcome(self.store, RolloutOutcome(rollout_id, attempt_id, "failed", message="cancelled"))
             raise
-        except Exception as exc:  # noqa: BLE001 - one rollout's failure must not stop the others
+        except Exception as exc:  # one rollout's failure must not stop the others
             logger.exception("rollout %s failed in its runner", rollout_id)
             outcome = RolloutOutcome(rollout_id, attempt_id, "failed", message=f"{type(exc).__name__}: {exc}")
         await record_outcome(self.store, outcome)
