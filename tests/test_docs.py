@@ -1,10 +1,11 @@
-"""Every repository path and agl module name the docs cite exists.
+"""Every repository path, agl module name and relative link the docs cite exists.
 
 Paths: backticked or linked text with a `/` that starts at a top-level folder of the repository
 (`agl_train/config.yaml`, `examples/calc_agent/`, `tests/train/test_fit_cpu.py::test_x`). Modules:
 dotted names under agl's packages, `examples`, `tests` or `benchmarks` (`agl_train.cpu_workers.run_ppo_on_cpu`,
 `examples.calc_agent.agent:CalcAgent`); the module must exist and define the names after it, read from its
-source without importing it (no torch or verl to load).
+source without importing it (no torch or verl to load). Relative links: the file, and the heading an
+anchor names.
 """
 
 from __future__ import annotations
@@ -24,18 +25,42 @@ DOCS = sorted(
 PACKAGES = ("agl_store", "agl_proxy", "agl_train", "examples", "tests", "benchmarks")
 TOP_FOLDERS = (*PACKAGES, "docs", "scripts", "requirements")
 
-CITED = re.compile(r"`([^`\n]+)`|\]\(([^)\s#]+)")
+CITED = re.compile(r"`([^`\n]+)`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 PATH = re.compile(r"^(?:\./)?((?:" + "|".join(TOP_FOLDERS) + r")(?:/[\w.\-]+)*/?)(?:::[\w\[\]\-]+)?(?::\d+)?$")
 MODULE = re.compile(r"^((?:" + "|".join(PACKAGES) + r")(?:\.\w+)+)(?::(\w+(?:\.\w+)*))?(?:\(.*\))?$")
 
 
-def citations(doc: Path) -> list[tuple[int, str]]:
-    """(line, text) of each backticked span and link target of `doc`, code blocks included."""
+def citations(doc: Path, pattern: re.Pattern[str] = CITED) -> list[tuple[int, str]]:
+    """(line, text) of each backticked span (or link target) of `doc`, code blocks included."""
     found = []
     for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
-        for match in CITED.finditer(line):
-            found.append((number, (match[1] or match[2]).strip()))
+        for match in pattern.finditer(line):
+            found.append((number, match[1].strip()))
     return found
+
+
+@cache
+def anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives `doc`'s headings: lower case, punctuation dropped, spaces to hyphens."""
+    slugs = set()
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        if heading := re.match(r"^#+\s+(.*)$", line):
+            slugs.add(re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-"))
+    return slugs
+
+
+def link_problem(doc: Path, target: str) -> str | None:
+    """What is wrong with a relative link of `doc` (a missing file, or a heading its anchor names), else None."""
+    if "://" in target or target.startswith("mailto:"):
+        return None
+    path_part, _, anchor = target.partition("#")
+    path = (doc.parent / path_part).resolve() if path_part else doc
+    if not path.exists():
+        return f"links to {path_part!r}, which does not exist"
+    if anchor and path.suffix == ".md" and anchor not in anchors(path):
+        return f"links to #{anchor}, which is no heading of {path.relative_to(REPO_ROOT)}"
+    return None
 
 
 @cache
@@ -100,6 +125,9 @@ def problems(doc: Path) -> list[str]:
             dotted = module[1] + (f".{module[2]}" if module[2] else "")
             if (why := missing_module_part(dotted)) is not None:
                 found.append(f"{doc.relative_to(REPO_ROOT)}:{line}: cites {text!r}: {why}")
+    for line, target in citations(doc, LINK):
+        if (why := link_problem(doc, target)) is not None:
+            found.append(f"{doc.relative_to(REPO_ROOT)}:{line}: {why}")
     return found
 
 
@@ -116,3 +144,7 @@ def test_the_checks_see_what_the_docs_cite() -> None:
     assert missing_module_part("agl_train.runner.dispatch.RolloutDispatcher.for_settings") is None
     assert missing_module_part("agl_train.nowhere") == "'nowhere' is not defined in agl_train/__init__.py"
     assert missing_module_part("agl_train.config.no_such_function") is not None
+    readme = REPO_ROOT / "benchmarks" / "README.md"
+    assert link_problem(REPO_ROOT / "README.md", "benchmarks/README.md#figures") is None
+    assert "figures" in anchors(readme) and "store_benchpy-2026-11-30" in anchors(readme)
+    assert link_problem(REPO_ROOT / "README.md", "benchmarks/README.md#no-such-heading") is not None
