@@ -73,6 +73,17 @@ def ray_cluster() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), sum(1 for node in ray.nodes() if node.get("Alive"))
 
 
+def actor_cluster_nodes() -> int:
+    """Alive nodes of the Ray cluster when called inside a Ray actor (the trainer's task runner, which
+    Ray may place on any node); 1 elsewhere: the driver runs beside the gateway, the CPU path has no Ray."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return 1
+    return ray_cluster()[1]
+
+
 def advertise_gateway(config: Any, node_ip: str, nodes: int) -> str | None:
     """On the driver (the gateway's node), after `ray.init`, with `ray_cluster()`: set
     `agentlightning.agl_advertised_url` when it is null to `agl_base_url` with a loopback host

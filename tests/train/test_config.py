@@ -346,9 +346,10 @@ def test_the_trainer_and_agents_reach_the_gateway_at_the_advertised_url() -> Non
 
 
 def test_a_loopback_gateway_in_a_multi_node_cluster_is_refused_with_the_key_to_set() -> None:
-    from agl_train.runner.runner_settings import check_reachable_from_every_node
+    from agl_train.runner.runner_settings import actor_cluster_nodes, check_reachable_from_every_node
 
     settings = RunnerSettings.from_config(compose_config())
+    assert actor_cluster_nodes() == 1  # outside a Ray actor: the driver sits beside the gateway
     check_reachable_from_every_node(settings, nodes=1)
     with pytest.raises(ValueError, match=r"3 nodes.*set agentlightning.agl_advertised_url"):
         check_reachable_from_every_node(settings, nodes=3)
