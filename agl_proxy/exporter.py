@@ -201,7 +201,7 @@ class SpanExporter:
             except asyncio.CancelledError:
                 self._buffer.extendleft(reversed(spans))
                 raise
-            except Exception as exc:  # noqa: BLE001 - store down or failing: keep the spans, retry later
+            except Exception as exc:  # store down or failing: keep the spans, retry later
                 remaining = exc.remaining if isinstance(exc, _PartialWrite) else spans
                 self.failed_attempts += 1
                 logger.warning(

@@ -82,7 +82,7 @@ class LiteLLMBackend:
         try:
             async for chunk in result:
                 await relay_chunk(b"data: " + orjson.dumps(_dump(chunk)) + b"\n\n", send, assembler, record, call.t0)
-        except Exception as exc:  # noqa: BLE001 - mid-stream: tell the client in the stream
+        except Exception as exc:  # mid-stream: tell the client in the stream
             failure = BackendFailedError(f"backend {label} (via LiteLLM) failed mid-stream: {short_text(str(exc))}")
             record.fail_with(failure)
             await send({"type": "http.response.body", "body": failure.sse_event(), "more_body": True})

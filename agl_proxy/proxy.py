@@ -145,7 +145,7 @@ class LLMProxy:
             await self._task
         except (asyncio.CancelledError, SystemExit):
             pass
-        except Exception:  # noqa: BLE001 - a failed shutdown must not hide the caller's own error
+        except Exception:  # a failed shutdown must not hide the caller's own error
             logger.exception("agl_proxy: error while stopping")
         if self._socket is not None:
             self._socket.close()

@@ -161,7 +161,7 @@ class SamplingPolicy:
         assert self.store is not None
         try:
             rollout = await self.store.get_rollout_by_id(rollout_id)
-        except Exception as exc:  # noqa: BLE001 - a store outage must not fail the call
+        except Exception as exc:  # a store outage must not fail the call
             logger.warning("agl_proxy: cannot read the mode of rollout %r, no mode overrides: %r", rollout_id, exc)
             return None
         mode = rollout.mode if rollout is not None else None

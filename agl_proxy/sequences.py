@@ -55,7 +55,7 @@ class SequenceReserver:
     async def _issue(self, batch: list[_Pending]) -> None:
         try:
             ids = await self.store.get_many_span_sequence_ids([(rid, aid) for rid, aid, _ in batch])
-        except Exception as exc:  # noqa: BLE001 - the spans are then numbered by the store when written
+        except Exception as exc:  # the spans are then numbered by the store when written
             if is_rejection(exc) and len({(rid, aid) for rid, aid, _ in batch}) > 1:
                 # One unknown attempt must not cost the other rollouts their numbers.
                 await self._issue_per_attempt(batch)

@@ -63,7 +63,7 @@ class ProxyState:
             return ""
         try:
             attempt = await self.store.get_latest_attempt(rollout_id)
-        except Exception as exc:  # noqa: BLE001 - the call goes on; the store will reject its span (counted)
+        except Exception as exc:  # the call goes on; the store will reject its span (counted)
             logger.warning("agl_proxy: cannot find the latest attempt of rollout %r: %r", rollout_id, exc)
             return ""
         return attempt.attempt_id if attempt is not None else ""

@@ -18,7 +18,6 @@ with warnings.catch_warnings():
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, ResourcePoolManager
     from verl.single_controller.ray.base import create_colocated_worker_cls
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
-    from verl.trainer.distillation.losses import is_distillation_enabled
     from verl.trainer.main_ppo_v0 import BaseTaskRunner
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.core_algos import AdvantageEstimator, agg_loss, get_policy_loss_fn, register_policy_loss
@@ -65,7 +64,6 @@ __all__ = [
     "create_rl_sampler",
     "get_policy_loss_fn",
     "get_ppo_ray_runtime_env",
-    "is_distillation_enabled",
     "marked_timer",
     "need_critic",
     "need_reference_policy",

@@ -13,7 +13,12 @@ from typing import Any
 
 from .aggregate import Limits, get_aggregator, limits_for_level
 from .loss import LOSS_MODE
-from .runner.runner_settings import RunnerSettings, check_async_batch
+from .runner.runner_settings import (
+    RunnerSettings,
+    actor_cluster_nodes,
+    check_async_batch,
+    check_reachable_from_every_node,
+)
 from .verl_config import check_verl_config
 
 CONFIG_MODULE = "agl_train"
@@ -82,9 +87,11 @@ def settings_from_config(config: Any) -> TrainSettings:
 def trainer_settings(config: Any) -> tuple[TrainSettings, RunnerSettings]:
     """Every agl setting of a trainer config, checked: the data path's, the runners', and no verl
     key that agl's loop would not honour (`verl_config.check_verl_config`: critics, GAE, rollout
-    correction, a KL penalty in the reward, ...).
+    correction, a KL penalty in the reward, ...), and, inside a Ray actor of a multi-node cluster (the
+    trainer's), no gateway URL that only one node reaches (`runner_settings.check_reachable_from_every_node`).
     ValueError names the key to change."""
     settings = settings_from_config(config)
     runner_settings = RunnerSettings.from_config(config)
+    check_reachable_from_every_node(runner_settings, nodes=actor_cluster_nodes())
     check_verl_config(config)
     return settings, runner_settings

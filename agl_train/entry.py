@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .config import trainer_settings
 from .dataset import check_dataset
+from .runner.runner_settings import advertise_gateway, ray_cluster
 
 if TYPE_CHECKING:
     from .cpu_workers import ExternalRollout
@@ -111,6 +112,7 @@ def run_ppo(
 
     if not ray.is_initialized():
         ray.init(**ray_init_kwargs(config))
+    advertise_gateway(config, *ray_cluster())
     runner = make_task_runner().remote()
     return TrainedActor(ray.get(runner.run.remote(config, train, val, rollout)))
 

@@ -37,7 +37,6 @@ from ._verl import (
     RayClassWithInitArgs,
     Role,
     create_colocated_worker_cls,
-    is_distillation_enabled,
     need_reference_policy,
     need_reward_model,
     omega_conf_to_dataclass,
@@ -98,11 +97,6 @@ def check_worker_config(config: Any) -> None:
         raise ValueError(
             "reward.reward_model.enable=true: agl's rewards come from the agents' reward spans and nothing "
             "would call verl's reward model, which would still take GPUs; set reward.reward_model.enable=false"
-        )
-    if is_distillation_enabled(config.get("distillation")):
-        raise ValueError(
-            "distillation.enabled=true: agl's update has no teacher log-probs (its rollouts come from the "
-            "agents, not verl's agent loop); set distillation.enabled=false"
         )
     model = config.actor_rollout_ref.model
     lora_rank = max(int(OmegaConf.select(model, "lora.rank", default=0) or 0), int(model.get("lora_rank", 0) or 0))

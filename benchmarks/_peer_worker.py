@@ -29,8 +29,8 @@ from _serving import served
 # a core) retrying a download of its cost map from a host this machine cannot reach.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from agentlightning.store import InMemoryLightningStore, LightningStoreClient  # noqa: E402
-from agentlightning.types import EnqueueRolloutRequest, Span  # noqa: E402
+from agentlightning.store import InMemoryLightningStore, LightningStoreClient
+from agentlightning.types import EnqueueRolloutRequest, Span
 
 # Seconds to wait for the peer server's /health; it imports litellm and fastapi first.
 SERVER_START_TIMEOUT_S = 120.0

@@ -38,10 +38,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agl_store.models import Span, reward_span  # noqa: E402
-from agl_train.aggregate import Limits, aggregate  # noqa: E402
-from agl_train.tensorize import rows_to_tensors  # noqa: E402
-from agl_train.traces import RolloutTrace, read_rollout, trace_from_spans  # noqa: E402
+from agl_store.models import Span, reward_span
+from agl_train.aggregate import Limits, aggregate
+from agl_train.tensorize import rows_to_tensors
+from agl_train.traces import RolloutTrace, read_rollout, trace_from_spans
 
 VOCAB = 150_000
 

@@ -17,6 +17,7 @@ from agl_store.models import LLM, AttemptedRollout
 
 from .env import RolloutEndpoints
 from .outcome import RolloutOutcome, record_outcome
+from .runner_settings import RunnerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ class RolloutDispatcher:
     await dispatcher.stop()
     ```
     `llm_resource` names the LLM in a rollout's resources that the agent calls (the first
-    LLM resource when None).
+    LLM resource when None). The trainer builds it with `for_settings`, whose concurrency is
+    `agentlightning.max_concurrency` (default: every rollout of a step at once).
     """
 
     def __init__(
@@ -66,6 +68,13 @@ class RolloutDispatcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._llms: dict[str | None, LLM] = {}
+
+    @classmethod
+    def for_settings(
+        cls, store: LightningStore, runner: Runner, settings: RunnerSettings, *, store_url: str | None = None
+    ) -> RolloutDispatcher:
+        """The trainer's dispatcher: `settings.rollout_concurrency` rollouts at a time."""
+        return cls(store, runner, max_concurrency=settings.rollout_concurrency, store_url=store_url)
 
     def is_running(self) -> bool:
         return self._loop_task is not None and not self._loop_task.done()
@@ -97,7 +106,7 @@ class RolloutDispatcher:
             if free > 0:
                 try:
                     claimed = list(await self.store.dequeue_many_rollouts(limit=free, worker_id=self.worker_id))
-                except Exception:  # noqa: BLE001 - a flaky store must not end the loop
+                except Exception:  # a flaky store must not end the loop
                     logger.exception("rollout dispatcher: dequeue failed; retrying")
             for rollout in claimed:
                 task = asyncio.create_task(self._run_one(rollout), name=f"agl-rollout-{rollout.rollout_id}")
@@ -122,7 +131,7 @@ class RolloutDispatcher:
         except asyncio.CancelledError:
             await record_outcome(self.store, RolloutOutcome(rollout_id, attempt_id, "failed", message="cancelled"))
             raise
-        except Exception as exc:  # noqa: BLE001 - one rollout's failure must not stop the others
+        except Exception as exc:  # one rollout's failure must not stop the others
             logger.exception("rollout %s failed in its runner", rollout_id)
             outcome = RolloutOutcome(rollout_id, attempt_id, "failed", message=f"{type(exc).__name__}: {exc}")
         await record_outcome(self.store, outcome)

@@ -24,12 +24,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from agl_train.verl_config import default_tool_call_parser, tool_call_cli_args
+
 from .tiny_model import DEFAULT_DIR, SERVED_MODEL_NAME, is_built
 
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 # Flags checked on a 2-core CPU machine: float32 because CPU kernels want it, eager because graph capture
-# is slow and pointless here, a 64 MiB KV cache so start-up does not reserve most of the RAM.
+# is slow and pointless here, a 64 MiB KV cache so start-up does not reserve most of the RAM. Tool calling is
+# turned on as agl's trainer turns it on in verl's servers (agentlightning.tool_call_parser, same function).
 VLLM_FLAGS = (
     "--enforce-eager",
     "--dtype", "float32",
@@ -37,8 +40,7 @@ VLLM_FLAGS = (
     "--kv-cache-memory-bytes", str(64 * 1024 * 1024),
     "--max-num-seqs", "8",
     "--seed", "0",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser", "hermes",
+    *tool_call_cli_args(default_tool_call_parser()),
 )  # fmt: skip
 
 
@@ -103,15 +105,7 @@ def running_vllm_server(
     Raises VLLMServerError (with the log tail) if the server dies or is not ready within ``start_timeout_s``.
     """
     port = free_port()
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_path),
-        "--served-model-name", served_model_name,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        *VLLM_FLAGS,
-        *extra_args,
-    ]  # fmt: skip
+    command = vllm_command(model_path, port, served_model_name, extra_args)
     env = {
         **os.environ,
         "VLLM_HOST_IP": "127.0.0.1",
@@ -143,6 +137,19 @@ def running_vllm_server(
         yield server
     finally:
         _stop(process)
+
+
+def vllm_command(model_path: Path, port: int, served_model_name: str, extra_args: tuple[str, ...] = ()) -> list[str]:
+    """The command line of a tiny vLLM server on 127.0.0.1:``port``."""
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_path),
+        "--served-model-name", served_model_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        *VLLM_FLAGS,
+        *extra_args,
+    ]  # fmt: skip
 
 
 def _die_with_parent() -> None:

@@ -17,9 +17,9 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm, imported by agentlightning, stays offline
 
-import aiohttp  # noqa: E402
-from agentlightning.store.client_server import LightningStoreClient  # noqa: E402
-from agentlightning.types import (  # noqa: E402
+import aiohttp
+from agentlightning.store.client_server import LightningStoreClient
+from agentlightning.types import (
     LLM,
     EnqueueRolloutRequest,
     OtelResource,
@@ -28,9 +28,9 @@ from agentlightning.types import (  # noqa: E402
     Span,
     TraceStatus,
 )
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
 def make_span(rollout_id: str, attempt_id: str, sequence_id: int, name: str, span_id: str) -> Span:

@@ -16,16 +16,14 @@ import pytest
 from agl_store.base import LightningStore
 from agl_store.sqlite import SQLiteStore
 
+from .http_server import start_store_server
+
 FAST_WATCHDOG_S = 0.05
 
 
 @pytest.fixture(params=["memory", "sqlite", "http"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LightningStore]:
     if request.param == "http":
-        try:
-            from .http_server import start_store_server
-        except ImportError:
-            pytest.skip("http backend not built yet")
         async with start_store_server(tmp_path / "store.db") as client:
             yield client
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
+from agl_store.sqlite import SQLiteStore
 from agl_train.aggregate import Limits
 from agl_train.config import compose_config, settings_from_config
 from agl_train.runner.runner_settings import RunnerSettings
@@ -18,7 +19,10 @@ def config():
 def test_config_yaml_sets_agls_keys_and_the_verl_defaults_that_run(config) -> None:
     assert OmegaConf.to_container(config.agentlightning) == {
         "agl_base_url": "http://localhost:8080",
+        "agl_advertised_url": None,
         "agl_key": "",
+        "tool_call_parser": "hermes",
+        "max_concurrency": None,
         "hooks": None,
         "rollout_timeout_seconds": 1800,
         "local": {"agent_class": None, "env_map": {}},
@@ -41,6 +45,7 @@ def test_config_yaml_sets_agls_keys_and_the_verl_defaults_that_run(config) -> No
     assert config.actor_rollout_ref.actor.calculate_entropy is True
     assert config.actor_rollout_ref.rollout.mode == "async"
     assert config.data.filter_overlong_prompts is False
+    assert config.trainer.use_v1 is False  # verl's default is its v1 trainer; AglTrainer extends the legacy one
 
 
 def test_upstream_verl_keys_still_resolve(config) -> None:
@@ -116,6 +121,11 @@ def test_the_defaults_pass_agls_checks(config) -> None:
         ("data.gen_batch_size=8", r"data.gen_batch_size=8 .*set data.gen_batch_size=null"),
         ("trainer.validation_data_dir=/tmp/val", r"trainer.validation_data_dir=/tmp/val"),
         ("trainer.log_val_generations=4", r"trainer.log_val_generations=4"),
+        ("trainer.use_v1=true", r"trainer.use_v1=true .*legacy RayPPOTrainer.*; set trainer.use_v1=false"),
+        ("global_profiler.steps=[1,2]", r"global_profiler.steps=\[1, 2\] .*profiler.*; set global_profiler.steps=null"),
+        ("trainer.esi_redundant_time=60", r"trainer.esi_redundant_time=60 .*; set trainer.esi_redundant_time=0"),
+        ("actor_rollout_ref.actor.checkpoint.async_save=true", r"async_save=true .*finalise"),
+        ("distillation.enabled=true", r"distillation.enabled=true .*teacher.*; set distillation.enabled=false"),
     ],
 )
 def test_verl_keys_agl_would_not_honour_are_refused_with_the_key_to_set(override, message) -> None:
@@ -265,3 +275,84 @@ def test_bad_settings_fail_when_read(config) -> None:
         with_overrides(config, async_on + ["agentlightning.async_rollout.async_train_batch_size=9"])
     )
     assert (settings.async_rollout, settings.async_train_batch_size) == (True, 9)
+
+
+def test_rollout_concurrency_defaults_to_every_rollout_of_a_step_in_one_wave() -> None:
+    from agl_train.runner.dispatch import RolloutDispatcher
+
+    config = compose_config(["data.train_batch_size=64", "actor_rollout_ref.rollout.n=8"])
+    settings = RunnerSettings.from_config(config)
+    assert (settings.rollouts_in_flight, settings.rollout_concurrency, settings.waves(512)) == (512, 512, 1)
+    assert settings.step_wait_seconds == 1800.0
+    dispatcher = RolloutDispatcher.for_settings(SQLiteStore(":memory:"), runner=None, settings=settings)
+    assert dispatcher.max_concurrency == 512
+
+
+def test_a_lower_concurrency_runs_in_waves_and_the_step_waits_for_each() -> None:
+    config = compose_config(
+        [
+            "data.train_batch_size=64",
+            "actor_rollout_ref.rollout.n=8",
+            "agentlightning.max_concurrency=64",
+            "agentlightning.rollout_timeout_seconds=100",
+        ]
+    )
+    settings = RunnerSettings.from_config(config)
+    assert (settings.rollout_concurrency, settings.waves(512), settings.step_wait_seconds) == (64, 8, 800.0)
+    assert settings.wait_seconds(10) == 100.0  # validation: 10 rollouts, one wave
+
+
+def test_async_rollout_keeps_its_groups_in_flight_at_once() -> None:
+    config = compose_config(
+        [
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=2",
+            "agentlightning.async_rollout.enabled=true",
+            "agentlightning.async_rollout.async_train_batch_size=6",
+        ]
+    )
+    assert RunnerSettings.from_config(config).rollout_concurrency == 12
+
+
+def test_a_concurrency_that_cannot_run_names_the_key() -> None:
+    with pytest.raises(ValueError, match="agentlightning.max_concurrency must be positive"):
+        RunnerSettings.from_config(compose_config(["agentlightning.max_concurrency=0"]))
+
+
+@pytest.mark.parametrize(
+    "base_url, nodes, expected",
+    [
+        ("http://localhost:8080", 1, "http://localhost:8080"),
+        ("http://localhost:8080", 3, "http://10.0.0.5:8080"),
+        ("http://127.0.0.1:8080/", 2, "http://10.0.0.5:8080/"),
+        ("https://[::1]/agl", 2, "https://10.0.0.5/agl"),
+        ("http://gateway.internal:8080", 4, "http://gateway.internal:8080"),
+    ],
+)
+def test_the_advertised_url_replaces_a_loopback_host_only_in_a_multi_node_cluster(base_url, nodes, expected) -> None:
+    from agl_train.runner.runner_settings import advertised_url
+
+    assert advertised_url(base_url, "10.0.0.5", nodes) == expected
+
+
+def test_the_trainer_and_agents_reach_the_gateway_at_the_advertised_url() -> None:
+    from agl_train.runner.runner_settings import advertise_gateway
+
+    config = compose_config()
+    assert advertise_gateway(config, "10.0.0.5", nodes=1) is None
+    assert RunnerSettings.from_config(config).agl_base_url == "http://localhost:8080"
+    assert advertise_gateway(config, "10.0.0.5", nodes=2) == "http://10.0.0.5:8080"
+    assert RunnerSettings.from_config(config).agl_base_url == "http://10.0.0.5:8080"
+    explicit = compose_config(["agentlightning.agl_advertised_url=http://gw:9000"])
+    assert advertise_gateway(explicit, "10.0.0.5", nodes=2) is None
+    assert RunnerSettings.from_config(explicit).agl_base_url == "http://gw:9000"
+
+
+def test_a_loopback_gateway_in_a_multi_node_cluster_is_refused_with_the_key_to_set() -> None:
+    from agl_train.runner.runner_settings import actor_cluster_nodes, check_reachable_from_every_node
+
+    settings = RunnerSettings.from_config(compose_config())
+    assert actor_cluster_nodes() == 1  # outside a Ray actor: the driver sits beside the gateway
+    check_reachable_from_every_node(settings, nodes=1)
+    with pytest.raises(ValueError, match=r"3 nodes.*set agentlightning.agl_advertised_url"):
+        check_reachable_from_every_node(settings, nodes=3)

@@ -127,7 +127,7 @@ def test_the_model_learns_the_task(run: Run) -> None:
 class _NotFound(BaseHTTPRequestHandler):
     """What a vLLM started without VLLM_SERVER_DEV_MODE answers on its dev routes."""
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:  # the name http.server calls
         self.send_error(404, "Not Found")
 
     def log_message(self, *args: object) -> None:
