@@ -174,6 +174,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ON CONFLICT (name) DO UPDATE SET value = value + 1; END",
         ),
     ),
+    (
+        "0005_span_deltas",
+        (
+            # An LLM call stored as a delta of an earlier call of its attempt (`deltas.py`):
+            # `base_pk` is that call's row, `delta` how to rebuild this one from it, `digest`
+            # names a call's content so the writer's in-memory index can be checked against it.
+            # Rows written before have NULLs: they are whole and never chosen as parents.
+            "ALTER TABLE spans ADD COLUMN base_pk INTEGER",
+            "ALTER TABLE spans ADD COLUMN delta BLOB",
+            "ALTER TABLE spans ADD COLUMN digest BLOB",
+        ),
+    ),
 )
 """Every schema change, oldest first. Append only; never edit a released one."""
 
@@ -247,6 +259,8 @@ SPAN_COLUMNS = (
     "rollout_id, attempt_id, sequence_id, trace_id, span_id, parent_id, name, start_time, end_time, "
     "status_code, attributes, tokens, rest"
 )
+STORED_SPAN_COLUMNS = SPAN_COLUMNS + ", pk, base_pk, delta"
+"""What span reads select: `SPAN_COLUMNS`, then what `deltas.materialise` needs."""
 WORKER_COLUMNS = (
     "worker_id, status, heartbeat_stats, last_heartbeat_time, last_dequeue_time, last_busy_time, "
     "last_idle_time, current_rollout_id, current_attempt_id"

@@ -1,0 +1,502 @@
+"""LLM calls stored as deltas of earlier calls of their attempt.
+
+A multi-turn agent sends its whole conversation again on every call, so storing each call
+whole grows with the square of its turns. A call whose prompt token ids start with an earlier
+call's context (its prompt, then one choice's generated ids) is stored as a reference to that
+call (`base_pk`) and the rest:
+
+- `agl.prompt_token_ids` holds only the ids after the first `prefix` ids of the parent's
+  context (parent prompt + choice `choice`'s `token_ids`, or the parent prompt alone when
+  `choice` is None);
+- `agl.request.messages` holds only the messages after the parent's first `messages`;
+- every other place that held the whole prompt's ids (the response body's
+  `prompt_token_ids`, a completion choice's) is `null`, listed in `prompt_paths`.
+
+The parent is always a call already stored in the same attempt: one whose context shares
+the longest prefix with the new prompt, found in a bounded in-memory index of each attempt's
+recent calls (`DeltaIndex`: digests of their contexts at block boundaries) and checked
+against the stored row's `digest` before use, so an index that missed a rollback, a deletion
+or another process's writes picks a worse parent at worst, never a wrong one. Every other
+attribute is stored as it came.
+
+Readers see whole spans: `materialise` rebuilds each row from its chain of parents, read
+in one recursive query (`ANCESTORS_SQL`) when the page does not hold them already, so a read
+costs the same few queries at any turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import sys
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .. import call_span
+
+BLOCK_IDS = 256
+"""Prompt prefixes are compared in blocks of this many ids when no call extends exactly."""
+RECENT_CALLS = 8
+"""Calls per attempt the index remembers (each choice's context counts as one)."""
+MAX_ATTEMPTS = 4096
+"""Attempts the index remembers, least recently written first out."""
+MAX_DEPTH = 1024
+"""A call at this depth of deltas is stored whole again, bounding a chain's length."""
+
+MESSAGES_PATH = (call_span.REQUEST, "messages")
+_PROMPT_PATH = [call_span.PROMPT_TOKEN_IDS]
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+Path = list[Any]
+
+
+def _digest() -> Any:
+    return hashlib.blake2b(digest_size=16)
+
+
+def int32_bytes(values: Any) -> bytes | None:
+    """A short id list kept as JSON (under `MIN_PACKED_LENGTH`) as int32 bytes; None if not ids."""
+    if type(values) is not list or not all(type(v) is int for v in values):
+        return None
+    try:
+        ints = array("i", values)
+    except OverflowError:
+        return None
+    if not _LITTLE_ENDIAN:
+        ints.byteswap()
+    return ints.tobytes()
+
+
+@dataclass
+class Unpacked:
+    """A stored attributes skeleton and its token blob, split for delta work."""
+
+    skeleton: dict[str, Any]
+    index: list[list[Any]]
+    data: bytes
+
+    @classmethod
+    def of(cls, text: bytes | str, blob: bytes | None) -> Unpacked:
+        skeleton = orjson.loads(text)
+        if blob is None:
+            return cls(skeleton, [], b"")
+        split = blob.index(b"\n")
+        return cls(skeleton, orjson.loads(blob[:split]), bytes(blob[split + 1 :]))
+
+    def entry(self, path: Path) -> list[Any] | None:
+        for entry in self.index:
+            if entry[0] == path:
+                return entry
+        return None
+
+    def ids(self, path: Path) -> bytes | None:
+        """The int32 bytes of the id list at `path`, packed or short JSON; None if it is neither."""
+        entry = self.entry(path)
+        if entry is not None:
+            return self.data[entry[1] * 4 : (entry[1] + entry[2]) * 4]
+        value: Any = self.skeleton
+        for key in path:
+            if type(value) is dict and type(key) is str and key in value:
+                value = value[key]
+            elif type(value) is list and type(key) is int and 0 <= key < len(value):
+                value = value[key]
+            else:
+                return None
+        return int32_bytes(value)
+
+    def choices(self) -> list[tuple[int, bytes]]:
+        """(position, generated ids) of each choice with ids."""
+        choices = self.skeleton.get(call_span.CHOICES)
+        if type(choices) is not list:
+            return []
+        found = []
+        for position in range(len(choices)):
+            ids = self.ids([call_span.CHOICES, position, "token_ids"])
+            if ids:
+                found.append((position, ids))
+        return found
+
+    def messages(self) -> list[Any] | None:
+        """The request's messages, when they are a list holding no packed ids."""
+        request = self.skeleton.get(call_span.REQUEST)
+        messages = request.get("messages") if type(request) is dict else None
+        if type(messages) is not list:
+            return None
+        if any(entry[0][:2] == list(MESSAGES_PATH) for entry in self.index):
+            return None
+        return messages
+
+    def blob(self) -> bytes | None:
+        if not self.index:
+            return None
+        return orjson.dumps(self.index) + b"\n" + self.data
+
+    def text(self) -> bytes:
+        return orjson.dumps(self.skeleton)
+
+
+def _set_messages(skeleton: dict[str, Any], messages: list[Any]) -> None:
+    request = dict(skeleton[call_span.REQUEST])
+    request["messages"] = messages
+    skeleton[call_span.REQUEST] = request
+
+
+def message_chain(messages: list[Any] | None) -> list[bytes]:
+    """Digest of each prefix of `messages` (element i covers messages[: i + 1])."""
+    if not messages:
+        return []
+    hasher = _digest()
+    chain = []
+    for message in messages:
+        text = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+        hasher.update(len(text).to_bytes(8, "little"))
+        hasher.update(text)
+        chain.append(hasher.copy().digest())
+    return chain
+
+
+@dataclass
+class Call:
+    """What a delta needs of a stored call, whole: its prompt, choices and messages."""
+
+    prompt: bytes | None
+    choices: dict[int, bytes]
+    messages: list[Any] | None
+
+    def context(self, choice: int | None) -> bytes:
+        return (self.prompt or b"") + (self.choices.get(choice, b"") if choice is not None else b"")
+
+    def digest(self) -> bytes:
+        """Names this content: the index's candidate is used only if its row still has it."""
+        hasher = _digest()
+        hasher.update(len(self.prompt or b"").to_bytes(8, "little") + (self.prompt or b""))
+        for position, ids in sorted(self.choices.items()):
+            hasher.update(position.to_bytes(8, "little") + len(ids).to_bytes(8, "little") + ids)
+        chain = message_chain(self.messages)
+        hasher.update(chain[-1] if chain else b"-")
+        return hasher.digest()
+
+
+def prefix_marks(ids: bytes, extra: Iterable[int] = ()) -> dict[int, bytes]:
+    """Digest of `ids`' prefix at every block boundary and at each length of `extra` (in ids)."""
+    n = len(ids) // 4
+    lengths = sorted({*range(BLOCK_IDS, n + 1, BLOCK_IDS), *(k for k in extra if 0 < k <= n)})
+    hasher = _digest()
+    marks = {}
+    done = 0
+    for length in lengths:
+        hasher.update(ids[done * 4 : length * 4])
+        done = length
+        marks[length] = hasher.copy().digest()
+    return marks
+
+
+@dataclass
+class Candidate:
+    """One context (prompt + one choice) of a stored call, as the index remembers it."""
+
+    pk: int
+    choice: int | None
+    length: int
+    marks: dict[int, bytes]
+    messages: list[bytes]
+    digest: bytes
+    depth: int
+
+
+@dataclass
+class Delta:
+    base_pk: int
+    choice: int | None
+    prefix: int
+    messages: int
+    depth: int
+
+
+@dataclass
+class DeltaIndex:
+    """Recent calls of recently written attempts, for finding a new call's parent.
+
+    Lives in the writer's thread; a cache only (see the module docstring)."""
+
+    attempts: OrderedDict[tuple[str, str], list[Candidate]] = field(default_factory=OrderedDict)
+
+    def candidates(self, key: tuple[str, str]) -> list[Candidate]:
+        found = self.attempts.get(key)
+        if found is None:
+            return []
+        self.attempts.move_to_end(key)
+        return found
+
+    def remember(self, key: tuple[str, str], new: list[Candidate]) -> None:
+        known = self.attempts.setdefault(key, [])
+        self.attempts.move_to_end(key)
+        known.extend(new)
+        del known[:-RECENT_CALLS]
+        while len(self.attempts) > MAX_ATTEMPTS:
+            self.attempts.popitem(last=False)
+
+
+def best_parent(prompt: bytes | None, chain: list[bytes], candidates: Sequence[Candidate]) -> Candidate | None:
+    """The candidate sharing the longest prompt prefix (then the most messages) with the new
+    call, with `length` set to the shared ids; None when none shares anything."""
+    n = len(prompt) // 4 if prompt else 0
+    wanted = {c.length for c in candidates}
+    marks = prefix_marks(prompt, wanted) if prompt else {}
+    best: tuple[int, int, int] | None = None
+    chosen: Candidate | None = None
+    for candidate in candidates:
+        if n and candidate.length <= n and marks.get(candidate.length) == candidate.marks.get(candidate.length):
+            shared = candidate.length
+        else:
+            shared = 0
+            for boundary in range(BLOCK_IDS, min(n, candidate.length) + 1, BLOCK_IDS):
+                if marks.get(boundary) != candidate.marks.get(boundary):
+                    break
+                shared = boundary
+        same_messages = 0
+        for mine, theirs in zip(chain, candidate.messages, strict=False):
+            if mine != theirs:
+                break
+            same_messages += 1
+        score = (shared, same_messages, candidate.pk)
+        if (shared or same_messages) and (best is None or score > best):
+            best, chosen = score, candidate
+    if chosen is None or best is None:
+        return None
+    return Candidate(chosen.pk, chosen.choice, best[0], {}, chosen.messages[: best[1]], chosen.digest, chosen.depth)
+
+
+def candidates_of(pk: int, call: Call, depth: int) -> list[Candidate]:
+    """The index entries of a stored call: one per choice with ids (or its prompt alone)."""
+    chain = message_chain(call.messages)
+    digest = call.digest()
+    contexts: list[int | None] = list(call.choices) or [None]
+    prompt_length = len(call.prompt or b"") // 4
+    found = []
+    for choice in contexts:
+        context = call.context(choice)
+        length = len(context) // 4
+        marks = prefix_marks(context, (prompt_length, length))
+        found.append(Candidate(pk, choice, length, marks, chain, digest, depth))
+    return found
+
+
+def call_of(unpacked: Unpacked) -> Call | None:
+    """The call parts of a whole span's attributes; None for a span that is not a call."""
+    prompt = unpacked.ids(_PROMPT_PATH)
+    messages = unpacked.messages()
+    if prompt is None and messages is None:
+        return None
+    return Call(prompt, dict(unpacked.choices()), messages)
+
+
+def encode_delta(unpacked: Unpacked, call: Call, delta: Delta) -> tuple[bytes, bytes | None, bytes]:
+    """The stored (attributes text, blob, delta JSON) of `call` as `delta`."""
+    prompt = call.prompt or b""
+    tail = prompt[delta.prefix * 4 :]
+    prompt_entry = unpacked.entry(_PROMPT_PATH)
+    prompt_paths: list[Path] = []
+    index: list[list[Any]] = []
+    for entry in unpacked.index:
+        if prompt_entry is not None and entry[1:] == prompt_entry[1:]:
+            if entry[0] != _PROMPT_PATH:
+                prompt_paths.append(entry[0])
+            continue
+        index.append(entry)
+    skeleton = dict(unpacked.skeleton)
+    if call.prompt is not None:
+        skeleton[call_span.PROMPT_TOKEN_IDS] = None
+        index.append([_PROMPT_PATH, 0, 0])  # placed after the repack below
+    if delta.messages:
+        _set_messages(skeleton, (call.messages or [])[delta.messages :])
+    # The whole prompt's ids are dropped from the data; the tail goes last.
+    stored = _repacked(skeleton, index[:-1] if call.prompt is not None else index, unpacked.data)
+    if call.prompt is not None:
+        stored.index.append([_PROMPT_PATH, len(stored.data) // 4, len(tail) // 4])
+        stored.data += tail
+    info = {
+        "choice": delta.choice,
+        "prefix": delta.prefix if call.prompt is not None else None,
+        "messages": delta.messages,
+        "prompt_paths": prompt_paths,
+        "depth": delta.depth,
+    }
+    return stored.text(), stored.blob(), orjson.dumps(info)
+
+
+def _repacked(skeleton: dict[str, Any], index: list[list[Any]], data: bytes) -> Unpacked:
+    """`index` over a copy of `data` holding only the ranges it names."""
+    moved: dict[tuple[int, int], int] = {}
+    parts: list[bytes] = []
+    size = 0
+    new_index = []
+    for path, offset, count in index:
+        where = moved.get((offset, count))
+        if where is None:
+            where = moved[(offset, count)] = size
+            parts.append(data[offset * 4 : (offset + count) * 4])
+            size += count
+        new_index.append([path, where, count])
+    return Unpacked(skeleton, new_index, b"".join(parts))
+
+
+def decode_delta(text: bytes | str, blob: bytes | None, info: dict[str, Any], parent: Call) -> tuple[Unpacked, Call]:
+    """A stored delta back as whole attributes, and its call parts."""
+    stored = Unpacked.of(text, blob)
+    skeleton = stored.skeleton
+    prompt: bytes | None = None
+    index = stored.index
+    data = stored.data
+    if info["prefix"] is not None:
+        entry = stored.entry(_PROMPT_PATH)
+        assert entry is not None
+        tail = data[entry[1] * 4 : (entry[1] + entry[2]) * 4]
+        prompt = parent.context(info["choice"])[: info["prefix"] * 4] + tail
+        if entry[1] * 4 + len(tail) == len(data):
+            data = data[: entry[1] * 4]
+        index = [e for e in index if e is not entry]
+        where = len(data) // 4
+        data += prompt
+        for path in [_PROMPT_PATH, *info["prompt_paths"]]:
+            index.append([path, where, len(prompt) // 4])
+    messages = None
+    if info["messages"]:
+        messages = (parent.messages or [])[: info["messages"]] + list(skeleton[call_span.REQUEST]["messages"])
+        skeleton = dict(skeleton)
+        _set_messages(skeleton, messages)
+    whole = Unpacked(skeleton, index, data)
+    if messages is None:
+        messages = whole.messages()
+    return whole, Call(prompt, dict(whole.choices()), messages)
+
+
+ANCESTORS_SQL = (
+    "WITH RECURSIVE chain(pk) AS (SELECT value FROM json_each(?) "
+    "UNION SELECT s.base_pk FROM spans s JOIN chain c ON s.pk = c.pk WHERE s.base_pk IS NOT NULL) "
+    "SELECT pk, base_pk, delta, attributes, tokens FROM spans WHERE pk IN chain ORDER BY pk"
+)
+"""The listed spans and all their ancestors, oldest first, in one query."""
+
+
+Row = Sequence[Any]
+"""`SPAN_COLUMNS` then pk, base_pk, delta (what `select_spans` reads)."""
+_PK, _BASE, _DELTA = 13, 14, 15
+_ATTRIBUTES, _TOKENS = 10, 11
+
+
+def materialise(conn: sqlite3.Connection, rows: list[Row]) -> list[Row]:
+    """`rows` with every delta rebuilt into whole attributes; the parents a page lacks are
+    read in one query."""
+    if all(row[_BASE] is None for row in rows):
+        return rows
+    stored: dict[int, tuple[Any, bytes | None, bytes | str, bytes | None]] = {
+        row[_PK]: (row[_BASE], row[_DELTA], row[_ATTRIBUTES], row[_TOKENS]) for row in rows
+    }
+    missing = [row[_BASE] for row in rows if row[_BASE] is not None and row[_BASE] not in stored]
+    if missing:
+        for pk, base_pk, delta, text, blob in conn.execute(ANCESTORS_SQL, (orjson.dumps(missing),)):
+            stored[pk] = (base_pk, delta, text, blob)
+    referenced = {entry[0] for entry in stored.values() if entry[0] is not None}
+    calls: dict[int, Call] = {}
+    whole: dict[int, Unpacked] = {}
+    for pk in sorted(stored):  # a parent was stored before its children
+        base_pk, delta, text, blob = stored[pk]
+        if base_pk is None:
+            if pk in referenced:
+                call = call_of(Unpacked.of(text, blob))
+                calls[pk] = call if call is not None else Call(None, {}, None)
+            continue
+        unpacked, call = decode_delta(text, blob, orjson.loads(delta), calls[base_pk])  # type: ignore[arg-type]
+        whole[pk] = unpacked
+        calls[pk] = call
+    out: list[Row] = []
+    for row in rows:
+        rebuilt = whole.get(row[_PK])
+        if rebuilt is None:
+            out.append(row)
+        else:
+            out.append((*row[:_ATTRIBUTES], rebuilt.text(), rebuilt.blob(), *row[_TOKENS + 1 :]))
+    return out
+
+
+RECENT_SQL = (
+    "SELECT pk FROM spans WHERE rollout_id = ? AND attempt_id = ? AND digest IS NOT NULL ORDER BY pk DESC LIMIT ?"
+)
+_SPAN_SQL = (
+    "SELECT rollout_id, attempt_id, sequence_id, trace_id, span_id, parent_id, name, start_time, end_time, "
+    "status_code, attributes, tokens, rest, pk, base_pk, delta FROM spans WHERE pk IN (SELECT value FROM json_each(?))"
+)
+
+
+def _load_recent(conn: sqlite3.Connection, key: tuple[str, str]) -> list[Candidate]:
+    """The index entries of an attempt's latest stored calls, read back from the database
+    (after a restart, or calls another process wrote)."""
+    pks = [row[0] for row in conn.execute(RECENT_SQL, (*key, RECENT_CALLS))]
+    if not pks:
+        return []
+    rows = materialise(conn, conn.execute(_SPAN_SQL, (orjson.dumps(pks),)).fetchall())
+    found: list[Candidate] = []
+    for row in sorted(rows, key=lambda r: r[_PK]):
+        call = call_of(Unpacked.of(row[_ATTRIBUTES], row[_TOKENS]))
+        if call is not None:
+            depth = orjson.loads(row[_DELTA])["depth"] if row[_DELTA] is not None else 0
+            found.extend(candidates_of(row[_PK], call, depth))
+    return found[-RECENT_CALLS:]
+
+
+class DeltaWriter:
+    """Turns call rows into deltas inside one write transaction, and remembers the calls it
+    stored for the next ones (`DeltaIndex`)."""
+
+    def __init__(self, conn: sqlite3.Connection, index: DeltaIndex) -> None:
+        self.conn = conn
+        self.index = index
+        self.pending: dict[int, bytes] = {}  # pk -> digest of rows this write inserts
+
+    def _valid(self, key: tuple[str, str], candidate: Candidate) -> bool:
+        digest = self.pending.get(candidate.pk)
+        if digest is None:
+            row = self.conn.execute(
+                "SELECT digest FROM spans WHERE pk = ? AND rollout_id = ? AND attempt_id = ?", (candidate.pk, *key)
+            ).fetchone()
+            digest = row[0] if row is not None else None
+        return digest == candidate.digest
+
+    def encode(self, key: tuple[str, str], text: bytes | str, blob: bytes | None, pk: int) -> tuple[Any, ...]:
+        """(attributes, tokens, base_pk, delta, digest) to store for a span row at `pk`."""
+        unpacked = Unpacked.of(text, blob)
+        call = call_of(unpacked)
+        if call is None:
+            return text, blob, None, None, None
+        if key not in self.index.attempts:
+            self.index.remember(key, _load_recent(self.conn, key))
+        candidates = list(self.index.candidates(key))
+        chain = message_chain(call.messages)
+        stored: tuple[Any, ...] = (text, blob, None, None)
+        depth = 0
+        while candidates:
+            parent = best_parent(call.prompt, chain, candidates)
+            if parent is None:
+                break
+            if not self._valid(key, parent):
+                candidates = [c for c in candidates if c.pk != parent.pk]
+                known = self.index.attempts.get(key)
+                if known is not None:
+                    known[:] = [c for c in known if c.pk != parent.pk]
+                continue
+            if parent.depth + 1 < MAX_DEPTH:
+                depth = parent.depth + 1
+                delta = Delta(parent.pk, parent.choice, parent.length, len(parent.messages), depth)
+                attributes, tokens, info = encode_delta(unpacked, call, delta)
+                stored = (attributes, tokens, parent.pk, info)
+            break
+        digest = call.digest()
+        self.pending[pk] = digest
+        self.index.remember(key, candidates_of(pk, call, depth))
+        return (*stored, digest)
