@@ -187,6 +187,9 @@ async def test_a_deletion_cut_short_leaves_readable_spans(tmp_path: Path) -> Non
         assert len(left) == 7
 
 
+OLD_REST = b'{"status": {"status_code": "UNSET", "description": null}, "events": [], "links": [], "resource": null}'
+
+
 def write_old_database(path: Path, spans: list[Span]) -> tuple[str, str]:
     """A database as the store before deltas wrote it: its four migrations, and spans as its
     `span_to_row` stored them (`attributes` skeleton + int32 `tokens`)."""
@@ -216,7 +219,7 @@ def write_old_database(path: Path, spans: list[Span]) -> tuple[str, str]:
                     span.name,
                     text,
                     blob,
-                    b'{"status": {"status_code": "UNSET", "description": null}, "events": [], "links": [], "context": null, "parent": null, "resource": {"attributes": {}, "schema_url": ""}}',
+                    OLD_REST,
                 ),
             )
     return "ro-old", "at-old"
