@@ -187,7 +187,10 @@ async def test_a_deletion_cut_short_leaves_readable_spans(tmp_path: Path) -> Non
         assert len(left) == 7
 
 
-OLD_REST = b'{"status": {"status_code": "UNSET", "description": null}, "events": [], "links": [], "resource": null}'
+OLD_REST = (
+    b'{"status": {"status_code": "UNSET", "description": null}, "events": [], "links": [], '
+    b'"context": null, "parent": null, "resource": {"attributes": {}, "schema_url": ""}}'
+)
 
 
 def write_old_database(path: Path, spans: list[Span]) -> tuple[str, str]:
