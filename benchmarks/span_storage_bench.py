@@ -9,8 +9,9 @@ template, so each call's prompt ids start with the previous call's prompt + resp
 real model's do. The agent starts with a 4,000-character system prompt; each turn gets a
 100-token answer and adds an 800-character tool result. One store per (turns, mode):
 `?deltas=off` (every span whole) and the default (deltas). Per rollout it reports the database
-bytes the spans added (file + WAL, checkpointed, before and after the agents ran), and bytes per token id the trainer needs (the last
-prompt plus every response), and checks that both stores return the same spans.
+bytes the spans added (file + WAL, checkpointed, before and after the agents ran), and bytes
+per token id the trainer needs (the last prompt plus every response), and checks that both
+stores return the same spans.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def completion(request: dict[str, Any], call: int) -> dict[str, Any]:
             "content": [{"token": f"w{t}", "logprob": -0.25, "bytes": None, "top_logprobs": []} for t in token_ids]
         }
     return {
-        "id": f"chatcmpl-{call}", "object": "chat.completion", "created": int(time.time()), "model": request.get("model"),
+        "id": f"chatcmpl-{call}", "object": "chat.completion", "created": 0, "model": request.get("model"),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
                      "logprobs": logprobs, "finish_reason": "stop", "stop_reason": None, "token_ids": token_ids}],
         "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(token_ids),
@@ -232,9 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 for result in pair:
                     result["same_spans_read"] = same
                 results += pair
-    print(
-        f"{'turns':>5} {'store':>7} {'KB/rollout':>11} {'ids needed':>10} {'B/needed id':>11} {'deltas':>7} {'same read':>9}"
-    )
+    columns = [("turns", 5), ("store", 7), ("KB/rollout", 11), ("ids needed", 10), ("B/needed id", 11)]
+    print(" ".join(f"{name:>{width}}" for name, width in [*columns, ("deltas", 7), ("same read", 9)]))
     by_turns: dict[int, dict[bool, dict[str, Any]]] = {}
     for r in results:
         by_turns.setdefault(r["turns"], {})[r["deltas"]] = r
