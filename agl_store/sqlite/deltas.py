@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 
 from .. import call_span
+from ..packed_attributes import MIN_PACKED_LENGTH
 
 BLOCK_IDS = 256
 """Prompt prefixes are compared in blocks of this many ids when no call extends exactly."""
@@ -138,6 +139,18 @@ class Unpacked:
 
     def text(self) -> bytes:
         return orjson.dumps(self.skeleton)
+
+
+def _with_value(root: dict[str, Any], path: Path, value: Any) -> dict[str, Any]:
+    """A copy of `root` with `value` at `path`; only the containers on the path are copied."""
+    top: dict[str, Any] = dict(root)
+    node: Any = top
+    for key in path[:-1]:
+        child = node[key]
+        node[key] = child = dict(child) if type(child) is dict else list(child)
+        node = child
+    node[path[-1]] = value
+    return top
 
 
 def _set_messages(skeleton: dict[str, Any], messages: list[Any]) -> None:
@@ -361,10 +374,18 @@ def decode_delta(text: bytes | str, blob: bytes | None, info: dict[str, Any], pa
         if entry[1] * 4 + len(tail) == len(data):
             data = data[: entry[1] * 4]
         index = [e for e in index if e is not entry]
-        where = len(data) // 4
-        data += prompt
-        for path in [_PROMPT_PATH, *info["prompt_paths"]]:
-            index.append([path, where, len(prompt) // 4])
+        paths = [_PROMPT_PATH, *info["prompt_paths"]]
+        if len(prompt) // 4 >= MIN_PACKED_LENGTH:
+            where = len(data) // 4
+            data += prompt
+            index.extend([path, where, len(prompt) // 4] for path in paths)
+        else:  # as `pack_attributes` keeps a short list: JSON
+            ints = array("i")
+            ints.frombytes(prompt)
+            if not _LITTLE_ENDIAN:
+                ints.byteswap()
+            for path in paths:
+                skeleton = _with_value(skeleton, path, ints.tolist())
     messages = None
     if info["messages"]:
         messages = (parent.messages or [])[: info["messages"]] + list(skeleton[call_span.REQUEST]["messages"])
@@ -422,6 +443,36 @@ def materialise(conn: sqlite3.Connection, rows: list[Row]) -> list[Row]:
             out.append(row)
         else:
             out.append((*row[:_ATTRIBUTES], rebuilt.text(), rebuilt.blob(), *row[_TOKENS + 1 :]))
+    return out
+
+
+def compact(conn: sqlite3.Connection, rows: list[Row]) -> list[Row]:
+    """`rows` as stored, each delta's attributes with `agl.delta` naming its parent
+    (`call_span.CallDelta`)."""
+    parents = [row[_BASE] for row in rows if row[_BASE] is not None]
+    if not parents:
+        return rows
+    span_ids = dict(
+        conn.execute(
+            "SELECT pk, span_id FROM spans WHERE pk IN (SELECT value FROM json_each(?))", (orjson.dumps(parents),)
+        )
+    )
+    out: list[Row] = []
+    for row in rows:
+        if row[_BASE] is None:
+            out.append(row)
+            continue
+        info = orjson.loads(row[_DELTA])
+        reference = {
+            "parent": span_ids[row[_BASE]],
+            "choice": info["choice"],
+            "prefix": info["prefix"],
+            "messages": info["messages"],
+        }
+        text = row[_ATTRIBUTES]
+        text = text if isinstance(text, bytes) else text.encode()
+        spliced = text[:-1] + b',"' + call_span.DELTA.encode() + b'":' + orjson.dumps(reference) + b"}"
+        out.append((*row[:_ATTRIBUTES], spliced, *row[_ATTRIBUTES + 1 :]))
     return out
 
 

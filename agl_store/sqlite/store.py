@@ -68,7 +68,7 @@ from .checks import (
     new_rollout,
     validate,
 )
-from .deltas import DeltaIndex, materialise
+from .deltas import DeltaIndex, compact, materialise
 from .paged import run_paged
 from .resources import get_resources, put_resources
 from .rollout_pages import read_rollout_page
@@ -466,7 +466,7 @@ class SQLiteStore(LightningStore):
     async def find_span_rows(self, query: SpanQuery, decode: Callable[[Sequence[Any]], T]) -> Page[T]:
         """`find_spans` with each stored row (`SPAN_COLUMNS`) through `decode` instead of into a
         Span: the HTTP server writes rows straight to JSON (`span_wire`)."""
-        return await self._call(run_paged, select_spans(query), decode, materialise)
+        return await self._call(run_paged, select_spans(query), decode, compact if query.compact else materialise)
 
     # --- resources -------------------------------------------------------------------------
 

@@ -259,3 +259,46 @@ async def test_spans_that_are_not_calls_are_stored_as_they_came(tmp_path: Path, 
         )
         await store.add_span(plain)
         assert [s.attributes for s in await store.query_spans(*ids)] == [{"x": list(range(20))}]
+
+
+def rebuilt(spans: list[Span]) -> dict[str, Any]:
+    """Each call's prompt ids and messages from a compact read, by span id."""
+    whole: dict[str, tuple[list[int], list[Any], list[list[int]]]] = {}
+    by_id = {span.span_id: span for span in spans}
+
+    def resolve(span_id: str) -> tuple[list[int], list[Any], list[list[int]]]:
+        if span_id not in whole:
+            attributes = by_id[span_id].attributes
+            prompt = list(attributes[call_span.PROMPT_TOKEN_IDS])
+            messages = list(attributes[call_span.REQUEST]["messages"])
+            delta = attributes.get(call_span.DELTA)
+            if delta is not None:
+                parent_prompt, parent_messages, parent_choices = resolve(delta["parent"])
+                context = parent_prompt + (parent_choices[delta["choice"]] if delta["choice"] is not None else [])
+                prompt = context[: delta["prefix"]] + prompt
+                messages = parent_messages[: delta["messages"]] + messages
+            choices = [list(choice["token_ids"]) for choice in attributes[call_span.CHOICES]]
+            whole[span_id] = (prompt, messages, choices)
+        return whole[span_id]
+
+    return {span_id: resolve(span_id)[:2] for span_id in by_id}
+
+
+async def test_a_compact_read_is_each_delta_and_its_parent(tmp_path: Path) -> None:
+    spans = conversation(random.Random(9), 16)
+    expected = {
+        s.span_id: (s.attributes[call_span.PROMPT_TOKEN_IDS], s.attributes[call_span.REQUEST]["messages"])
+        for s in spans
+    }
+    async with SQLiteStore(tmp_path / "agl.db") as store:
+        ids = await write(store, spans, random.Random(4))
+        compact = list(await store.query_spans(*ids, compact=True))
+        assert rebuilt(compact) == expected
+        assert sum(call_span.DELTA in s.attributes for s in compact) >= 10
+    async with start_store_server(tmp_path / "agl.db") as client:
+        assert rebuilt(list(await client.query_spans(*ids, compact=True))) == expected
+    async with SQLiteStore(":memory:", deltas=False) as whole:  # whole spans, no parents
+        ids = await write(whole, spans, random.Random(4))
+        read = await whole.query_spans(*ids, compact=True)
+        assert not any(call_span.DELTA in s.attributes for s in read)
+        assert rebuilt(list(read)) == expected
