@@ -126,3 +126,37 @@ async def test_a_chat_tool_agents_generated_tokens_are_trained_exactly_once(stac
     assert len(aggregation.breaks) == len(aggregation.rows) - 1
     for record in aggregation.breaks:  # the template re-renders or re-tokenizes earlier turns
         assert record.kind in {"template", "retokenized", "truncation", "other"}
+
+
+async def test_calls_through_the_proxy_are_stored_as_deltas_and_read_back_whole(stack, tmp_path) -> None:
+    import sqlite3
+
+    from agl_store.sqlite import SQLiteStore
+
+    store, proxy = stack
+    rollout = await store.start_rollout(input={"question": "weather"})
+    rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+    url = f"{proxy.url}/rollout/{rid}/attempt/{aid}/v1/chat/completions"
+    messages: list[dict[str, Any]] = list(MESSAGES)
+    returned: list[tuple[list[int], list[int]]] = []
+    async with httpx.AsyncClient(timeout=120) as http:
+        for turn in range(4):
+            body = await post(http, url, {"model": "tiny", "messages": messages, "max_tokens": 8})
+            choice = body["choices"][0]
+            returned.append((body["prompt_token_ids"], choice["token_ids"]))
+            messages.append({"role": "assistant", "content": choice["message"].get("content") or ""})
+            messages.append({"role": "user", "content": f"tool said: sunny, turn {turn}"})
+    await spans_settled(store, rid, 4)
+
+    spans = await store.query_spans(rid, aid)
+    assert [
+        (s.attributes["agl.prompt_token_ids"], s.attributes["agl.choices"][0]["token_ids"]) for s in spans
+    ] == returned
+    assert [s.attributes["agl.request"]["messages"] for s in spans][-1] == messages[:-2]
+    async with SQLiteStore(":memory:", deltas=False) as whole:  # what a store without deltas returns
+        copy = await whole.start_rollout(input={})
+        ids = {"rollout_id": copy.rollout_id, "attempt_id": copy.attempt.attempt_id}
+        await whole.add_many_spans([span.model_copy(update=ids) for span in spans])
+        assert [s.attributes for s in await whole.query_spans(copy.rollout_id)] == [s.attributes for s in spans]
+    with sqlite3.connect(tmp_path / "agl.db") as conn:
+        assert conn.execute("SELECT count(base_pk) FROM spans WHERE rollout_id = ?", (rid,)).fetchone()[0] >= 2
