@@ -14,8 +14,8 @@ call (`base_pk`) and the rest:
 
 The parent is always a call already stored in the same attempt: one whose context shares
 the longest prefix with the new prompt, found in a bounded in-memory index of each attempt's
-recent calls (`DeltaIndex`: digests of their contexts at block boundaries) and checked
-against the stored row's `digest` before use, so an index that missed a rollback, a deletion
+recent calls (`DeltaIndex`: their ids and messages, compared as memory) and checked against
+the stored row's random `stamp` before use, so an index that missed a rollback, a deletion
 or another process's writes picks a worse parent at worst, never a wrong one. Every other
 attribute is stored as it came.
 
@@ -26,12 +26,12 @@ costs the same few queries at any turn.
 
 from __future__ import annotations
 
-import hashlib
+import os
 import sqlite3
 import sys
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +40,6 @@ import orjson
 from .. import call_span
 from ..packed_attributes import MIN_PACKED_LENGTH
 
-BLOCK_IDS = 256
-"""Prompt prefixes are compared in blocks of this many ids when no call extends exactly."""
 RECENT_CALLS = 8
 """Calls per attempt the index remembers (each choice's context counts as one)."""
 MAX_ATTEMPTS = 4096
@@ -54,10 +52,6 @@ _PROMPT_PATH = [call_span.PROMPT_TOKEN_IDS]
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 Path = list[Any]
-
-
-def _digest() -> Any:
-    return hashlib.blake2b(digest_size=16)
 
 
 def int32_bytes(values: Any) -> bytes | None:
@@ -82,8 +76,10 @@ class Unpacked:
     data: bytes
 
     @classmethod
-    def of(cls, text: bytes | str, blob: bytes | None) -> Unpacked:
-        skeleton = orjson.loads(text)
+    def of(cls, text: bytes | str, blob: bytes | None, attributes: dict[str, Any] | None = None) -> Unpacked:
+        """The stored pair split; `attributes` (the span's, whole or its skeleton) stands in
+        for parsing `text` where only the call's parts are read, not rewritten."""
+        skeleton = orjson.loads(text) if attributes is None else attributes
         if blob is None:
             return cls(skeleton, [], b"")
         split = blob.index(b"\n")
@@ -159,20 +155,6 @@ def _set_messages(skeleton: dict[str, Any], messages: list[Any]) -> None:
     skeleton[call_span.REQUEST] = request
 
 
-def message_chain(messages: list[Any] | None) -> list[bytes]:
-    """Digest of each prefix of `messages` (element i covers messages[: i + 1])."""
-    if not messages:
-        return []
-    hasher = _digest()
-    chain = []
-    for message in messages:
-        text = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
-        hasher.update(len(text).to_bytes(8, "little"))
-        hasher.update(text)
-        chain.append(hasher.copy().digest())
-    return chain
-
-
 @dataclass
 class Call:
     """What a delta needs of a stored call, whole: its prompt, choices and messages."""
@@ -184,47 +166,68 @@ class Call:
     def context(self, choice: int | None) -> bytes:
         return (self.prompt or b"") + (self.choices.get(choice, b"") if choice is not None else b"")
 
-    def digest(self) -> bytes:
-        """Names this content: the index's candidate is used only if its row still has it."""
-        hasher = _digest()
-        hasher.update(len(self.prompt or b"").to_bytes(8, "little") + (self.prompt or b""))
-        for position, ids in sorted(self.choices.items()):
-            hasher.update(position.to_bytes(8, "little") + len(ids).to_bytes(8, "little") + ids)
-        chain = message_chain(self.messages)
-        hasher.update(chain[-1] if chain else b"-")
-        return hasher.digest()
+    def size(self) -> int:
+        """Roughly the memory the index holds for it: the ids, and the messages' text."""
+        ids = len(self.prompt or b"") + sum(map(len, self.choices.values()))
+        return ids + sum(len(str(m.get("content") or "")) + 64 if type(m) is dict else 64 for m in self.messages or [])
 
 
-def prefix_marks(ids: bytes, extra: Iterable[int] = ()) -> dict[int, bytes]:
-    """Digest of `ids`' prefix at every block boundary and at each length of `extra` (in ids)."""
-    n = len(ids) // 4
-    lengths = sorted({*range(BLOCK_IDS, n + 1, BLOCK_IDS), *(k for k in extra if 0 < k <= n)})
-    hasher = _digest()
-    marks = {}
-    done = 0
-    for length in lengths:
-        hasher.update(ids[done * 4 : length * 4])
-        done = length
-        marks[length] = hasher.copy().digest()
-    return marks
+def _shared_bytes(whole: bytes, start: int, part: bytes) -> int:
+    """How many leading ids of `part` `whole` has from byte `start`: a binary search of
+    memory comparisons, the first of which settles the usual case (all of them)."""
+    n = min(len(whole) - start, len(part)) // 4
+    if not n or not whole.startswith(part[:4], start):
+        return 0
+    if whole.startswith(part[: n * 4], start):
+        return n
+    low, high = 0, n - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if whole.startswith(part[: middle * 4], start):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _shared_messages(mine: list[Any] | None, theirs: list[Any] | None) -> int:
+    """How many leading messages are the same JSON in both lists."""
+    if not mine or not theirs:
+        return 0
+    n = min(len(mine), len(theirs))
+    if mine[:n] != theirs[:n]:
+        low, high = 0, n - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if mine[:middle] == theirs[:middle]:
+                low = middle
+            else:
+                high = middle - 1
+        n = low
+    # Python's == takes 1 for 1.0 and True; the JSON text does not.
+    if n and orjson.dumps(mine[:n]) != orjson.dumps(theirs[:n]):
+        return 0
+    return n
 
 
 @dataclass
 class Candidate:
-    """One context (prompt + one choice) of a stored call, as the index remembers it."""
+    """A stored call the index remembers, with its row's `stamp` and its depth of deltas."""
 
     pk: int
-    choice: int | None
-    length: int
-    marks: dict[int, bytes]
-    messages: list[bytes]
-    digest: bytes
+    stamp: bytes
+    call: Call
     depth: int
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        self.size = self.call.size()
 
 
 @dataclass
 class Delta:
     base_pk: int
+    stamp: bytes
     choice: int | None
     prefix: int
     messages: int
@@ -233,11 +236,16 @@ class Delta:
 
 @dataclass
 class DeltaIndex:
-    """Recent calls of recently written attempts, for finding a new call's parent.
+    """Recent calls of recently written attempts, whole, for finding a new call's parent.
 
-    Lives in the writer's thread; a cache only (see the module docstring)."""
+    Lives in the writer's thread; a cache only (see the module docstring), bounded by
+    `RECENT_CALLS` per attempt and `max_bytes` in all (least recently written attempts go).
+    """
 
+    max_bytes: int = 256 * 1024 * 1024
     attempts: OrderedDict[tuple[str, str], list[Candidate]] = field(default_factory=OrderedDict)
+    sizes: dict[tuple[str, str], int] = field(default_factory=dict)
+    total: int = 0
 
     def candidates(self, key: tuple[str, str]) -> list[Candidate]:
         found = self.attempts.get(key)
@@ -251,53 +259,41 @@ class DeltaIndex:
         self.attempts.move_to_end(key)
         known.extend(new)
         del known[:-RECENT_CALLS]
-        while len(self.attempts) > MAX_ATTEMPTS:
-            self.attempts.popitem(last=False)
+        size = sum(candidate.size for candidate in known)
+        self.total += size - self.sizes.get(key, 0)
+        self.sizes[key] = size
+        while (self.total > self.max_bytes or len(self.attempts) > MAX_ATTEMPTS) and len(self.attempts) > 1:
+            evicted, _ = self.attempts.popitem(last=False)
+            self.total -= self.sizes.pop(evicted, 0)
+
+    def forget(self, key: tuple[str, str], pk: int) -> None:
+        known = self.attempts.get(key)
+        if known is not None:
+            known[:] = [candidate for candidate in known if candidate.pk != pk]
 
 
-def best_parent(prompt: bytes | None, chain: list[bytes], candidates: Sequence[Candidate]) -> Candidate | None:
-    """The candidate sharing the longest prompt prefix (then the most messages) with the new
-    call, with `length` set to the shared ids; None when none shares anything."""
-    n = len(prompt) // 4 if prompt else 0
-    wanted = {c.length for c in candidates}
-    marks = prefix_marks(prompt, wanted) if prompt else {}
+def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
+    """The candidate sharing the longest prompt prefix (then the most messages) with `call`;
+    None when none shares anything."""
+    prompt = call.prompt or b""
     best: tuple[int, int, int] | None = None
-    chosen: Candidate | None = None
+    chosen: Delta | None = None
     for candidate in candidates:
-        if n and candidate.length <= n and marks.get(candidate.length) == candidate.marks.get(candidate.length):
-            shared = candidate.length
-        else:
-            shared = 0
-            for boundary in range(BLOCK_IDS, min(n, candidate.length) + 1, BLOCK_IDS):
-                if marks.get(boundary) != candidate.marks.get(boundary):
-                    break
-                shared = boundary
-        same_messages = 0
-        for mine, theirs in zip(chain, candidate.messages, strict=False):
-            if mine != theirs:
-                break
-            same_messages += 1
-        score = (shared, same_messages, candidate.pk)
-        if (shared or same_messages) and (best is None or score > best):
-            best, chosen = score, candidate
-    if chosen is None or best is None:
-        return None
-    return Candidate(chosen.pk, chosen.choice, best[0], {}, chosen.messages[: best[1]], chosen.digest, chosen.depth)
-
-
-def candidates_of(pk: int, call: Call, depth: int) -> list[Candidate]:
-    """The index entries of a stored call: one per choice with ids (or its prompt alone)."""
-    chain = message_chain(call.messages)
-    digest = call.digest()
-    contexts: list[int | None] = list(call.choices) or [None]
-    prompt_length = len(call.prompt or b"") // 4
-    found = []
-    for choice in contexts:
-        context = call.context(choice)
-        length = len(context) // 4
-        marks = prefix_marks(context, (prompt_length, length))
-        found.append(Candidate(pk, choice, length, marks, chain, digest, depth))
-    return found
+        theirs = candidate.call.prompt or b""
+        shared, choice = _shared_bytes(prompt, 0, theirs), None
+        if theirs and shared * 4 == len(theirs):  # the whole prompt: then how much of a choice
+            best_more = 0
+            for position, ids in candidate.call.choices.items():
+                more = _shared_bytes(prompt, len(theirs), ids)
+                if more > best_more:
+                    choice, best_more = position, more
+            shared += best_more
+        messages = _shared_messages(call.messages, candidate.call.messages)
+        score = (shared, messages, candidate.pk)
+        if (shared or messages) and (best is None or score > best):
+            best = score
+            chosen = Delta(candidate.pk, candidate.stamp, choice, shared, messages, candidate.depth + 1)
+    return chosen
 
 
 def call_of(unpacked: Unpacked) -> Call | None:
@@ -477,7 +473,7 @@ def compact(conn: sqlite3.Connection, rows: list[Row]) -> list[Row]:
 
 
 RECENT_SQL = (
-    "SELECT pk FROM spans WHERE rollout_id = ? AND attempt_id = ? AND digest IS NOT NULL ORDER BY pk DESC LIMIT ?"
+    "SELECT pk, stamp FROM spans WHERE rollout_id = ? AND attempt_id = ? AND stamp IS NOT NULL ORDER BY pk DESC LIMIT ?"
 )
 _SPAN_SQL = (
     "SELECT rollout_id, attempt_id, sequence_id, trace_id, span_id, parent_id, name, start_time, end_time, "
@@ -487,18 +483,18 @@ _SPAN_SQL = (
 
 def _load_recent(conn: sqlite3.Connection, key: tuple[str, str]) -> list[Candidate]:
     """The index entries of an attempt's latest stored calls, read back from the database
-    (after a restart, or calls another process wrote)."""
-    pks = [row[0] for row in conn.execute(RECENT_SQL, (*key, RECENT_CALLS))]
-    if not pks:
+    (after a restart, an eviction, or calls another process wrote)."""
+    stamps = dict(conn.execute(RECENT_SQL, (*key, RECENT_CALLS)).fetchall())
+    if not stamps:
         return []
-    rows = materialise(conn, conn.execute(_SPAN_SQL, (orjson.dumps(pks),)).fetchall())
+    rows = materialise(conn, conn.execute(_SPAN_SQL, (orjson.dumps(list(stamps)),)).fetchall())
     found: list[Candidate] = []
     for row in sorted(rows, key=lambda r: r[_PK]):
         call = call_of(Unpacked.of(row[_ATTRIBUTES], row[_TOKENS]))
         if call is not None:
             depth = orjson.loads(row[_DELTA])["depth"] if row[_DELTA] is not None else 0
-            found.extend(candidates_of(row[_PK], call, depth))
-    return found[-RECENT_CALLS:]
+            found.append(Candidate(row[_PK], stamps[row[_PK]], call, depth))
+    return found
 
 
 class DeltaWriter:
@@ -508,46 +504,49 @@ class DeltaWriter:
     def __init__(self, conn: sqlite3.Connection, index: DeltaIndex) -> None:
         self.conn = conn
         self.index = index
-        self.pending: dict[int, bytes] = {}  # pk -> digest of rows this write inserts
+        self.pending: dict[int, bytes] = {}  # pk -> stamp of rows this write inserts
 
-    def _valid(self, key: tuple[str, str], candidate: Candidate) -> bool:
-        digest = self.pending.get(candidate.pk)
-        if digest is None:
+    def _valid(self, key: tuple[str, str], delta: Delta) -> bool:
+        """Whether the parent's row is still the one the index saw (not rolled back, deleted,
+        or replaced by another row at its pk)."""
+        stamp = self.pending.get(delta.base_pk)
+        if stamp is None:
             row = self.conn.execute(
-                "SELECT digest FROM spans WHERE pk = ? AND rollout_id = ? AND attempt_id = ?", (candidate.pk, *key)
+                "SELECT stamp FROM spans WHERE pk = ? AND rollout_id = ? AND attempt_id = ?", (delta.base_pk, *key)
             ).fetchone()
-            digest = row[0] if row is not None else None
-        return digest == candidate.digest
+            stamp = row[0] if row is not None else None
+        return stamp == delta.stamp
 
-    def encode(self, key: tuple[str, str], text: bytes | str, blob: bytes | None, pk: int) -> tuple[Any, ...]:
-        """(attributes, tokens, base_pk, delta, digest) to store for a span row at `pk`."""
-        unpacked = Unpacked.of(text, blob)
-        call = call_of(unpacked)
+    def encode(
+        self, key: tuple[str, str], attributes: dict[str, Any], text: bytes | str, blob: bytes | None, pk: int
+    ) -> tuple[Any, ...]:
+        """(attributes, tokens, base_pk, delta, stamp) to store for a span row at `pk`, whose
+        span had `attributes` (whole, or the skeleton of a blob the client packed)."""
+        if call_span.PROMPT_TOKEN_IDS not in attributes and call_span.REQUEST not in attributes:
+            return text, blob, None, None, None
+        call = call_of(Unpacked.of(text, blob, attributes))
         if call is None:
             return text, blob, None, None, None
         if key not in self.index.attempts:
             self.index.remember(key, _load_recent(self.conn, key))
         candidates = list(self.index.candidates(key))
-        chain = message_chain(call.messages)
         stored: tuple[Any, ...] = (text, blob, None, None)
         depth = 0
         while candidates:
-            parent = best_parent(call.prompt, chain, candidates)
-            if parent is None:
+            delta = best_parent(call, candidates)
+            if delta is None:
                 break
-            if not self._valid(key, parent):
-                candidates = [c for c in candidates if c.pk != parent.pk]
-                known = self.index.attempts.get(key)
-                if known is not None:
-                    known[:] = [c for c in known if c.pk != parent.pk]
+            if not self._valid(key, delta):
+                candidates = [c for c in candidates if c.pk != delta.base_pk]
+                self.index.forget(key, delta.base_pk)
                 continue
-            if parent.depth + 1 < MAX_DEPTH:
-                depth = parent.depth + 1
-                delta = Delta(parent.pk, parent.choice, parent.length, len(parent.messages), depth)
-                attributes, tokens, info = encode_delta(unpacked, call, delta)
-                stored = (attributes, tokens, parent.pk, info)
+            if delta.depth < MAX_DEPTH:
+                depth = delta.depth
+                stored_text, tokens, info = encode_delta(Unpacked.of(text, blob), call, delta)
+                stored = (stored_text, tokens, delta.base_pk, info)
             break
-        digest = call.digest()
-        self.pending[pk] = digest
-        self.index.remember(key, candidates_of(pk, call, depth))
-        return (*stored, digest)
+        # A new random stamp per row: a row rolled back and another stored at its pk differ.
+        stamp = os.urandom(8)
+        self.pending[pk] = stamp
+        self.index.remember(key, [Candidate(pk, stamp, call, depth)])
+        return (*stored, stamp)

@@ -178,12 +178,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "0005_span_deltas",
         (
             # An LLM call stored as a delta of an earlier call of its attempt (`deltas.py`):
-            # `base_pk` is that call's row, `delta` how to rebuild this one from it, `digest`
-            # names a call's content so the writer's in-memory index can be checked against it.
-            # Rows written before have NULLs: they are whole and never chosen as parents.
+            # `base_pk` is that call's row, `delta` how to rebuild this one from it, `stamp` a
+            # random value per call row, so the writer's in-memory index can be checked against
+            # the row. Rows written before have NULLs: whole, and read as parents only from SQL.
             "ALTER TABLE spans ADD COLUMN base_pk INTEGER",
             "ALTER TABLE spans ADD COLUMN delta BLOB",
-            "ALTER TABLE spans ADD COLUMN digest BLOB",
+            "ALTER TABLE spans ADD COLUMN stamp BLOB",
         ),
     ),
 )

@@ -112,7 +112,7 @@ def _issue_sequence_ids(conn: sqlite3.Connection, wanted: list[tuple[str, int | 
     return issued
 
 
-_INSERTED_COLUMNS = SPAN_COLUMNS + ", pk, base_pk, delta, digest"
+_INSERTED_COLUMNS = SPAN_COLUMNS + ", pk, base_pk, delta, stamp"
 _SPAN_ROW_SQL = "(" + ", ".join("?" * len(_INSERTED_COLUMNS.split(","))) + ")"
 
 
@@ -155,7 +155,7 @@ def add_spans(txn: Txn, encoded: list[EncodedSpan], deltas: DeltaIndex | None = 
 
     if deltas is not None:
         keep = _new_spans(conn, rows)
-        rows = _as_deltas(conn, deltas, rows, keep)
+        rows = _as_deltas(conn, deltas, [e.span.attributes for e in encoded], rows, keep)
         _insert_rows(conn, [row for row, ok in zip(rows, keep, strict=True) if ok])
     elif len(rows) == 1:
         rows = [rows[0] + _NOT_DELTA]
@@ -202,18 +202,23 @@ def _new_spans(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[bo
 
 
 def _as_deltas(
-    conn: sqlite3.Connection, index: DeltaIndex, rows: list[tuple[Any, ...]], keep: list[bool]
+    conn: sqlite3.Connection,
+    index: DeltaIndex,
+    span_attributes: list[dict[str, Any]],
+    rows: list[tuple[Any, ...]],
+    keep: list[bool],
 ) -> list[tuple[Any, ...]]:
     """The rows with their pk assigned and, for calls, stored as deltas where they can be."""
     next_pk = conn.execute("SELECT coalesce(max(pk), 0) + 1 FROM spans").fetchone()[0]
     writer = DeltaWriter(conn, index)
     out = []
-    for row, ok in zip(rows, keep, strict=True):
+    for given, row, ok in zip(span_attributes, rows, keep, strict=True):
         if not ok:
             out.append(row + _NOT_DELTA)
             continue
-        attributes, tokens, base_pk, delta, digest = writer.encode((row[0], row[1]), row[10], row[11], next_pk)
-        out.append((*row[:10], attributes, tokens, row[12], next_pk, base_pk, delta, digest))
+        key = (row[0], row[1])
+        attributes, tokens, base_pk, delta, stamp = writer.encode(key, given, row[10], row[11], next_pk)
+        out.append((*row[:10], attributes, tokens, row[12], next_pk, base_pk, delta, stamp))
         next_pk += 1
     return out
 
