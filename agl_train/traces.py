@@ -275,16 +275,16 @@ async def read_rollout(
     A rollout without attempts gives a trace with no calls (and the fill reward), so the
     trainer can still count it. Unknown rollouts raise the store's `NotFoundError`.
     """
-    attempt = await store.get_latest_attempt(rollout_id)
-    if attempt is None:
-        return trace_from_spans(rollout_id, [], uid=uid, reward_fillna_value=reward_fillna_value)
-    # Compact: a call stored as a delta comes as its delta, and its prompt is rebuilt here from
-    # the parent's (in this same read) by copying memory, not sent and parsed whole again.
-    spans = await store.query_spans(rollout_id, attempt.attempt_id, compact=True)
-    return trace_from_spans(
-        rollout_id,
-        spans,
-        uid=uid,
-        reward_fillna_value=reward_fillna_value,
-        attempt_id=attempt.attempt_id,
-    )
+    # One request: the latest attempt's spans name the attempt. Compact: a call stored as a
+    # delta comes as its delta, and its prompt is rebuilt here from the parent's (in this same
+    # read) by copying memory, not sent and parsed whole again.
+    spans = await store.query_spans(rollout_id, "latest", compact=True)
+    if spans:
+        attempt_id = spans[0].attempt_id
+    else:  # no spans yet, no attempt yet, or no such rollout (NotFoundError)
+        attempt = await store.get_latest_attempt(rollout_id)
+        if attempt is None:
+            return trace_from_spans(rollout_id, [], uid=uid, reward_fillna_value=reward_fillna_value)
+        attempt_id = attempt.attempt_id
+        spans = await store.query_spans(rollout_id, attempt_id, compact=True)
+    return trace_from_spans(rollout_id, spans, uid=uid, reward_fillna_value=reward_fillna_value, attempt_id=attempt_id)

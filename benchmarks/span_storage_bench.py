@@ -80,30 +80,17 @@ def completion(request: dict[str, Any], call: int) -> dict[str, Any]:
 
 def serve_backend(port: int) -> None:
     import uvicorn
+    from _proxy_fake_backend import request_body
 
     calls = 0
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         nonlocal calls
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        if scope["method"] == "GET":
-            payload = b'{"object": "list", "data": [{"id": "bench", "object": "model"}]}'
-        else:
-            calls += 1
-            payload = json.dumps(completion(json.loads(body or b"{}"), calls)).encode()
+        body = await request_body(scope, receive, send)
+        if body is None:
+            return
+        calls += 1
+        payload = json.dumps(completion(json.loads(body or b"{}"), calls)).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": payload})
 
