@@ -166,11 +166,6 @@ class Call:
     def context(self, choice: int | None) -> bytes:
         return (self.prompt or b"") + (self.choices.get(choice, b"") if choice is not None else b"")
 
-    def size(self) -> int:
-        """Roughly the memory the index holds for it: the ids, and the messages' text."""
-        ids = len(self.prompt or b"") + sum(map(len, self.choices.values()))
-        return ids + sum(len(str(m.get("content") or "")) + 64 if type(m) is dict else 64 for m in self.messages or [])
-
 
 def _shared_bytes(whole: bytes, start: int, part: bytes) -> int:
     """How many leading ids of `part` `whole` has from byte `start`: a binary search of
@@ -192,7 +187,7 @@ def _shared_bytes(whole: bytes, start: int, part: bytes) -> int:
 
 def _shared_messages(mine: list[Any] | None, theirs: list[Any] | None) -> int:
     """How many leading messages are the same JSON in both lists."""
-    if not mine or not theirs:
+    if not mine or not theirs or mine[0] != theirs[0]:
         return 0
     n = min(len(mine), len(theirs))
     if mine[:n] != theirs[:n]:
@@ -218,10 +213,8 @@ class Candidate:
     stamp: bytes
     call: Call
     depth: int
-    size: int = 0
-
-    def __post_init__(self) -> None:
-        self.size = self.call.size()
+    size: int
+    """Roughly the memory the index holds for it: the stored span's size."""
 
 
 @dataclass
@@ -278,9 +271,10 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     prompt = call.prompt or b""
     best: tuple[int, int, int] | None = None
     chosen: Delta | None = None
+    first = prompt[:4]
     for candidate in candidates:
         theirs = candidate.call.prompt or b""
-        shared, choice = _shared_bytes(prompt, 0, theirs), None
+        shared, choice = (_shared_bytes(prompt, 0, theirs) if first and theirs.startswith(first) else 0), None
         if theirs and shared * 4 == len(theirs):  # the whole prompt: then how much of a choice
             best_more = 0
             for position, ids in candidate.call.choices.items():
@@ -493,7 +487,8 @@ def _load_recent(conn: sqlite3.Connection, key: tuple[str, str]) -> list[Candida
         call = call_of(Unpacked.of(row[_ATTRIBUTES], row[_TOKENS]))
         if call is not None:
             depth = orjson.loads(row[_DELTA])["depth"] if row[_DELTA] is not None else 0
-            found.append(Candidate(row[_PK], stamps[row[_PK]], call, depth))
+            size = len(row[_ATTRIBUTES]) + len(row[_TOKENS] or b"")
+            found.append(Candidate(row[_PK], stamps[row[_PK]], call, depth, size))
     return found
 
 
@@ -518,15 +513,17 @@ class DeltaWriter:
         return stamp == delta.stamp
 
     def encode(
-        self, key: tuple[str, str], attributes: dict[str, Any], text: bytes | str, blob: bytes | None, pk: int
-    ) -> tuple[Any, ...]:
-        """(attributes, tokens, base_pk, delta, stamp) to store for a span row at `pk`, whose
-        span had `attributes` (whole, or the skeleton of a blob the client packed)."""
+        self, key: tuple[str, str], attributes: dict[str, Any], text: bytes | str, blob: bytes | None, pk: int | None
+    ) -> tuple[tuple[Any, ...], Candidate | None]:
+        """(attributes, tokens, base_pk, delta, stamp) to store for a span row whose span had
+        `attributes` (whole, or the skeleton of a blob the client packed), and the call as the
+        index will know it: remembered now when `pk` is known, else by the caller once the row
+        is in (`remember`)."""
         if call_span.PROMPT_TOKEN_IDS not in attributes and call_span.REQUEST not in attributes:
-            return text, blob, None, None, None
+            return (text, blob, None, None, None), None
         call = call_of(Unpacked.of(text, blob, attributes))
         if call is None:
-            return text, blob, None, None, None
+            return (text, blob, None, None, None), None
         if key not in self.index.attempts:
             self.index.remember(key, _load_recent(self.conn, key))
         candidates = list(self.index.candidates(key))
@@ -547,6 +544,13 @@ class DeltaWriter:
             break
         # A new random stamp per row: a row rolled back and another stored at its pk differ.
         stamp = os.urandom(8)
-        self.pending[pk] = stamp
-        self.index.remember(key, [Candidate(pk, stamp, call, depth)])
-        return (*stored, stamp)
+        candidate = Candidate(pk or 0, stamp, call, depth, len(text) + len(blob or b""))
+        if pk is not None:
+            self.remember(key, candidate, pk)
+        return (*stored, stamp), candidate
+
+    def remember(self, key: tuple[str, str], candidate: Candidate, pk: int) -> None:
+        """`candidate`'s row went in at `pk`: later calls (of this write too) may extend it."""
+        candidate.pk = pk
+        self.pending[pk] = candidate.stamp
+        self.index.remember(key, [candidate])

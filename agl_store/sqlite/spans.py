@@ -153,7 +153,9 @@ def add_spans(txn: Txn, encoded: list[EncodedSpan], deltas: DeltaIndex | None = 
     issued = _issue_sequence_ids(conn, [(e.span.rollout_id, e.span.sequence_id) for e in encoded])
     rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued, strict=False)]
 
-    if deltas is not None:
+    if deltas is not None and len(rows) == 1:
+        rows, keep = _one_as_delta(conn, deltas, encoded[0].span.attributes, rows[0])
+    elif deltas is not None:
         keep = _new_spans(conn, rows)
         rows = _as_deltas(conn, deltas, [e.span.attributes for e in encoded], rows, keep)
         _insert_rows(conn, [row for row, ok in zip(rows, keep, strict=True) if ok])
@@ -183,9 +185,9 @@ def _new_spans(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[bo
     wanted: dict[tuple[str, str], list[str]] = {}
     for row in rows:
         wanted.setdefault((row[0], row[1]), []).append(row[4])
-    stored: set[tuple[str, str, str]] = set()
+    known: set[tuple[str, str, str]] = set()
     for (rollout_id, attempt_id), span_ids in wanted.items():
-        stored.update(
+        known.update(
             (rollout_id, attempt_id, span_id)
             for (span_id,) in conn.execute(
                 "SELECT span_id FROM spans WHERE rollout_id = ? AND attempt_id = ? "
@@ -196,9 +198,25 @@ def _new_spans(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[bo
     keep = []
     for row in rows:
         key = (row[0], row[1], row[4])
-        keep.append(key not in stored)
-        stored.add(key)
+        keep.append(key not in known)
+        known.add(key)
     return keep
+
+
+def _one_as_delta(
+    conn: sqlite3.Connection, index: DeltaIndex, given: dict[str, Any], row: tuple[Any, ...]
+) -> tuple[list[tuple[Any, ...]], list[bool]]:
+    """`_as_deltas` of one row, in one statement: its parent is a stored call, so the row may
+    be a duplicate (ignored) and takes its pk from the insert."""
+    writer = DeltaWriter(conn, index)
+    key = (row[0], row[1])
+    (attributes, tokens, base_pk, delta, stamp), candidate = writer.encode(key, given, row[10], row[11], None)
+    full = (*row[:10], attributes, tokens, row[12], None, base_pk, delta, stamp)
+    cursor = conn.execute(_INSERT_SPANS + _SPAN_ROW_SQL, full)
+    inserted = cursor.rowcount == 1
+    if inserted and candidate is not None and cursor.lastrowid is not None:
+        writer.remember(key, candidate, cursor.lastrowid)
+    return [full], [inserted]
 
 
 def _as_deltas(
@@ -217,7 +235,7 @@ def _as_deltas(
             out.append(row + _NOT_DELTA)
             continue
         key = (row[0], row[1])
-        attributes, tokens, base_pk, delta, stamp = writer.encode(key, given, row[10], row[11], next_pk)
+        (attributes, tokens, base_pk, delta, stamp), _ = writer.encode(key, given, row[10], row[11], next_pk)
         out.append((*row[:10], attributes, tokens, row[12], next_pk, base_pk, delta, stamp))
         next_pk += 1
     return out
