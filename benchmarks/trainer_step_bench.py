@@ -27,7 +27,8 @@ written to a second server whose store keeps every span whole (`?deltas=off`, th
 before deltas) and read the way the trainer read it then: `whole: read (HTTP)` and `whole:
 aggregate`, with arrays and 8 reads in flight as above; `whole spans from deltas: read (HTTP)` is
 a reader of whole spans on the deltas store (the server rebuilds each call). The summary line
-compares read + aggregate: whole / compact.
+compares read + aggregate, whole / compact, measured alternately within each repeat (the
+`alternated` lines), as the two stores' other lines run at different moments.
 
 `agl total` = read (HTTP) + aggregate + tensorize, the trainer's own time per step (`before:
 total` the same with the baselines). Beside it,
@@ -189,23 +190,51 @@ async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int
     return {**stages, **counts}
 
 
+async def read_and_aggregate(url: str, groups: Sequence[Group], whole: bool) -> float:
+    """Seconds to read `groups` (whole spans, or compactly) and build their trajectory rows."""
+    async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
+        store: Any = WholeSpans(client) if whole else client
+        start = time.perf_counter()
+        traces = await read_succeeded(store, groups, 0.0)
+        aggregate(traces, "trajectory", LIMITS)
+        return time.perf_counter() - start
+
+
+async def compare(
+    urls: tuple[str, str], groups: tuple[Sequence[Group], Sequence[Group]], repeats: int
+) -> dict[str, float]:
+    """Read + aggregate of whole spans (the store without deltas) and of compact spans (the
+    store with deltas), alternated within each repeat after one untimed round, so that a load
+    that comes and goes on a shared machine falls on both."""
+    times: dict[str, list[float]] = {"whole": [], "compact": []}
+    for repeat in range(repeats + 1):
+        for name, url, group in (("whole", urls[0], groups[0]), ("compact", urls[1], groups[1])):
+            seconds = await read_and_aggregate(url, group, whole=name == "whole")
+            if repeat:
+                times[name].append(seconds)
+    return {
+        "whole: read + aggregate, alternated": statistics.median(times["whole"]),
+        "compact: read + aggregate, alternated": statistics.median(times["compact"]),
+    }
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    whole_db = workdir / "whole.db"
-    with agl_server(f"sqlite:///{whole_db}?deltas=off", workdir / "whole-server.log") as (url, _):  # type: ignore[arg-type]
-        log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url} (spans whole)")
+    whole_db, db_path = workdir / "whole.db", workdir / "agl.db"
+    with (
+        agl_server(f"sqlite:///{whole_db}?deltas=off", workdir / "whole-server.log") as (whole_url, _),  # type: ignore[arg-type]
+        agl_server(db_path, workdir / "server.log") as (url, _),
+    ):
+        async with LightningStoreClient(whole_url, retries=0, timeout=600.0) as client:
+            log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {whole_url} (whole)")
+            whole_groups = await fill(client, args.rollouts, args.turns, args.tokens)
         async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
-            groups = await fill(client, args.rollouts, args.turns, args.tokens)
-        log(f"measuring whole spans (median of {args.repeats})")
-        whole = await measure_whole(url, groups, args.repeats, "whole: ")
-    db_path = workdir / "agl.db"
-    with agl_server(db_path, workdir / "server.log") as (url, _):
-        log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url}")
-        async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
+            log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url}")
             groups = await fill(client, args.rollouts, args.turns, args.tokens)
         log(f"measuring (median of {args.repeats})")
         stages = await measure(url, db_path, groups, args.repeats)
         stages.update(await measure_whole(url, groups, args.repeats, "whole spans from deltas: "))
-    stages.update(whole)
+        stages.update(await measure_whole(whole_url, whole_groups, args.repeats, "whole: "))
+        stages.update(await compare((whole_url, url), (whole_groups, groups), args.repeats))
     stages["_whole_db_bytes"] = float(whole_db.stat().st_size)
     stages["_deltas_db_bytes"] = float(db_path.stat().st_size)
     return stages
@@ -269,8 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"before / now = {stages['before: total'] / total:.2f}; "
         f"target agl total < 2 s for 1,000 rollouts: {'ok' if total < 2 * args.rollouts / 1000 else 'MISS'}"
     )
-    compact = stages["read (HTTP)"] + stages["aggregate"]
-    before = stages["whole: read (HTTP)"] + stages["whole: aggregate"]
+    compact = stages["compact: read + aggregate, alternated"]
+    before = stages["whole: read + aggregate, alternated"]
     print(
         f"read + aggregate: whole spans {before:.3f} s, compact {compact:.3f} s, whole / compact = "
         f"{before / compact:.2f}; database {whole_bytes / 1e6:.1f} MB whole, {deltas_bytes / 1e6:.1f} MB with deltas"

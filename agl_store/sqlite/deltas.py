@@ -15,7 +15,7 @@ call (`base_pk`) and the rest:
 The parent is always a call already stored in the same attempt: one whose context shares
 the longest prefix with the new prompt, found in a bounded in-memory index of each attempt's
 recent calls (`DeltaIndex`: their ids and messages, compared as memory) and checked against
-the stored row's random `stamp` before use, so an index that missed a rollback, a deletion
+the stored row's unique `stamp` before use, so an index that missed a rollback, a deletion
 or another process's writes picks a worse parent at worst, never a wrong one. Every other
 attribute is stored as it came.
 
@@ -26,6 +26,7 @@ costs the same few queries at any turn.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import sys
@@ -48,6 +49,8 @@ MAX_DEPTH = 1024
 """A call at this depth of deltas is stored whole again, bounding a chain's length."""
 
 MESSAGES_PATH = (call_span.REQUEST, "messages")
+_STAMP_PREFIX = os.urandom(8)
+_STAMPS = itertools.count()
 _PROMPT_PATH = [call_span.PROMPT_TOKEN_IDS]
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
@@ -542,8 +545,9 @@ class DeltaWriter:
                 stored_text, tokens, info = encode_delta(Unpacked.of(text, blob), call, delta)
                 stored = (stored_text, tokens, delta.base_pk, info)
             break
-        # A new random stamp per row: a row rolled back and another stored at its pk differ.
-        stamp = os.urandom(8)
+        # A new stamp per row (this process's random prefix, then a count): a row rolled back
+        # and another stored at its pk, by this process or another, differ.
+        stamp = _STAMP_PREFIX + next(_STAMPS).to_bytes(8, "little")
         candidate = Candidate(pk or 0, stamp, call, depth, len(text) + len(blob or b""))
         if pk is not None:
             self.remember(key, candidate, pk)

@@ -179,8 +179,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         (
             # An LLM call stored as a delta of an earlier call of its attempt (`deltas.py`):
             # `base_pk` is that call's row, `delta` how to rebuild this one from it, `stamp` a
-            # random value per call row, so the writer's in-memory index can be checked against
-            # the row. Rows written before have NULLs: whole, and read as parents only from SQL.
+            # value unique to each call row, so the writer's in-memory index can be checked
+            # against the row. Rows written before have NULLs: whole, and never parents.
             "ALTER TABLE spans ADD COLUMN base_pk INTEGER",
             "ALTER TABLE spans ADD COLUMN delta BLOB",
             "ALTER TABLE spans ADD COLUMN stamp BLOB",
