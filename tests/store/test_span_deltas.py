@@ -111,7 +111,7 @@ def stored_as_deltas(path: Path) -> int:
         return int(conn.execute("SELECT count(*) FROM spans WHERE base_pk IS NOT NULL").fetchone()[0])
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), turns=st.integers(1, 12))
 def test_every_read_equals_a_store_without_deltas(seed: int, turns: int) -> None:
     async def run() -> None:
