@@ -175,7 +175,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     (
-        "0005_span_deltas",
+        "0006_span_deltas",
         (
             # An LLM call stored as a delta of an earlier call of its attempt (`deltas.py`):
             # `base_pk` is that call's row, `delta` how to rebuild this one from it, `stamp` a
