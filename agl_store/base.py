@@ -320,8 +320,16 @@ class LightningStore:
         offset: int = 0,
         sort_by: str | None = "sequence_id",
         sort_order: SortOrder = "asc",
+        compact: bool = False,
     ) -> Page[Span]:
-        """Spans of a rollout (all attempts, one attempt, or the latest), in sequence order."""
+        """Spans of a rollout (all attempts, one attempt, or the latest), in sequence order.
+
+        With `compact`, an LLM call the store keeps as a delta of an earlier call of its
+        attempt comes as that delta with an `agl.delta` attribute naming the earlier call
+        (docs/spans.md): for readers that have the earlier call too, such as the trainer
+        reading a whole attempt. A store that keeps every span whole returns whole spans,
+        without `agl.delta`, which is what this default does.
+        """
         return await self.find_spans(SpanQuery.of_call(locals()))
 
     async def find_spans(self, query: SpanQuery) -> Page[Span]:

@@ -56,6 +56,9 @@ SAMPLING_MODE = "agl.sampling.mode"
 """The rollout mode whose sampling the proxy enforced on the call; absent when none applied."""
 API = "agl.api"
 """The API the client called: `chat.completions`, `completions`, `responses` or `messages`."""
+DELTA = "agl.delta"
+"""Only in spans read with `query_spans(..., compact=True)`: a `CallDelta` naming the earlier
+call this one extends; `PROMPT_TOKEN_IDS` and the request's messages then hold only what it adds."""
 
 
 class CallChoice(TypedDict, total=False):
@@ -69,6 +72,21 @@ class CallChoice(TypedDict, total=False):
     finish_reason: str | None
     prompt_token_ids: list[int]
     """Completions only, when the backend sent the prompt's ids with the choice."""
+
+
+class CallDelta(TypedDict):
+    """The value of `DELTA`: this call's prompt ids are the first `prefix` ids of the parent's
+    context (its prompt, then choice `choice`'s `token_ids`; the prompt alone when `choice` is
+    None), then `PROMPT_TOKEN_IDS`; its request's messages are the parent's first `messages`,
+    then its own. `prefix` is None for a call without prompt ids. Other places that held the
+    whole prompt's ids (the response body's) are null."""
+
+    parent: str
+    """The parent call's span id, in the same attempt."""
+    choice: int | None
+    """A position in the parent's `CHOICES`."""
+    prefix: int | None
+    messages: int
 
 
 class CallError(TypedDict):

@@ -4,6 +4,9 @@
   the path is everything after `sqlite:///`): an SQLiteStore on that file;
 - `memory://` (also `sqlite://` and `sqlite:///:memory:`): an in-memory SQLiteStore;
 - `http://host:port`, `https://...`: a LightningStoreClient of a served store.
+
+A SQLite URL may end in `?deltas=off`: every span stored whole, as before LLM calls were
+stored as deltas (`SQLiteStore(deltas=False)`; for comparing, readers see the same spans).
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ async def open_store(url: str, *, key: str | None = None) -> LightningStore:
     """
     from .sqlite import SQLiteStore
 
-    if url in _MEMORY_URLS:
-        return await SQLiteStore(":memory:").open()
-    if url.startswith(_SQLITE_PREFIX):
-        path = url[len(_SQLITE_PREFIX) :]
+    base, deltas = _deltas_option(url)
+    if base in _MEMORY_URLS:
+        return await SQLiteStore(":memory:", deltas=deltas).open()
+    if base.startswith(_SQLITE_PREFIX):
+        path = base[len(_SQLITE_PREFIX) :]
         if not path:
             raise InvalidInputError(f"store URL {url!r} names no file; use sqlite:///path/to/store.db")
-        return await SQLiteStore(path).open()
+        return await SQLiteStore(path, deltas=deltas).open()
     scheme = url.split("://", 1)[0] if "://" in url else None
     if scheme in ("http", "https"):
         from .client import LightningStoreClient  # written separately; imported only when used
@@ -44,6 +48,16 @@ async def open_store(url: str, *, key: str | None = None) -> LightningStore:
     raise InvalidInputError(
         f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///path.db, memory:// or http://host:port"
     )
+
+
+def _deltas_option(url: str) -> tuple[str, bool]:
+    """The URL without a trailing `?deltas=on|off`, and that option (on by default)."""
+    if url.startswith("http") or "?" not in url:
+        return url, True
+    base, query = url.rsplit("?", 1)
+    if query in ("deltas=on", "deltas=off"):
+        return base, query == "deltas=on"
+    return url, True  # a file name with a "?" in it
 
 
 def db_url(db: str) -> str:

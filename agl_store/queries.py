@@ -99,6 +99,8 @@ class SpanQuery(Paging):
     name_contains: str | None = None
     filter_logic: FilterLogic = "and"
     sort_by: str | None = "sequence_id"
+    compact: bool = False
+    """LLM calls stored as deltas come as their delta plus `agl.delta` (docs/spans.md)."""
 
 
 class ResourcesQuery(Paging):

@@ -156,6 +156,16 @@ def extends(prompt_ids: Sequence[int], previous_prompt: Sequence[int], previous_
     return _equal(prompt_ids[p : p + r], previous_response) and _equal(prompt_ids[:p], previous_prompt)
 
 
+def _continues(call: LLMCall, previous: LLMCall) -> bool:
+    """Whether the store says `call` extends `previous`'s whole context (a compact read's
+    `LLMCall.extends`): then `extends` holds without comparing the ids."""
+    return call.extends is not None and call.extends == (
+        previous.span_id,
+        previous.choice_position,
+        len(previous.prompt_ids) + len(previous.response_ids),
+    )
+
+
 def transition_rows(
     trace: RolloutTrace, limits: Limits, tokenizer: Detokenizer | None = None
 ) -> tuple[list[Row], list[PrefixBreak]]:
@@ -236,7 +246,7 @@ def trajectory_rows(
             segment = _Segment(turn_index, call)
             continue
         previous = segment.last_call
-        if extends(call.prompt_ids, previous.prompt_ids, previous.response_ids):
+        if _continues(call, previous) or extends(call.prompt_ids, previous.prompt_ids, previous.response_ids):
             segment.merge(call)
             continue
         if call.span_id and call.span_id == previous.span_id:

@@ -22,6 +22,7 @@ from typing import Any
 from agl_store import call_span
 from agl_store.base import LightningStore
 from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE, Span
+from agl_store.packed_attributes import MIN_PACKED_LENGTH
 
 AGL_03_PRIMARY_REWARD = "agentlightning.reward.0.value"
 """Where agent-lightning 0.3's `emit_reward` puts the primary reward (flattened OTLP attribute)."""
@@ -51,6 +52,11 @@ class LLMCall:
     span_id: str = ""
     choice_index: int = 0
     finish_reason: str | None = None
+    choice_position: int = 0
+    """Where the choice sits in the span's `agl.choices` (`choice_index` is what it says)."""
+    extends: tuple[str, int | None, int] | None = None
+    """From a compact read (`call_span.DELTA`): (span id, choice position, n) of the call whose
+    context's first n ids begin this prompt; the rest of the prompt is new."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,63 @@ def _logprob_list(value: Any, n_tokens: int) -> list[float] | None:
     return list(map(float, value))
 
 
+class _DeltaPrompts:
+    """Whole prompt ids of the calls of a compact read (`query_spans(..., compact=True)`): a
+    call with `call_span.DELTA` holds only what it adds to its parent's context."""
+
+    def __init__(self, spans: Sequence[Span]) -> None:
+        self._spans = {span.span_id: span for span in spans if span.name == call_span.NAME}
+        self._prompts: dict[int, Sequence[int] | None] = {}  # by id(span): hand-built spans may share span ids
+
+    def extends(self, span: Span) -> tuple[str, int | None, int] | None:
+        delta = span.attributes.get(call_span.DELTA)
+        if not isinstance(delta, dict) or not isinstance(delta.get("prefix"), int):
+            return None
+        return (delta["parent"], delta["choice"], delta["prefix"])
+
+    def prompt(self, span: Span) -> Sequence[int] | None:
+        """The span's whole prompt ids (as `_int_list` checks them), or None."""
+        known = self._prompts.get(id(span), False)
+        if known is not False:
+            return known  # type: ignore[return-value]
+        self._prompts[id(span)] = None  # a cycle (never written by a store) reads as no ids
+        own = span.attributes.get(call_span.PROMPT_TOKEN_IDS)
+        reference = self.extends(span)
+        whole: Sequence[int] | None = None
+        if reference is None:
+            whole = _int_list(own)
+        else:
+            parent_id, choice, prefix = reference
+            parent = self._spans.get(parent_id)
+            parent_prompt = self.prompt(parent) if parent is not None else None
+            if parent is not None and parent_prompt is not None and (type(own) is array or isinstance(own, list)):
+                whole = _int_list(_joined(parent_prompt, _choice_ids(parent, choice), prefix, own))
+        self._prompts[id(span)] = whole
+        return whole
+
+
+def _choice_ids(span: Span, position: int | None) -> Sequence[int]:
+    choices = span.attributes.get(call_span.CHOICES)
+    if position is None or not isinstance(choices, list) or not 0 <= position < len(choices):
+        return []
+    ids = choices[position].get("token_ids") if isinstance(choices[position], dict) else None
+    return ids if type(ids) is array or isinstance(ids, list) else []
+
+
+def _joined(prompt: Sequence[int], choice: Sequence[int], prefix: int, tail: Sequence[int]) -> Sequence[int]:
+    """The first `prefix` ids of prompt + choice, then `tail`: an `array('i')` when the tail
+    came as one (packed on the wire) and the result is long enough to have been packed, as a
+    whole span's prompt would have come; else a list."""
+    head = prompt[:prefix]
+    rest = choice[: max(0, prefix - len(prompt))]
+    if type(tail) is array and len(head) + len(rest) + len(tail) >= MIN_PACKED_LENGTH:
+        joined = array("i", head) if type(head) is not array else head
+        joined.extend(rest)
+        joined.extend(tail)
+        return joined
+    return [*head, *rest, *tail]
+
+
 def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, int]]:
     """The trainable LLM calls among `spans`, in sequence order, and the skipped-call counts.
 
@@ -110,14 +173,16 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
     """
     calls: list[LLMCall] = []
     skipped: Counter[str] = Counter()
-    for span in _sorted_by_sequence(spans):
+    ordered = _sorted_by_sequence(spans)
+    prompts = _DeltaPrompts(ordered)
+    for span in ordered:
         if span.name != call_span.NAME:
             continue
         if span.status.status_code == "ERROR":
             skipped[SKIP_ERROR] += 1
             continue
         attributes = span.attributes
-        prompt_ids = _int_list(attributes.get(call_span.PROMPT_TOKEN_IDS))
+        prompt_ids = prompts.prompt(span)
         if prompt_ids is None:
             skipped[SKIP_NO_PROMPT_IDS] += 1
             continue
@@ -140,6 +205,8 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
                     span_id=span.span_id,
                     choice_index=choice["index"] if isinstance(choice.get("index"), int) else position,
                     finish_reason=choice.get("finish_reason"),
+                    choice_position=position,
+                    extends=prompts.extends(span),
                 )
             )
     return calls, dict(skipped)
@@ -208,14 +275,16 @@ async def read_rollout(
     A rollout without attempts gives a trace with no calls (and the fill reward), so the
     trainer can still count it. Unknown rollouts raise the store's `NotFoundError`.
     """
-    attempt = await store.get_latest_attempt(rollout_id)
-    if attempt is None:
-        return trace_from_spans(rollout_id, [], uid=uid, reward_fillna_value=reward_fillna_value)
-    spans = await store.query_spans(rollout_id, attempt.attempt_id)
-    return trace_from_spans(
-        rollout_id,
-        spans,
-        uid=uid,
-        reward_fillna_value=reward_fillna_value,
-        attempt_id=attempt.attempt_id,
-    )
+    # One request: the latest attempt's spans name the attempt. Compact: a call stored as a
+    # delta comes as its delta, and its prompt is rebuilt here from the parent's (in this same
+    # read) by copying memory, not sent and parsed whole again.
+    spans = await store.query_spans(rollout_id, "latest", compact=True)
+    if spans:
+        attempt_id = spans[0].attempt_id
+    else:  # no spans yet, no attempt yet, or no such rollout (NotFoundError)
+        attempt = await store.get_latest_attempt(rollout_id)
+        if attempt is None:
+            return trace_from_spans(rollout_id, [], uid=uid, reward_fillna_value=reward_fillna_value)
+        attempt_id = attempt.attempt_id
+        spans = await store.query_spans(rollout_id, attempt_id, compact=True)
+    return trace_from_spans(rollout_id, spans, uid=uid, reward_fillna_value=reward_fillna_value, attempt_id=attempt_id)

@@ -36,6 +36,7 @@ from .config import trainer_settings
 from .dataset import INPUT_KEY
 from .hooks import run_startup_hooks
 from .proxy_control import ProxyControl, pause_for_update, publish_replicas
+from .retention import after_checkpoint
 from .runner.dispatch import RolloutDispatcher
 from .runner.factory import make_runner
 from .runner.groups import GroupTracker
@@ -364,6 +365,7 @@ class AglTrainer(RayPPOTrainer):
                 # As verl: saved while the replicas sleep, before update_weights wakes them.
                 with marked_timer("save_checkpoint", timing_raw):
                     self._save_checkpoint()
+                    self._loop.run(after_checkpoint(self._store, self.config.agentlightning, self._tracker))
             with marked_timer("update_weights", timing_raw):
                 self.checkpoint_manager.update_weights(self.global_steps)
             self._loop.run(self.proxy.resume())

@@ -53,7 +53,11 @@ def _chunks(model: str) -> list[bytes]:
     return out
 
 
-async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+MODELS = b'{"object": "list", "data": [{"id": "bench", "object": "model"}]}'
+
+
+async def request_body(scope, receive, send) -> bytes | None:  # type: ignore[no-untyped-def]
+    """The POST body of an HTTP request; None once a lifespan or a GET (the model list) is answered."""
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
@@ -61,7 +65,7 @@ async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
-                return
+                return None
     body = b""
     while True:
         message = await receive()
@@ -69,9 +73,15 @@ async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         if not message.get("more_body"):
             break
     if scope["method"] == "GET":
-        payload = b'{"object": "list", "data": [{"id": "bench", "object": "model"}]}'
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": payload})
+        await send({"type": "http.response.body", "body": MODELS})
+        return None
+    return body
+
+
+async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    body = await request_body(scope, receive, send)
+    if body is None:
         return
     request = json.loads(body or b"{}")
     model = request.get("model", "bench")

@@ -21,6 +21,15 @@ Baselines in the same run: `before: read (HTTP, lists, 1 at a time)`, `before: a
 before (token ids as Python lists, one rollout after the other), and `read (in process,
 lists)`: the `SQLiteStore` itself (the embedded store).
 
+The store keeps LLM calls as deltas of earlier calls (docs/spans.md), and the trainer reads
+them compactly (`query_spans(..., compact=True)`). In the same run, the same rollouts are also
+written to a second server whose store keeps every span whole (`?deltas=off`, the storage
+before deltas) and read the way the trainer read it then: `whole: read (HTTP)` and `whole:
+aggregate`, with arrays and 8 reads in flight as above; `whole spans from deltas: read (HTTP)` is
+a reader of whole spans on the deltas store (the server rebuilds each call). The summary line
+compares read + aggregate, whole / compact, measured alternately within each repeat (the
+`alternated` lines), as the two stores' other lines run at different moments.
+
 `agl total` = read (HTTP) + aggregate + tensorize, the trainer's own time per step (`before:
 total` the same with the baselines). Beside it,
 the baseline every step pays anyway: the rollouts' generation, stated (not measured here: no
@@ -81,9 +90,13 @@ async def fill(store: Any, rollouts: int, turns: int, tokens: int) -> list[Group
     return groups
 
 
-async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> tuple[float, Any]:
-    """Median wall seconds of `await fn()` over `repeats` runs, and its last result."""
+async def timed(fn: Callable[[], Awaitable[Any]], repeats: int, *, warm_up: bool = False) -> tuple[float, Any]:
+    """Median wall seconds of `await fn()` over `repeats` runs, and its last result. With
+    `warm_up`, one untimed run first: each read path then finds the server's caches as a
+    trainer does, which reads rollouts just written (else the first path measured pays them)."""
     times, result = [], None
+    if warm_up:
+        await fn()
     for _ in range(repeats):
         # The previous run's result goes first, as a trainer holds one step's batch at a time:
         # kept alive, two ~600 MB tensor batches coexist and the run pays for fresh pages.
@@ -94,11 +107,42 @@ async def timed(fn: Callable[[], Awaitable[Any]], repeats: int) -> tuple[float, 
     return statistics.median(times), result
 
 
+class WholeSpans:
+    """A store as the trainer read it before compact reads: every span whole."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    async def get_latest_attempt(self, rollout_id: str) -> Any:
+        return await self.store.get_latest_attempt(rollout_id)
+
+    async def query_spans(self, *args: Any, compact: bool = False, **kwargs: Any) -> Any:
+        return await self.store.query_spans(*args, **kwargs)
+
+
+async def measure_whole(url: str, groups: Sequence[Group], repeats: int, prefix: str) -> dict[str, float]:
+    """Read + aggregate of whole spans, as the trainer did before compact reads."""
+    stages: dict[str, float] = {}
+    async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
+        stages[f"{prefix}read (HTTP)"], traces = await timed(
+            lambda: read_succeeded(WholeSpans(client), groups, 0.0),  # type: ignore[arg-type]
+            repeats,
+            warm_up=True,
+        )
+
+    async def rows() -> Any:
+        return aggregate(traces, "trajectory", LIMITS)
+
+    if prefix == "whole: ":
+        stages[f"{prefix}aggregate"], _ = await timed(rows, repeats)
+    return stages
+
+
 async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int) -> dict[str, float]:
     """The trainer's path first, then the baselines (so its numbers see a heap without theirs)."""
     stages: dict[str, float] = {}
     async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
-        stages["read (HTTP)"], traces = await timed(lambda: read_succeeded(client, groups, 0.0), repeats)
+        stages["read (HTTP)"], traces = await timed(lambda: read_succeeded(client, groups, 0.0), repeats, warm_up=True)
 
     async def rows() -> Any:
         return aggregate(traces, "trajectory", LIMITS)
@@ -146,14 +190,54 @@ async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int
     return {**stages, **counts}
 
 
+async def read_and_aggregate(url: str, groups: Sequence[Group], whole: bool) -> float:
+    """Seconds to read `groups` (whole spans, or compactly) and build their trajectory rows."""
+    async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
+        store: Any = WholeSpans(client) if whole else client
+        start = time.perf_counter()
+        traces = await read_succeeded(store, groups, 0.0)
+        aggregate(traces, "trajectory", LIMITS)
+        return time.perf_counter() - start
+
+
+async def compare(
+    urls: tuple[str, str], groups: tuple[Sequence[Group], Sequence[Group]], repeats: int
+) -> dict[str, float]:
+    """Read + aggregate of whole spans (the store without deltas) and of compact spans (the
+    store with deltas), alternated within each repeat after one untimed round, so that a load
+    that comes and goes on a shared machine falls on both."""
+    times: dict[str, list[float]] = {"whole": [], "compact": []}
+    for repeat in range(repeats + 1):
+        for name, url, group in (("whole", urls[0], groups[0]), ("compact", urls[1], groups[1])):
+            seconds = await read_and_aggregate(url, group, whole=name == "whole")
+            if repeat:
+                times[name].append(seconds)
+    return {
+        "whole: read + aggregate, alternated": statistics.median(times["whole"]),
+        "compact: read + aggregate, alternated": statistics.median(times["compact"]),
+    }
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    db_path = workdir / "agl.db"
-    with agl_server(db_path, workdir / "server.log") as (url, _):
-        log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url}")
+    whole_db, db_path = workdir / "whole.db", workdir / "agl.db"
+    with (
+        agl_server(f"sqlite:///{whole_db}?deltas=off", workdir / "whole-server.log") as (whole_url, _),  # type: ignore[arg-type]
+        agl_server(db_path, workdir / "server.log") as (url, _),
+    ):
+        async with LightningStoreClient(whole_url, retries=0, timeout=600.0) as client:
+            log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {whole_url} (whole)")
+            whole_groups = await fill(client, args.rollouts, args.turns, args.tokens)
         async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
+            log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url}")
             groups = await fill(client, args.rollouts, args.turns, args.tokens)
         log(f"measuring (median of {args.repeats})")
-        return await measure(url, db_path, groups, args.repeats)
+        stages = await measure(url, db_path, groups, args.repeats)
+        stages.update(await measure_whole(url, groups, args.repeats, "whole spans from deltas: "))
+        stages.update(await measure_whole(whole_url, whole_groups, args.repeats, "whole: "))
+        stages.update(await compare((whole_url, url), (whole_groups, groups), args.repeats))
+    stages["_whole_db_bytes"] = float(whole_db.stat().st_size)
+    stages["_deltas_db_bytes"] = float(db_path.stat().st_size)
+    return stages
 
 
 def generated_tokens(turns: int, tokens: int) -> int:
@@ -177,7 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="agl-trainer-bench-") as tmp:
         stages = asyncio.run(run(args, Path(tmp)))
-    rows, calls, tokens = (int(stages.pop(key)) for key in ("_rows", "_calls", "_tokens"))
+    rows, calls, tokens, whole_bytes, deltas_bytes = (
+        int(stages.pop(key)) for key in ("_rows", "_calls", "_tokens", "_whole_db_bytes", "_deltas_db_bytes")
+    )
     generated = generated_tokens(args.turns, args.tokens)
     rollout_s = generated / args.decode_tokens_per_s
     results = {
@@ -212,6 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"before / now = {stages['before: total'] / total:.2f}; "
         f"target agl total < 2 s for 1,000 rollouts: {'ok' if total < 2 * args.rollouts / 1000 else 'MISS'}"
     )
+    compact = stages["compact: read + aggregate, alternated"]
+    before = stages["whole: read + aggregate, alternated"]
+    print(
+        f"read + aggregate: whole spans {before:.3f} s, compact {compact:.3f} s, whole / compact = "
+        f"{before / compact:.2f}; database {whole_bytes / 1e6:.1f} MB whole, {deltas_bytes / 1e6:.1f} MB with deltas"
+    )
+    results["database_bytes"] = {"whole": whole_bytes, "deltas": deltas_bytes}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

@@ -33,10 +33,19 @@ class PagedQuery:
         self.order, self.limit, self.offset = order, limit, offset
 
 
-def run_paged(conn: sqlite3.Connection, query: PagedQuery, decode: Callable[[Any], T]) -> Page[T]:
+def run_paged(
+    conn: sqlite3.Connection,
+    query: PagedQuery,
+    decode: Callable[[Any], T],
+    complete: Callable[[sqlite3.Connection, list[Any]], list[Any]] | None = None,
+) -> Page[T]:
+    """The page's rows through `complete` (in the same snapshot: reads of other rows they
+    need), then each through `decode`."""
     rows = conn.execute(
         query.select + query.where + query.order + " LIMIT ? OFFSET ?", (*query.params, query.limit, query.offset)
     ).fetchall()
+    if complete is not None:
+        rows = complete(conn, rows)
     total = page_total(len(rows), query.limit, query.offset)
     if total is None:
         total = conn.execute(query.count + query.where, query.params).fetchone()[0]

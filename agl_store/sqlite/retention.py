@@ -37,8 +37,9 @@ def delete_finished(txn: Txn, ids: list[str], max_spans: int) -> tuple[int, int]
     `max_spans` spans: one bounded transaction of a longer deletion. Returns how many of
     `ids` are done (a prefix) and how many rollouts this removed.
 
-    Spans go first and the rollout last, so an interrupted deletion leaves a finished
-    rollout with fewer spans, which the next delete or expire finishes.
+    Spans go first, newest first, and the rollout last, so an interrupted deletion leaves a
+    finished rollout with fewer spans, which the next delete or expire finishes, and never a
+    span stored as a delta without the earlier call it names.
     """
     conn = txn.conn
     budget = max_spans
@@ -46,7 +47,7 @@ def delete_finished(txn: Txn, ids: list[str], max_spans: int) -> tuple[int, int]
     for rollout_id in ids[:MAX_ROLLOUTS_PER_CHUNK]:
         if budget > 0:
             budget -= conn.execute(
-                "DELETE FROM spans WHERE pk IN (SELECT pk FROM spans WHERE rollout_id = ? LIMIT ?)",
+                "DELETE FROM spans WHERE pk IN (SELECT pk FROM spans WHERE rollout_id = ? ORDER BY pk DESC LIMIT ?)",
                 (rollout_id, budget),
             ).rowcount
         if budget <= 0 and fetchone(conn, "SELECT 1 FROM spans WHERE rollout_id = ? LIMIT 1", (rollout_id,)):

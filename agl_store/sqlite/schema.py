@@ -183,6 +183,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE UNIQUE INDEX rollouts_by_create_key ON rollouts (create_key) WHERE create_key IS NOT NULL",
         ),
     ),
+    (
+        "0006_span_deltas",
+        (
+            # An LLM call stored as a delta of an earlier call of its attempt (`deltas.py`):
+            # `base_pk` is that call's row, `delta` how to rebuild this one from it, `stamp` a
+            # value unique to each call row, so the writer's in-memory index can be checked
+            # against the row. Rows written before have NULLs: whole, and never parents.
+            "ALTER TABLE spans ADD COLUMN base_pk INTEGER",
+            "ALTER TABLE spans ADD COLUMN delta BLOB",
+            "ALTER TABLE spans ADD COLUMN stamp BLOB",
+        ),
+    ),
 )
 """Every schema change, oldest first. Append only; never edit a released one."""
 
@@ -256,6 +268,8 @@ SPAN_COLUMNS = (
     "rollout_id, attempt_id, sequence_id, trace_id, span_id, parent_id, name, start_time, end_time, "
     "status_code, attributes, tokens, rest"
 )
+STORED_SPAN_COLUMNS = SPAN_COLUMNS + ", pk, base_pk, delta"
+"""What span reads select: `SPAN_COLUMNS`, then what `deltas.materialise` needs."""
 WORKER_COLUMNS = (
     "worker_id, status, heartbeat_stats, last_heartbeat_time, last_dequeue_time, last_busy_time, "
     "last_idle_time, current_rollout_id, current_attempt_id"

@@ -13,7 +13,7 @@ from ..transitions import check_rollout_mode, check_rollout_status, check_worker
 from .checks import as_list, check_logic, check_number, check_paging, check_sort
 from .paged import PagedQuery, joined, where_sql
 from .rollout_pages import RolloutPageQuery, rollout_page_query
-from .schema import ATTEMPT_COLUMNS, RESOURCES_COLUMNS, SPAN_COLUMNS, WORKER_COLUMNS
+from .schema import ATTEMPT_COLUMNS, RESOURCES_COLUMNS, STORED_SPAN_COLUMNS, WORKER_COLUMNS
 
 
 def order_by(table: str | None, sort_by: str | None, allowed: frozenset[str], sort_order: Any, *, default: str) -> str:
@@ -112,7 +112,7 @@ def select_spans(query: SpanQuery) -> PagedQuery:
         must += " AND attempt_id = ?"
         must_params.append(attempt_id)
     return paged(
-        select=f"SELECT {SPAN_COLUMNS} FROM spans",
+        select=f"SELECT {STORED_SPAN_COLUMNS} FROM spans",
         count="SELECT count(*) FROM spans",
         where=must + (f" AND ({optional})" if optional else ""),
         params=[*must_params, *where.params],

@@ -8,10 +8,13 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
+import orjson
+
 from ..bounds import MAX_INTEGER
 from ..errors import ConflictError, NotFoundError
 from ..models import LATEST_ATTEMPT, Span
 from .attempts import resolve_attempt_id
+from .deltas import DeltaIndex, DeltaWriter
 from .rollouts import move_rollout, rollout_columns
 from .schema import SPAN_COLUMNS
 from .transactions import Txn, fetchone
@@ -109,14 +112,15 @@ def _issue_sequence_ids(conn: sqlite3.Connection, wanted: list[tuple[str, int | 
     return issued
 
 
-_SPAN_ROW_SQL = "(" + ", ".join("?" * len(SPAN_COLUMNS.split(","))) + ")"
+_INSERTED_COLUMNS = SPAN_COLUMNS + ", pk, base_pk, delta, stamp"
+_SPAN_ROW_SQL = "(" + ", ".join("?" * len(_INSERTED_COLUMNS.split(","))) + ")"
 
 
-_INSERT_SPANS = f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES "
+_INSERT_SPANS = f"INSERT OR IGNORE INTO spans ({_INSERTED_COLUMNS}) VALUES "
 
 
 ROWS_PER_INSERT = 256
-"""Span rows per INSERT statement (13 parameters each, well under SQLite's 32,766)."""
+"""Span rows per INSERT statement (17 parameters each, well under SQLite's 32,766)."""
 
 
 def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
@@ -135,7 +139,12 @@ def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
     return inserted
 
 
-def add_spans(txn: Txn, encoded: list[EncodedSpan]) -> list[Span]:
+_NOT_DELTA = (None, None, None, None)
+
+
+def add_spans(txn: Txn, encoded: list[EncodedSpan], deltas: DeltaIndex | None = None) -> list[Span]:
+    """Store spans (duplicates ignored); with `deltas`, LLM calls as deltas of earlier calls
+    of their attempt (`agl_store.sqlite.deltas`)."""
     conn = txn.conn
     _resolve_latest_attempts(conn, encoded)
     pairs = [(e.span.rollout_id, e.span.attempt_id) for e in encoded]
@@ -144,9 +153,17 @@ def add_spans(txn: Txn, encoded: list[EncodedSpan]) -> list[Span]:
     issued = _issue_sequence_ids(conn, [(e.span.rollout_id, e.span.sequence_id) for e in encoded])
     rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued, strict=False)]
 
-    if len(rows) == 1:
+    if deltas is not None and len(rows) == 1:
+        rows, keep = _one_as_delta(conn, deltas, encoded[0].span.attributes, rows[0])
+    elif deltas is not None:
+        keep = _new_spans(conn, rows)
+        rows = _as_deltas(conn, deltas, [e.span.attributes for e in encoded], rows, keep)
+        _insert_rows(conn, [row for row, ok in zip(rows, keep, strict=True) if ok])
+    elif len(rows) == 1:
+        rows = [rows[0] + _NOT_DELTA]
         keep = [_insert_rows(conn, rows) == 1]
     else:
+        rows = [row + _NOT_DELTA for row in rows]
         keep = _insert_many(conn, rows)
 
     stored = []
@@ -160,6 +177,68 @@ def add_spans(txn: Txn, encoded: list[EncodedSpan]) -> list[Span]:
         if pair in states:
             _on_heartbeat(txn, pair, states[pair])
     return stored
+
+
+def _new_spans(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[bool]:
+    """Which rows are not duplicates of a stored span or of an earlier row: the ones an
+    insert keeps. Known before inserting, so a delta never names a row that was ignored."""
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        wanted.setdefault((row[0], row[1]), []).append(row[4])
+    known: set[tuple[str, str, str]] = set()
+    for (rollout_id, attempt_id), span_ids in wanted.items():
+        known.update(
+            (rollout_id, attempt_id, span_id)
+            for (span_id,) in conn.execute(
+                "SELECT span_id FROM spans WHERE rollout_id = ? AND attempt_id = ? "
+                "AND span_id IN (SELECT value FROM json_each(?))",
+                (rollout_id, attempt_id, orjson.dumps(span_ids)),
+            )
+        )
+    keep = []
+    for row in rows:
+        key = (row[0], row[1], row[4])
+        keep.append(key not in known)
+        known.add(key)
+    return keep
+
+
+def _one_as_delta(
+    conn: sqlite3.Connection, index: DeltaIndex, given: dict[str, Any], row: tuple[Any, ...]
+) -> tuple[list[tuple[Any, ...]], list[bool]]:
+    """`_as_deltas` of one row, in one statement: its parent is a stored call, so the row may
+    be a duplicate (ignored) and takes its pk from the insert."""
+    writer = DeltaWriter(conn, index)
+    key = (row[0], row[1])
+    (attributes, tokens, base_pk, delta, stamp), candidate = writer.encode(key, given, row[10], row[11], None)
+    full = (*row[:10], attributes, tokens, row[12], None, base_pk, delta, stamp)
+    cursor = conn.execute(_INSERT_SPANS + _SPAN_ROW_SQL, full)
+    inserted = cursor.rowcount == 1
+    if inserted and candidate is not None and cursor.lastrowid is not None:
+        writer.remember(key, candidate, cursor.lastrowid)
+    return [full], [inserted]
+
+
+def _as_deltas(
+    conn: sqlite3.Connection,
+    index: DeltaIndex,
+    span_attributes: list[dict[str, Any]],
+    rows: list[tuple[Any, ...]],
+    keep: list[bool],
+) -> list[tuple[Any, ...]]:
+    """The rows with their pk assigned and, for calls, stored as deltas where they can be."""
+    next_pk = conn.execute("SELECT coalesce(max(pk), 0) + 1 FROM spans").fetchone()[0]
+    writer = DeltaWriter(conn, index)
+    out = []
+    for given, row, ok in zip(span_attributes, rows, keep, strict=True):
+        if not ok:
+            out.append(row + _NOT_DELTA)
+            continue
+        key = (row[0], row[1])
+        (attributes, tokens, base_pk, delta, stamp), _ = writer.encode(key, given, row[10], row[11], next_pk)
+        out.append((*row[:10], attributes, tokens, row[12], next_pk, base_pk, delta, stamp))
+        next_pk += 1
+    return out
 
 
 def _resolve_latest_attempts(conn: sqlite3.Connection, encoded: list[EncodedSpan]) -> None:

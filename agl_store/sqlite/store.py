@@ -68,6 +68,7 @@ from .checks import (
     new_rollout,
     validate,
 )
+from .deltas import DeltaIndex, compact, materialise
 from .paged import run_paged
 from .resources import get_resources, put_resources
 from .rollout_pages import read_rollout_page
@@ -113,6 +114,9 @@ class SQLiteStore(LightningStore):
             (an in-memory store reads on its one connection).
         retention_chunk_spans: the most spans one transaction of `delete_rollouts` or
             `expire_rollouts` removes; other calls run between these transactions.
+        deltas: store an LLM call that extends an earlier call of its attempt as a delta of
+            it (`agl_store.sqlite.deltas`); readers see whole spans either way. False stores
+            every span whole (for comparing; a database may hold both kinds).
     """
 
     name = "SQLiteStore"
@@ -126,6 +130,7 @@ class SQLiteStore(LightningStore):
         busy_timeout: float = 30.0,
         read_connections: int = 2,
         retention_chunk_spans: int = 500,
+        deltas: bool = True,
     ) -> None:
         if watchdog_interval <= 0:
             raise InvalidInputError(f"watchdog_interval must be > 0, got {watchdog_interval}")
@@ -142,6 +147,7 @@ class SQLiteStore(LightningStore):
         self.busy_timeout = busy_timeout
         self.read_connections = read_connections
         self.retention_chunk_spans = retention_chunk_spans
+        self._deltas = DeltaIndex() if deltas else None
         self._writer: ConnectionThread | None = None
         self._readers: ReaderPool | None = None
         self._closed = False
@@ -421,14 +427,14 @@ class SQLiteStore(LightningStore):
     # --- spans ---------------------------------------------------------------------------
 
     async def add_span(self, span: Span) -> Span | None:
-        stored = await self._write(add_spans, [encode_span(span, 0)])
+        stored = await self._write(add_spans, [encode_span(span, 0)], self._deltas)
         return stored[0] if stored else None
 
     async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
         encoded = [encode_span(span, index) for index, span in enumerate(spans)]
         if not encoded:
             return []
-        return await self._write(add_spans, encoded)
+        return await self._write(add_spans, encoded, self._deltas)
 
     async def add_packed_spans(self, spans: Sequence[Span], packed: Sequence[bytes | None]) -> Sequence[Span]:
         """Stores the checked blobs as they came, never unpacking them. Returns the stored
@@ -440,7 +446,7 @@ class SQLiteStore(LightningStore):
         ]
         if not encoded:
             return []
-        return await self._write(add_spans, encoded)
+        return await self._write(add_spans, encoded, self._deltas)
 
     async def add_otel_span(
         self,
@@ -464,7 +470,7 @@ class SQLiteStore(LightningStore):
         return await self.find_span_rows(query, span_from_row)
 
     async def find_span_rows(self, query: SpanQuery, decode: Callable[[Sequence[Any]], T]) -> Page[T]:
-        return await self._call(run_paged, select_spans(query), decode)
+        return await self._call(run_paged, select_spans(query), decode, compact if query.compact else materialise)
 
     # --- resources -------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ def test_config_yaml_sets_agls_keys_and_the_verl_defaults_that_run(config) -> No
             "trajectory_max_response_length": 8192,
         },
         "async_rollout": {"enabled": False, "async_train_batch_size": None},
+        "retention": {"keep_steps": None},
     }
     assert config.algorithm.enable_rollout_level_advantage is True
     assert config.algorithm.adv_estimator == "grpo"  # verl's default, gae, needs a critic

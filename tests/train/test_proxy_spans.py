@@ -99,7 +99,12 @@ async def test_a_token_in_agent_becomes_one_row_equal_to_what_vllm_returned(stac
     assert (row.n_calls, row.reward, aggregation.breaks) == (3, 1.0, [])
 
 
-async def test_a_chat_tool_agents_generated_tokens_are_trained_exactly_once(stack, tokenizer) -> None:
+async def tool_agent(
+    stack: Any, turns: int, tools: list[dict[str, Any]] | None = None
+) -> tuple[str, str, list[dict[str, Any]], list[tuple[list[int], list[int]]]]:
+    """A chat agent of `turns` calls through the proxy, each answered by a tool message: its
+    rollout and attempt ids, its messages, and each call's (prompt ids, generated ids) as vLLM
+    returned them, once the proxy has written the spans."""
     store, proxy = stack
     rollout = await store.start_rollout(input={"question": "weather"})
     rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
@@ -107,13 +112,20 @@ async def test_a_chat_tool_agents_generated_tokens_are_trained_exactly_once(stac
     messages: list[dict[str, Any]] = list(MESSAGES)
     returned: list[tuple[list[int], list[int]]] = []
     async with httpx.AsyncClient(timeout=120) as http:
-        for turn in range(3):
-            body = await post(http, url, {"model": "tiny", "messages": messages, "tools": TOOLS, "max_tokens": 8})
+        for turn in range(turns):
+            request = {"model": "tiny", "messages": messages, "max_tokens": 8, **({"tools": tools} if tools else {})}
+            body = await post(http, url, request)
             choice = body["choices"][0]
             returned.append((body["prompt_token_ids"], choice["token_ids"]))
             messages.append({"role": "assistant", "content": choice["message"].get("content") or ""})
             messages.append({"role": "user", "content": f"tool said: sunny, turn {turn}"})
-    await spans_settled(store, rid, 3)
+    await spans_settled(store, rid, turns)
+    return rid, aid, messages, returned
+
+
+async def test_a_chat_tool_agents_generated_tokens_are_trained_exactly_once(stack, tokenizer) -> None:
+    store, _ = stack
+    rid, _, _, returned = await tool_agent(stack, 3, TOOLS)
 
     trace = await read_rollout(store, rid, reward_fillna_value=-1.0)
     aggregation = aggregate([trace], "trajectory", WIDE, tokenizer=tokenizer)
@@ -126,3 +138,25 @@ async def test_a_chat_tool_agents_generated_tokens_are_trained_exactly_once(stac
     assert len(aggregation.breaks) == len(aggregation.rows) - 1
     for record in aggregation.breaks:  # the template re-renders or re-tokenizes earlier turns
         assert record.kind in {"template", "retokenized", "truncation", "other"}
+
+
+async def test_calls_through_the_proxy_are_stored_as_deltas_and_read_back_whole(stack, tmp_path) -> None:
+    import sqlite3
+
+    from agl_store.sqlite import SQLiteStore
+
+    store, _ = stack
+    rid, aid, messages, returned = await tool_agent(stack, 4)
+
+    spans = await store.query_spans(rid, aid)
+    assert [
+        (s.attributes["agl.prompt_token_ids"], s.attributes["agl.choices"][0]["token_ids"]) for s in spans
+    ] == returned
+    assert [s.attributes["agl.request"]["messages"] for s in spans][-1] == messages[:-2]
+    async with SQLiteStore(":memory:", deltas=False) as whole:  # what a store without deltas returns
+        copy = await whole.start_rollout(input={})
+        ids = {"rollout_id": copy.rollout_id, "attempt_id": copy.attempt.attempt_id}
+        await whole.add_many_spans([span.model_copy(update=ids) for span in spans])
+        assert [s.attributes for s in await whole.query_spans(copy.rollout_id)] == [s.attributes for s in spans]
+    with sqlite3.connect(tmp_path / "agl.db") as conn:
+        assert conn.execute("SELECT count(base_pk) FROM spans WHERE rollout_id = ?", (rid,)).fetchone()[0] >= 2
