@@ -51,6 +51,8 @@ class LLMCall:
     span_id: str = ""
     choice_index: int = 0
     finish_reason: str | None = None
+    sampling: Mapping[str, Any] | None = None
+    """What the proxy sent the backend (`agl.sampling`: temperature, top_p, top_k, max_tokens), if recorded."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
                     span_id=span.span_id,
                     choice_index=choice["index"] if isinstance(choice.get("index"), int) else position,
                     finish_reason=choice.get("finish_reason"),
+                    sampling=sampling if isinstance(sampling := attributes.get(call_span.SAMPLING), dict) else None,
                 )
             )
     return calls, dict(skipped)

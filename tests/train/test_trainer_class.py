@@ -169,9 +169,13 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         calls.append("rollouts")
         return StepData(data=batch, metrics={}, collected=Collected(groups=[], counts={}, carried_over=0))
 
-    async def pause(proxy):
+    async def pause(proxy, drain_timeout_s):
         calls.append("pause")
         return {}
+
+    async def publish():
+        calls.append("publish")
+        return "rs-1"
 
     class Proxy:
         async def resume(self):
@@ -195,6 +199,7 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
 
     monkeypatch.setattr(trainer_module, "pause_for_update", pause)
     monkeypatch.setattr(trainer, "_rollouts", rollouts)
+    monkeypatch.setattr(trainer, "_publish_replicas", publish)
     monkeypatch.setattr(trainer, "_compute_old_log_prob", old_log_prob)
     monkeypatch.setattr(trainer, "_update_actor", update_actor)
     monkeypatch.setattr(trainer, "_save_checkpoint", lambda: calls.append("save_checkpoint"))
@@ -213,6 +218,7 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         "update_actor",
         "save_checkpoint",
         "update_weights",
+        "publish",  # the new weight version, before the calls held during the update go
         "resume",
     ]
 
