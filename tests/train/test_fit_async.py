@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 STEPS = 4  # 8 prompts: the data ends after 4 steps, before trainer.total_training_steps
-CALL_TOKENS = 200  # long calls: the newest groups are mid-call when an update pauses the proxy
+CALL_TOKENS = 400  # long calls (of the 512 the tiny vLLM takes): some run on when an update pauses the proxy
 GRPO_ADVANTAGE = 0.5**0.5  # two rollouts with different rewards: ±(r1 − r2)/2 over their std (unbiased)
 
 
@@ -36,7 +36,7 @@ def run(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Run:
             proxy_url,
             out,
             [
-                "agentlightning.update_drain_timeout_seconds=0.2",
+                "agentlightning.update_drain_timeout_seconds=0.05",
                 f"actor_rollout_ref.rollout.response_length={CALL_TOKENS}",
                 "actor_rollout_ref.rollout.val_kwargs.n=2",
                 "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
