@@ -57,6 +57,12 @@ def test_an_async_batch_not_larger_than_the_train_batch_is_refused_by_the_constr
     assert trainer.runner_settings.groups_in_flight == 3
 
 
+def test_a_drain_bound_that_is_not_positive_is_refused(tokenizer) -> None:
+    assert build(tokenizer, []).drain_timeout_s == 60.0  # config.yaml's default
+    with pytest.raises(ValueError, match="agentlightning.update_drain_timeout_seconds must be a positive number"):
+        build(tokenizer, ["agentlightning.update_drain_timeout_seconds=0"])
+
+
 def test_kl_in_the_reward_is_refused(tokenizer) -> None:
     with pytest.raises(ValueError, match="use_kl_in_reward"):
         build(tokenizer, ["algorithm.use_kl_in_reward=true"])
