@@ -2,5 +2,6 @@
 
 from .errors import ProxyError
 from .proxy import LLMProxy
+from .settings import ProxySettings
 
-__all__ = ["LLMProxy", "ProxyError"]
+__all__ = ["LLMProxy", "ProxyError", "ProxySettings"]

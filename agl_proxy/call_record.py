@@ -73,7 +73,8 @@ def token_ids_status(response: dict[str, Any], request: dict[str, Any]) -> tuple
         return "missing", "no prompt_token_ids in the backend's answer"
     if not choices:
         return "missing", "no choices in the backend's answer"
-    lacking = [c.get("index", i) for i, c in enumerate(choices) if c.get("token_ids") is None]
+    # An assembled stream has an empty list where the backend sent no ids: missing when text came.
+    lacking = [c.get("index", i) for i, c in enumerate(choices) if not c.get("token_ids") and _generated(c)]
     if lacking:
         return "missing", f"no token_ids for choice(s) {lacking[:5]} in the backend's answer"
     usage = response.get("usage") or {}
@@ -83,10 +84,18 @@ def token_ids_status(response: dict[str, Any], request: dict[str, Any]) -> tuple
     if one_prompt and isinstance(prompt_tokens, int) and prompt_tokens != len(prompt_ids):
         return "mismatch", f"{len(prompt_ids)} prompt token ids but usage.prompt_tokens is {prompt_tokens}"
     completion_tokens = usage.get("completion_tokens")
-    generated = sum(len(c["token_ids"]) for c in choices)
+    generated = sum(len(c.get("token_ids") or ()) for c in choices)
     if isinstance(completion_tokens, int) and completion_tokens != generated:
         return "mismatch", f"{generated} response token ids but usage.completion_tokens is {completion_tokens}"
     return "ok", None
+
+
+def _generated(choice: dict[str, Any]) -> bool:
+    """The choice carries output (or says nothing of it: ids were due either way)."""
+    if choice.get("token_ids") is None:
+        return True
+    message = choice.get("message") or {}
+    return any((choice.get("text"), *(message.get(k) for k in ("content", "tool_calls", "reasoning_content"))))
 
 
 def _is_batch(prompt: Any) -> bool:

@@ -57,8 +57,8 @@ class PauseGate:
         self.cancelled_calls = 0
         self._calls: set[CallHandle] = set()
         self._drained: asyncio.Event | None = None
-        self._resumed = asyncio.Event()
-        self._resumed.set()
+        self._resumed: asyncio.Event | None = None
+        """Set by the resume; one per pause, made in the loop that serves it."""
 
     async def enter(self, client_gone: Callable[[], Awaitable[Any]] | None = None) -> CallHandle | None:
         """Admit a call and return its handle; while paused, hold it until the resume first.
@@ -88,6 +88,7 @@ class PauseGate:
                 if remaining <= 0:
                     self.refused_after_hold += 1
                     raise self._refusal(f"the proxy stayed paused{self._why()} for more than {self.hold_s:g} s")
+                assert self._resumed is not None
                 resumed = asyncio.ensure_future(self._resumed.wait())
                 waiting = {resumed} if gone is None else {resumed, gone}
                 try:
@@ -120,16 +121,18 @@ class PauseGate:
 
     def pause(self, reason: str | None = None) -> None:
         """Hold new calls; `reason` (cut to 200 characters) is repeated in every 429."""
+        if not self.paused:
+            self._resumed = asyncio.Event()
         self.paused = True
         self.reason = short_text(reason) if reason else None
         self.paused_at = time.time()
-        self._resumed.clear()
 
     def resume(self) -> None:
         self.paused = False
         self.reason = None
         self.paused_at = None
-        self._resumed.set()
+        if self._resumed is not None:
+            self._resumed.set()
 
     async def wait_drained(self, timeout: float | None = None) -> bool:
         """Wait until no call is in flight; False if `timeout` seconds passed first."""

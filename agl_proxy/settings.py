@@ -7,6 +7,7 @@ own arguments, not settings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,3 +42,15 @@ class ProxySettings:
     """Spans of answered calls that may wait for the store before new calls wait."""
     backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S
     """How long a new call waits for room in the span buffer before a 503."""
+
+    def __post_init__(self) -> None:
+        for name in ("hold_s", "retry_after_s", "cooldown_s", "backpressure_wait_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r:.50}")
+        if (
+            isinstance(self.max_span_buffer, bool)
+            or not isinstance(self.max_span_buffer, int)
+            or self.max_span_buffer < 1
+        ):
+            raise ValueError(f"max_span_buffer must be an integer >= 1, got {self.max_span_buffer!r:.50}")

@@ -46,7 +46,7 @@ ERROR = "agl.error"
 """A `CallError` on failure (the span's status is then ERROR), else None."""
 TOKEN_IDS_STATUS = "agl.token_ids.status"
 """On answered calls: `ok`, `missing` (prompt or a choice's ids absent) or `mismatch` (fewer or
-more ids than the backend's usage counts). Absent on calls that failed before an answer."""
+more ids than the backend's usage counts). Absent on failed calls, but for one refused for its ids."""
 TOKEN_IDS_CAUSE = "agl.token_ids.cause"
 """With `missing` or `mismatch`: why, in a short sentence."""
 SAMPLING = "agl.sampling"

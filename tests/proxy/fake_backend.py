@@ -43,6 +43,12 @@ class FakeBackend:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     """With mode `hang`, calls wait for this event (or forever)."""
     chunk_delay_s: float = 0.0
+    token_ids: str = "all"
+    """What `return_token_ids` gets: `all`, `none` (as a backend that ignores the flag) or
+    `short` (the last generated token's id left out, so fewer ids than usage counts)."""
+
+    def ids_asked(self, body: dict[str, Any]) -> bool:
+        return bool(body.get("return_token_ids")) and self.token_ids != "none"
 
     def prompt_ids(self, body: dict[str, Any]) -> list[int]:
         if "messages" in body:
@@ -118,10 +124,10 @@ class FakeBackend:
                         "tokens": WORDS,
                         "top_logprobs": None,
                     }
-                if body.get("return_token_ids"):
+                if self.ids_asked(body):
                     choice["prompt_token_ids"] = prompt_ids
-            if body.get("return_token_ids"):
-                choice["token_ids"] = word_ids(WORDS)
+            if self.ids_asked(body):
+                choice["token_ids"] = word_ids(WORDS)[: -1 if self.token_ids == "short" else None]
             choices.append(choice)
         response: dict[str, Any] = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{self.name}",
@@ -135,7 +141,7 @@ class FakeBackend:
                 "total_tokens": len(prompt_ids) + n * len(WORDS),
             },
         }
-        if chat and body.get("return_token_ids"):
+        if chat and self.ids_asked(body):
             response["prompt_token_ids"] = prompt_ids
         return response
 
@@ -147,7 +153,7 @@ class FakeBackend:
             "created": int(time.time()),
             "model": body["model"],
         }
-        with_ids = bool(body.get("return_token_ids"))
+        with_ids = self.ids_asked(body)
         if chat:
             first = {
                 **base,
@@ -187,9 +193,12 @@ class FakeBackend:
                     }
                     if with_ids and k == 0:
                         choice["prompt_token_ids"] = prompt_ids
-                if with_ids:
+                if with_ids and not (last and self.token_ids == "short"):
                     choice["token_ids"] = [ids[k]]
                 yield b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
             if self.chunk_delay_s:
                 await asyncio.sleep(self.chunk_delay_s)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": n * len(WORDS)}
+            yield b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
         yield b"data: [DONE]\n\n"

@@ -102,13 +102,14 @@ async def test_a_bad_sampling_body_is_400_naming_the_field_and_changes_nothing(
     assert (await http.get(proxy.url + "/proxy/sampling")).json() == before
 
 
-async def test_sampling_from_the_command_line(proxy_factory, backend, store, http) -> None:
+async def test_settings_from_the_command_line(proxy_factory, backend, store, http) -> None:
     args = build_parser().parse_args(
         ["proxy", "serve", "--backend", backend[1], "--model", "tiny"]
         + ["--sampling", "train.temperature=1", "--sampling", "val.temperature=0", "--sampling", "all.max_tokens=32"]
-        + ["--sampling-conflict", "refuse"]
+        + ["--sampling-conflict", "refuse", "--require-token-ids", "--hold", "30"]
     )
     settings = settings_from_args(args)
+    assert settings.require_token_ids and settings.hold_s == 30
     assert settings.sampling_by_mode == {
         "train": {"temperature": 1.0, "max_tokens": 32},
         "val": {"temperature": 0.0, "max_tokens": 32},
@@ -122,3 +123,12 @@ async def test_sampling_from_the_command_line(proxy_factory, backend, store, htt
     for bad in ("train.temperature", "prod.temperature=1", "train.seed=1", "train.temperature=hot"):
         with pytest.raises(ValueError, match="--sampling"):
             settings_from_args(build_parser().parse_args(["proxy", "serve", "--backend", "x", "--sampling", bad]))
+
+
+def test_settings_name_a_bad_value() -> None:
+    with pytest.raises(ValueError, match="hold_s must be a finite number >= 0"):
+        LLMProxy(hold_s=-1)
+    with pytest.raises(ValueError, match="sampling_by_mode.train.seed"):
+        LLMProxy(sampling_by_mode={"train": {"seed": 1}})
+    with pytest.raises(TypeError, match="hold"):
+        LLMProxy(hold=1)

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import math
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -100,7 +101,9 @@ async def test_one_key_alone_is_both_for_compatibility(proxy_factory, backend, h
     assert answer.status_code == 200 and proxy.admin_key == "k"
 
 
-async def test_store_routes_on_the_proxy_port_need_the_admin_key(backend, store, http) -> None:
+async def test_store_routes_on_the_proxy_port_need_the_admin_key_and_answer_in_the_stores_shape(
+    backend, store, http
+) -> None:
     from agl_store.server import create_app as create_store_app
 
     store_app = create_store_app(store.inner, key="admin-key", manage_store=False)
@@ -110,10 +113,18 @@ async def test_store_routes_on_the_proxy_port_need_the_admin_key(backend, store,
     await proxy.start()
     try:
         path = proxy.url + "/v1/agl/rollouts"
-        assert (await http.get(path, headers={"authorization": "Bearer agent-key"})).status_code == 401
+        refused = await http.get(path, headers={"authorization": "Bearer agent-key"})
         assert (await http.get(path, headers={"authorization": "Bearer admin-key"})).status_code == 200
+        missing = await http.get(path)
     finally:
         await proxy.stop()
+    # What `agl store serve` answers: {"error": {"code", "message"}}, not the proxy's OpenAI shape.
+    assert refused.status_code == missing.status_code == 401
+    assert refused.json()["error"]["code"] == missing.json()["error"]["code"] == "unauthorized"
+    assert "type" not in refused.json()["error"] and "admin key" in refused.json()["error"]["message"]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(store_app), base_url="http://127.0.0.1") as alone:
+        served_alone = await alone.get("/v1/agl/rollouts")
+    assert set(served_alone.json()["error"]) == set(missing.json()["error"]) == {"code", "message"}
 
 
 @pytest.mark.parametrize("api_base", ["file:///etc/passwd", "gopher://127.0.0.1:70/", "ftp://h/v1", "http:///v1"])
@@ -192,6 +203,7 @@ async def test_bearer_scheme_is_case_insensitive(proxy_factory, backend, http) -
         ({"drain": True, "timeout": [1]}, "timeout"),
         ({"drain": "yes"}, "drain"),
         ({"reason": ["x"]}, "reason"),
+        ({"drain": True, "cancel_after_drain_timeout": "yes"}, "cancel_after_drain_timeout"),
     ],
 )
 async def test_bad_pause_is_400_and_leaves_the_proxy_serving(proxy: LLMProxy, http, body: dict, field: str) -> None:

@@ -59,6 +59,7 @@ async def test_chat_stream_and_not_record_the_same_exact_ids(
     for span in (plain, streamed):
         choice = span.attributes["agl.choices"][0]
         assert len(choice["logprobs"]) == len(choice["token_ids"]) == span.attributes["gen_ai.usage.output_tokens"]
+        assert span.attributes["agl.token_ids.status"] == "ok"  # vLLM's ids agree with its usage
     assert [plain.sequence_id, streamed.sequence_id] == [1, 2]
 
 
@@ -77,6 +78,7 @@ async def test_completions_with_token_id_prompts(vllm_proxy, vllm_server, new_ro
     assert streamed.attributes["agl.choices"][0]["token_ids"] == plain.attributes["agl.choices"][0]["token_ids"]
     assert streamed.attributes["agl.response"]["choices"][0]["text"] == text == reply.choices[0].text
     assert len(plain.attributes["agl.choices"][0]["logprobs"]) == len(reply.choices[0].model_extra["token_ids"])
+    assert plain.attributes["agl.token_ids.status"] == streamed.attributes["agl.token_ids.status"] == "ok"
 
 
 async def test_langchain_agent_with_a_tool_conversation(vllm_proxy, vllm_server, new_rollout, store, tokenizer) -> None:

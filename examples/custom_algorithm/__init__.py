@@ -1,0 +1,1 @@
+"""A custom algorithm in Python: a store, an `LLMProxy`, rollouts, a tiny agent, and the token ids it leaves."""
