@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from agl_train.trainer import CARRIED_FILE
-from examples.lowercase_words.train import Run, running_proxy
+from examples.lowercase_words.train import running_proxy
 
-from .fit_runs import BATCH, IN_FLIGHT, N, async_overrides, fit, start_fit, unique_tasks
+from .fit_runs import BATCH, IN_FLIGHT, N, async_overrides, start_fit, unique_tasks
 from .test_fit_cpu import teacher_forced_logprobs
 
 pytestmark = [
@@ -36,7 +36,7 @@ LOGPROB_TOLERANCE = 1e-3
 
 @dataclass
 class Resumed:
-    resumed: Run
+    resumed: list[dict[str, Any]]  # the resumed run's metrics, one dict per step
     carried: dict[str, Any]
     checkpoint: Path
     db_path: Path
@@ -80,12 +80,16 @@ def runs(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Resumed:
             killed.kill()
             killed.wait()
         carried = json.loads((checkpoint / CARRIED_FILE).read_text())
-        resumed = fit(config, out / "resumed", tasks, unique_tasks(1), address)
-    return Resumed(resumed, carried, checkpoint, db_path=out / "agl.db", rows_dir=out / "rows")
+        # The same command again: verl's resume_mode=auto finds the checkpoint.
+        resumed = start_fit(config, out / "resumed", tasks, unique_tasks(1), address)
+        assert resumed.wait(timeout=CHECKPOINT_WAIT_S) == 0, (out / "resumed" / "trainer.log").read_text()[-3000:]
+    lines = (out / "resumed" / "metrics.jsonl").read_text().splitlines()
+    history = [{"step": record["step"], **record["data"]} for record in map(json.loads, lines)]
+    return Resumed(history, carried, checkpoint, db_path=out / "agl.db", rows_dir=out / "rows")
 
 
 def test_the_resumed_run_continues_after_the_checkpoint(runs: Resumed) -> None:
-    assert [int(m["step"]) for m in runs.resumed.history] == list(range(KILL_AFTER + 1, STEPS + 1))
+    assert [int(m["step"]) for m in runs.resumed] == list(range(KILL_AFTER + 1, STEPS + 1))
     # Groups in flight at the checkpoint are recorded by their rollouts, the rest of the draw as prompts.
     assert len(runs.carried["in_flight"]) == IN_FLIGHT - BATCH
     assert all(len(group["rollout_ids"]) == N for group in runs.carried["in_flight"])
