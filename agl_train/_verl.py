@@ -21,7 +21,11 @@ with warnings.catch_warnings():
     from verl.trainer.main_ppo_v0 import BaseTaskRunner
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.core_algos import AdvantageEstimator, agg_loss, get_policy_loss_fn, register_policy_loss
-    from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics
+    from verl.trainer.ppo.metric_utils import (
+        compute_data_metrics,
+        compute_throughout_metrics,
+        compute_timing_metrics,
+    )
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, Role, compute_advantage
     from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy, need_reward_model
     from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -58,6 +62,7 @@ __all__ = [
     "calculate_debug_metrics",
     "compute_advantage",
     "compute_data_metrics",
+    "compute_throughout_metrics",
     "compute_timing_metrics",
     "core_algos",
     "create_colocated_worker_cls",

@@ -3,8 +3,9 @@
 `ProxyControl` is built lazily from `agentlightning.agl_base_url`, `agl_key` and a 300 s
 timeout: constructing it opens nothing, the first call does. Per step the trainer registers
 the rollout engine's replicas with the proxy and publishes the proxy as the rollouts' LLM
-(`publish_replicas`), and around the weight update pauses the proxy, waits for the calls in
-flight to drain and reads its state (`pause_for_update`), then `resume()`s it.
+(`publish_replicas`), sets the sampling parameters every call runs with (`set_sampling`),
+and around the weight update pauses the proxy, waits (bounded) for the calls in flight to
+drain, cancelling those still running at the bound (`pause_for_update`), then `resume()`s it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ LLM_RESOURCE_NAME = "main_llm"
 
 
 class ProxyControlError(RuntimeError):
-    """The proxy answered with an error status, or could not be reached."""
+    """The proxy answered with an error status (`status_code`), or could not be reached (None)."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class ProxyControl:
@@ -75,7 +80,8 @@ class ProxyControl:
             raise ProxyControlError(f"{method} {self.base_url}{path} failed: {exc!r}") from exc
         if response.status_code >= 400:
             raise ProxyControlError(
-                f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:500]}"
+                f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:500]}",
+                response.status_code,
             )
         return response.json()
 
@@ -84,12 +90,20 @@ class ProxyControl:
         return await self._request("GET", "/proxy/state")
 
     async def pause(
-        self, reason: str = "weight update", *, drain: bool = True, timeout_s: float | None = None
+        self,
+        reason: str = "weight update",
+        *,
+        drain: bool = True,
+        timeout_s: float | None = None,
+        cancel_after_drain_timeout: bool = False,
     ) -> dict[str, Any]:
-        """Refuse new calls (429) and, with `drain`, wait until the calls in flight are done."""
+        """Hold new calls until `resume()` and, with `drain`, wait (up to `timeout_s`) until the
+        calls in flight are done; `cancel_after_drain_timeout` cancels those still running then."""
         body: dict[str, Any] = {"reason": reason, "drain": drain}
         if timeout_s is not None:
             body["timeout"] = timeout_s
+        if cancel_after_drain_timeout:
+            body["cancel_after_drain_timeout"] = True
         return await self._request("POST", "/proxy/pause", body)
 
     async def resume(self) -> dict[str, Any]:
@@ -99,6 +113,15 @@ class ProxyControl:
         """Replace the proxy's backends (LiteLLM `model_list` entries); returns the list it serves."""
         answer = await self._request("POST", "/proxy/model_list", {"model_list": [dict(e) for e in model_list]})
         return answer["model_list"]
+
+    async def set_sampling(
+        self, by_mode: Mapping[str, Mapping[str, Any]], *, on_conflict: str = "override"
+    ) -> dict[str, Any]:
+        """The sampling parameters the proxy sends to the backend for the calls of each rollout
+        mode (`{"train": {"temperature": 1.0, ...}, "val": {...}}`); with `on_conflict="override"`
+        they replace what an agent asked for."""
+        body = {"by_mode": {mode: dict(params) for mode, params in by_mode.items()}, "on_conflict": on_conflict}
+        return await self._request("POST", "/proxy/sampling", body)
 
     async def wait_spans_exported(self, timeout_s: float = 60.0, poll_s: float = 0.05) -> bool:
         """Wait until the proxy has no span left to write (so a finished rollout's spans are
@@ -152,13 +175,18 @@ async def publish_replicas(
     return update.resources_id
 
 
-async def pause_for_update(proxy: ProxyControl) -> dict[str, float]:
-    """Pause the proxy and wait until its calls in flight are done: the replicas may sleep and
-    take new weights next. New calls get 429 + Retry-After until `proxy.resume()`."""
-    paused = await proxy.pause("weight update", drain=True)  # the proxy's state once drained (or timed out)
+async def pause_for_update(proxy: ProxyControl, drain_timeout_s: float) -> dict[str, float]:
+    """Pause the proxy and wait up to `drain_timeout_s` until its calls in flight are done, then
+    cancel those still running: the replicas may sleep and take new weights next. New calls are
+    held by the proxy until `proxy.resume()`; a cancelled call fails its agent's request, and
+    the rollout ends as its agent and runner decide (failed rollouts are counted, not trained)."""
+    paused = await proxy.pause(
+        "weight update", drain=True, timeout_s=drain_timeout_s, cancel_after_drain_timeout=True
+    )  # the proxy's state once drained (or at the bound)
     return {
         "rollout/proxy_drained": float(bool(paused.get("drained"))),
         "rollout/proxy_in_flight_at_update": float(paused.get("in_flight", 0)),
+        "rollout/proxy_calls_cancelled_at_update": float(paused.get("cancelled", 0)),
     }
 
 

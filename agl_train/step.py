@@ -5,7 +5,10 @@
 (the tests run it on the CPU with the real store, proxy and a tiny vLLM): enqueue `n`
 rollouts per prompt → runners execute them → wait (`rollout_timeout_seconds`) → read spans →
 rows (trace aggregator) → advantage (rollout-level) → update cap → per-rollout normalisation.
-Failed and timed-out rollouts are dropped from the batch and counted.
+Failed and timed-out rollouts are dropped from the batch and counted; so are the rollouts of a
+step whose spans the proxy had not all exported in time (`SPAN_EXPORT_WAIT_S`), and the rows
+of rollouts whose calls did not run with the sampling parameters the actor assumes
+(`off_sampling`).
 
 Its second half is two functions a trainer can also call on traces it read itself:
 
@@ -23,13 +26,16 @@ finally normalises the advantage by rollout for `per_rollout_mean`.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from agl_store.base import LightningStore
 
@@ -47,8 +53,13 @@ from .verl_batch import (
     to_data_proto,
 )
 
+logger = logging.getLogger(__name__)
+
 WAIT_GRACE_S = 30.0
 """Extra wait past the rollout timeout: the runner kills at the timeout, then records the outcome."""
+SPAN_EXPORT_WAIT_S = 60.0
+"""How long a step waits for the proxy to write its buffered spans before it drops the step's
+rollouts (a rollout read before all its spans are written would train on a partial trace)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,8 @@ async def rollout_step(
     resources_id: str | None = None,
     proxy: ProxyControl | None = None,
     tokenizer: Detokenizer | None = None,
+    sampling: Mapping[str, Any] | None = None,
+    span_export_wait_s: float = SPAN_EXPORT_WAIT_S,
     **compute_advantage_kwargs: Any,
 ) -> StepData:
     """One step's data path, from new prompts to the batch that goes to the actor update.
@@ -113,9 +126,13 @@ async def rollout_step(
     the step then trains on the first `groups_to_train` groups to complete (default: as many
     as were submitted; in async mode `data.train_batch_size` while more stay in flight).
     Without async rollout, groups still unfinished after `rollout_timeout_s` (+ a grace) are
-    cancelled and counted as timed out. `proxy`, when given, is asked to flush its span buffer
-    before spans are read. `compute_advantage_kwargs` go to verl's
-    `compute_advantage` (e.g. `norm_adv_by_std_in_grpo`).
+    cancelled and counted as timed out. `proxy`, when given, is waited on (up to
+    `span_export_wait_s`) until its span buffer is written; past that the step's rollouts are
+    dropped (`rollout/n_dropped_spans_not_exported`, one warning). `sampling`, when given, is
+    what every trained call must have run with (see `off_sampling`); the rows of rollouts
+    with a call that did not are dropped from the update after the advantage
+    (`rollout/n_calls_off_sampling`, `training/n_rows_off_sampling`, one warning).
+    `compute_advantage_kwargs` go to verl's `compute_advantage` (e.g. `norm_adv_by_std_in_grpo`).
     """
     started = time.monotonic()
     if inputs:
@@ -127,12 +144,37 @@ async def rollout_step(
         abandoned = await tracker.abandon()
         metrics["rollout/n_timed_out"] += abandoned["timeout"]
         metrics["rollout/n_abandoned"] = float(abandoned["timeout"])
-    if proxy is not None:
-        await proxy.wait_spans_exported()
+    groups = collected.groups
+    metrics["rollout/n_dropped_spans_not_exported"] = 0.0
+    if proxy is not None and not await proxy.wait_spans_exported(timeout_s=span_export_wait_s):
+        # The buffer is the proxy's, not a rollout's: any of the step's rollouts may miss spans.
+        dropped = sum(len(group.succeeded()) for group in groups)
+        logger.warning(
+            "the proxy had not written all its spans after %g s: the %d rollouts of this step are dropped "
+            "(a partial trace would be trained as if it were the whole rollout)",
+            span_export_wait_s,
+            dropped,
+        )
+        metrics["rollout/n_dropped_spans_not_exported"] = float(dropped)
+        groups = []
 
-    traces = await read_succeeded(store, collected.groups, settings.reward_fillna_value)
+    traces = await read_succeeded(store, groups, settings.reward_fillna_value)
     data, aggregation = build_batch(traces, settings, pad_token_id, tokenizer)
     metrics.update({key: float(value) for key, value in aggregation.metrics.items()})
+    if sampling is not None:
+        off = off_sampling(traces, sampling)
+        metrics["rollout/n_calls_off_sampling"] = float(sum(off.values()))
+        metrics["training/n_rows_off_sampling"] = 0.0
+        if off:
+            logger.warning(
+                "%d calls of %d rollouts did not run with the sampling the actor assumes (%s): their rows are "
+                "not trained",
+                sum(off.values()),
+                len(off),
+                dict(sampling),
+            )
+            if data is not None:
+                metrics["training/n_rows_off_sampling"] = float(mark_rollouts_dropped(data, set(off)))
     if traces:
         rewards = [trace.reward for trace in traces]
         metrics["rollout/reward_mean"] = float(np.mean(rewards))
@@ -147,6 +189,43 @@ async def rollout_step(
     metrics.update(_token_metrics(data))
     metrics["timing_s/agl_rollout_step"] = time.monotonic() - started
     return StepData(data=data if data is not None and len(data) > 0 else None, metrics=metrics, collected=collected)
+
+
+def off_sampling(traces: Sequence[RolloutTrace], sampling: Mapping[str, Any]) -> dict[str, int]:
+    """Per rollout id, its calls that did not run with `sampling` (`LLMCall.sampling`: what the
+    proxy sent the backend): temperature, top_p and top_k must be equal (the actor's log-probs
+    assume them), `max_tokens` at most the cap (a shorter answer changes no ratio). A call that
+    does not say what it ran with counts too. Rollouts whose calls all match are left out."""
+    off: dict[str, int] = {}
+    for trace in traces:
+        count = sum(not _same_sampling(call.sampling, sampling) for call in trace.calls)
+        if count:
+            off[trace.rollout_id] = count
+    return off
+
+
+def _same_sampling(used: Mapping[str, Any] | None, expected: Mapping[str, Any]) -> bool:
+    if used is None:
+        return False
+    for key, want in expected.items():
+        got = used.get(key)
+        if key == "max_tokens":
+            if not isinstance(got, int) or got > want:
+                return False
+        elif isinstance(want, float) or isinstance(got, float):
+            if not isinstance(got, (int, float)) or not math.isclose(float(got), float(want), abs_tol=1e-6):
+                return False
+        elif got != want:
+            return False
+    return True
+
+
+def mark_rollouts_dropped(data: DataProto, rollout_ids: set[str]) -> int:
+    """Mark the rows of `rollout_ids` for dropping (`is_drop_mask`: they still count in their
+    group's advantage, then `select_update_batch` leaves them out); returns how many."""
+    rows = torch.from_numpy(np.isin(data.non_tensor_batch["rollout_id"], list(rollout_ids)))
+    data.batch["is_drop_mask"] = data.batch["is_drop_mask"] | rows.to(data.batch["is_drop_mask"].device)
+    return int(rows.sum())
 
 
 def build_batch(
@@ -191,6 +270,20 @@ def prepare_update(
         max_ppo_update_times=settings.max_ppo_update_times,
         rng=rng,
     )
+    if len(data) > 0:
+        metrics.update(advantage_metrics(data, "critic/advantages"))
     if settings.per_rollout_mean and len(data) > 0:
         data = normalize_batch_advantages(data)
+        metrics.update(advantage_metrics(data, "training/advantages_normalized"))
     return data, metrics
+
+
+def advantage_metrics(data: DataProto, prefix: str) -> dict[str, float]:
+    """`<prefix>/mean|max|min` of the advantages on response tokens, as verl's `compute_data_metrics`
+    computes `critic/advantages/*`."""
+    values = torch.masked_select(data.batch["advantages"], data.batch["response_mask"].bool())
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }

@@ -57,6 +57,8 @@ class LLMCall:
     extends: tuple[str, int | None, int] | None = None
     """From a compact read (`call_span.DELTA`): (span id, choice position, n) of the call whose
     context's first n ids begin this prompt; the rest of the prompt is new."""
+    sampling: Mapping[str, Any] | None = None
+    """What the proxy sent the backend (`agl.sampling`: temperature, top_p, top_k, max_tokens), if recorded."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,7 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
                     finish_reason=choice.get("finish_reason"),
                     choice_position=position,
                     extends=prompts.extends(span),
+                    sampling=sampling if isinstance(sampling := attributes.get(call_span.SAMPLING), dict) else None,
                 )
             )
     return calls, dict(skipped)

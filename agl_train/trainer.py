@@ -2,9 +2,11 @@
 
 A `RayPPOTrainer` whose `fit()` runs the steps of `schedule.StepSchedule`: each step it publishes
 the rollout engine's replicas to the proxy, runs the data path (`step.rollout_step`), pauses and
-drains the proxy around the weight update (`proxy_control.pause_for_update`), and updates the
-actor through verl. Checkpoints (saved before `update_weights`, as verl) carry the prompts
-drawn but not trained.
+drains the proxy around the weight update (`proxy_control.pause_for_update`, bounded by
+`agentlightning.update_drain_timeout_seconds`), and updates the actor through verl. The proxy
+applies the rollout's sampling parameters to every call (`ProxyControl.set_sampling`) and each
+step checks from the spans that they did. Checkpoints (saved before `update_weights`, as verl)
+carry the prompts drawn but not trained and the groups in flight, which a resume takes back.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from ._verl import (
     DataProto,
     RayPPOTrainer,
     Tracking,
+    agg_loss,
     calculate_debug_metrics,
     compute_data_metrics,
+    compute_throughout_metrics,
     compute_timing_metrics,
     marked_timer,
     reduce_metrics,
@@ -37,9 +41,9 @@ from .dataset import INPUT_KEY
 from .hooks import run_startup_hooks
 from .proxy_control import ProxyControl, pause_for_update, publish_replicas
 from .retention import after_checkpoint
-from .runner.dispatch import RolloutDispatcher
+from .runner.dispatch import WORKER_ID, RolloutDispatcher
 from .runner.factory import make_runner
-from .runner.groups import GroupTracker
+from .runner.groups import Group, GroupTracker
 from .runner.loop_thread import LoopThread
 from .schedule import StepPlan, StepSchedule
 from .step import WAIT_GRACE_S, StepData, read_succeeded, rollout_step
@@ -48,7 +52,18 @@ from .workers import check_worker_config, init_worker_groups
 logger = logging.getLogger(__name__)
 
 CARRIED_FILE = "agl_carried.json"
-"""In a checkpoint's `global_step_<k>` folder: the prompts drawn but not yet trained (JSON list)."""
+"""In a checkpoint's `global_step_<k>` folder: what was drawn but not yet trained, as
+`{"in_flight": [{"uid", "input", "rollout_ids"}, ...], "pending": [prompt, ...]}`."""
+DRAIN_TIMEOUT_KEY = "update_drain_timeout_seconds"
+DEFAULT_DRAIN_TIMEOUT_S = 60.0
+
+
+def drain_timeout_s(config: Any) -> float:
+    """`agentlightning.update_drain_timeout_seconds` (positive; ValueError names the key)."""
+    value = config.agentlightning.get(DRAIN_TIMEOUT_KEY, DEFAULT_DRAIN_TIMEOUT_S)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"agentlightning.{DRAIN_TIMEOUT_KEY} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 class AglTrainer(RayPPOTrainer):
@@ -57,9 +72,9 @@ class AglTrainer(RayPPOTrainer):
     Construct it like `RayPPOTrainer` (the entry point does) with an `InMemoryDataset` and
     `collate_inputs`. The constructor checks agl's settings before verl builds anything: a bad
     combination (an async batch not larger than `data.train_batch_size`, KL in the reward, a
-    critic or GAE, a verl feature agl's loop does not implement) raises ValueError naming the
-    key. `rollout` (`cpu_workers.ExternalRollout`): vLLM servers started elsewhere instead of
-    the replicas verl starts (`init_workers`).
+    critic or GAE, a verl feature agl's loop does not implement, a drain bound that is not
+    positive) raises ValueError naming the key. `rollout` (`cpu_workers.ExternalRollout`): vLLM
+    servers started elsewhere instead of the replicas verl starts (`init_workers`).
     """
 
     def __init__(self, config: Any, *args: Any, rollout: Any = None, **kwargs: Any) -> None:
@@ -67,6 +82,7 @@ class AglTrainer(RayPPOTrainer):
         self.agl_settings, self.runner_settings = trainer_settings(config)
         check_worker_config(config)
         self.external_rollout = rollout
+        self.drain_timeout_s = drain_timeout_s(config)
         with warnings.catch_warnings():
             # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
             # v0 worker stack (RayPPOTrainer's worker groups) and owns the loop, so the warning is noise here.
@@ -78,6 +94,9 @@ class AglTrainer(RayPPOTrainer):
         self._dispatcher: RolloutDispatcher | None = None
         self._tracker: GroupTracker | None = None
         self._pending: list[Any] = []  # prompts drawn from the dataloader, not yet submitted
+        self._resumed_in_flight: list[Group] = []  # a checkpoint's groups in flight, taken back by fit()
+        # The weight version the replicas serve: step s's rollouts run on version s, the weights after s − 1 updates.
+        self._served_version = 1
         self._rng = random.Random(self.config.data.get("seed", 0) or 0)
 
     @property
@@ -99,14 +118,27 @@ class AglTrainer(RayPPOTrainer):
         )
         await store.open()
         self._store = store
+        # Before any rollout: the proxy applies them to every call of the run.
+        await self.proxy.set_sampling(self.sampling_by_mode())
         runner = make_runner(settings)
         if runner is not None:
-            self._dispatcher = RolloutDispatcher(store, runner, store_url=self.proxy.base_url)
+            self._dispatcher = RolloutDispatcher.for_settings(
+                store, runner, self.runner_settings, store_url=self.proxy.base_url
+            )
             await self._dispatcher.start()
         # The store's own timeout is a backstop for runners that vanish: later than the
         # runner's kill, so the runner's verdict (and message) normally wins.
         config = RolloutConfig(timeout_seconds=settings.rollout_timeout_seconds + 2 * WAIT_GRACE_S)
         self._tracker = GroupTracker(store, self.agl_settings.rollout_n, rollout_config=config)
+        if self._resumed_in_flight:
+            # The dispatcher that ran them died with the previous run: what it had claimed runs again.
+            requeued = await self._tracker.adopt(self._resumed_in_flight, orphaned_worker_id=WORKER_ID)
+            logger.info(
+                "resumed %d groups in flight (%d rollouts whose runner stopped with the previous run requeued)",
+                len(self._resumed_in_flight),
+                requeued,
+            )
+            self._resumed_in_flight = []
 
     async def _close_agl(self) -> None:
         if self._dispatcher is not None:
@@ -122,10 +154,33 @@ class AglTrainer(RayPPOTrainer):
             self._store,
             self.proxy,
             [replica.server_address for replica in self.llm_server_manager.get_replicas()],
-            version=str(self.global_steps),
+            version=str(self._served_version),
             api_key=self.runner_settings.agent_key or None,
-            sampling_parameters={"temperature": float(self.config.actor_rollout_ref.rollout.temperature)},
+            sampling_parameters=self.sampling_by_mode()["train"],
         )
+
+    def sampling_by_mode(self) -> dict[str, dict[str, Any]]:
+        """The sampling parameters the actor assumes, by rollout mode: training calls run with
+        `actor_rollout_ref.rollout.temperature` / `top_p` / `top_k`, validation calls with
+        `rollout.val_kwargs` (greedy unless `do_sample`); both are capped at
+        `rollout.response_length` tokens."""
+        rollout = self.config.actor_rollout_ref.rollout
+        val = rollout.val_kwargs
+        max_tokens = int(rollout.response_length)
+        return {
+            "train": {
+                "temperature": float(rollout.temperature),
+                "top_p": float(rollout.top_p),
+                "top_k": int(rollout.top_k),
+                "max_tokens": max_tokens,
+            },
+            "val": {
+                "temperature": float(val.temperature) if val.get("do_sample", False) else 0.0,
+                "top_p": float(val.top_p),
+                "top_k": int(val.top_k),
+                "max_tokens": max_tokens,
+            },
+        }
 
     async def _rollouts(self, new_inputs: Sequence[Any]) -> StepData:
         assert self._store is not None and self._tracker is not None
@@ -142,7 +197,7 @@ class AglTrainer(RayPPOTrainer):
             self._tracker,
             new_inputs,
             settings,
-            rollout_timeout_s=self.runner_settings.rollout_timeout_seconds,
+            rollout_timeout_s=self.runner_settings.step_wait_seconds,
             pad_token_id=pad_token_id,
             rng=self._rng,
             adv_estimator=self.config.algorithm.adv_estimator,
@@ -152,6 +207,7 @@ class AglTrainer(RayPPOTrainer):
             tokenizer=self.tokenizer,
             norm_adv_by_std_in_grpo=self.config.algorithm.get("norm_adv_by_std_in_grpo", True),
             config=self.config.algorithm,
+            sampling=self.sampling_by_mode()["train"],
         )
 
     def _inputs_to_submit(self, plan: StepPlan) -> list[Any]:
@@ -187,26 +243,44 @@ class AglTrainer(RayPPOTrainer):
         init_worker_groups(self)
 
     def _validate(self, merged: bool = False) -> dict[str, float]:
-        """Mean reward of one rollout per validation task (`val/reward_mean`)."""
+        """`rollout.val_kwargs.n` rollouts per validation task (mode `val`: the proxy runs them
+        with `val_kwargs`' sampling), scored as verl does (`val-core/<data_source>/reward/mean@n`,
+        ...; a task's `data_source` field, else `unknown`), plus `val/reward_mean`, `val/n_done`,
+        `val/n_failed`."""
         tasks = [item[INPUT_KEY] for item in self.val_dataset]
         store = self._store
         assert store is not None
-        tracker = GroupTracker(store, 1, mode="val")
+        tracker = GroupTracker(store, int(self.config.actor_rollout_ref.rollout.val_kwargs.get("n", 1)), mode="val")
 
         async def run() -> dict[str, float]:
             resources_id = await self._publish_replicas()
             await self.proxy.resume()
             await tracker.submit(tasks, resources_id=resources_id)
-            collected = await tracker.collect(len(tasks), self.runner_settings.rollout_timeout_seconds + WAIT_GRACE_S)
+            collected = await tracker.collect(
+                len(tasks), self.runner_settings.wait_seconds(len(tasks) * tracker.n) + WAIT_GRACE_S
+            )
             await tracker.abandon()
-            await self.proxy.wait_spans_exported()
+            exported = await self.proxy.wait_spans_exported()
+            # Validation reads rewards only, which the runner records itself: a late call span changes nothing.
             traces = await read_succeeded(store, collected.groups, self.agl_settings.reward_fillna_value)
             rewards = [trace.reward for trace in traces]
-            return {
+            sources = {group.uid: _data_source(group.input) for group in collected.groups}
+            metrics: dict[str, float] = {
                 "val/reward_mean": float(np.mean(rewards)) if rewards else 0.0,
                 "val/n_done": float(collected.counts.get("succeeded", 0)),
                 "val/n_failed": float(collected.counts.get("failed", 0) + collected.counts.get("timeout", 0)),
+                "val/spans_exported": float(exported),
             }
+            if traces:
+                metrics.update(
+                    self._val_metrics_update(
+                        np.array([sources[trace.uid] for trace in traces], dtype=object),
+                        [trace.uid for trace in traces],
+                        {"reward": rewards},
+                        [],
+                    )
+                )
+            return metrics
 
         return self._loop.run(run())
 
@@ -230,18 +304,21 @@ class AglTrainer(RayPPOTrainer):
                 yield list(batch_dict[INPUT_KEY])
 
     def _save_checkpoint(self) -> None:
-        """verl's checkpoint (actor, dataloader), with the prompts drawn but not trained first."""
+        """verl's checkpoint (actor, dataloader), with what was drawn but not trained first: the
+        groups in flight (their rollout ids, so a resume reads or awaits them rather than
+        enqueuing their prompts again) and the prompts not yet submitted."""
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         os.makedirs(folder, exist_ok=True)
-        in_flight = [group.input for group in self._tracker.in_flight] if self._tracker is not None else []
+        in_flight = [group.to_json() for group in self._tracker.in_flight] if self._tracker is not None else []
         with open(os.path.join(folder, CARRIED_FILE), "w", encoding="utf-8") as handle:
-            json.dump(in_flight + self._pending, handle)
+            json.dump({"in_flight": in_flight, "pending": self._pending}, handle)
         super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
-        """verl's resume, then agl's: the carried prompts come back as pending, and the
-        dataloader resumes where the schedule says (verl positions it by steps, which async
-        rollout runs behind the batches drawn)."""
+        """verl's resume, then agl's: the groups in flight come back (fit() takes them back
+        in flight once the store is open), the prompts not yet submitted come back as pending,
+        and the dataloader resumes where the schedule says (verl positions it by steps, which
+        async rollout runs behind the batches drawn)."""
         fresh = self.train_dataloader.state_dict()
         super()._load_checkpoint()
         completed = self.global_steps
@@ -256,7 +333,9 @@ class AglTrainer(RayPPOTrainer):
         carried_path = os.path.join(folder, CARRIED_FILE)
         if os.path.exists(carried_path):
             with open(carried_path, encoding="utf-8") as handle:
-                self._pending = list(json.load(handle))
+                carried = json.load(handle)
+            self._resumed_in_flight = [Group.from_json(group) for group in carried["in_flight"]]
+            self._pending = list(carried["pending"])
         _, offset = self._schedule().resume_position(completed)
         verl_restored = completed % len(self.train_dataloader) != 0
         if offset == 0 and verl_restored:
@@ -265,7 +344,12 @@ class AglTrainer(RayPPOTrainer):
             import torch
 
             self.train_dataloader.load_state_dict(torch.load(os.path.join(folder, "data.pt"), weights_only=False))
-        logger.info("resumed after step %d with %d carried prompts", completed, len(self._pending))
+        logger.info(
+            "resumed after step %d with %d groups in flight and %d prompts to submit",
+            completed,
+            len(self._resumed_in_flight),
+            len(self._pending),
+        )
 
     def fit(self) -> None:
         """verl's training loop with agl's rollout step, on `StepSchedule`'s steps."""
@@ -284,6 +368,7 @@ class AglTrainer(RayPPOTrainer):
         self.global_steps = 0
         self._load_checkpoint()
         self.checkpoint_manager.update_weights(self.global_steps)
+        self._served_version = self.global_steps + 1
         schedule = self._schedule()
         completed = self.global_steps
         run_startup_hooks(self.runner_settings.hooks)
@@ -339,14 +424,16 @@ class AglTrainer(RayPPOTrainer):
             with marked_timer("gen", timing_raw):
                 step = self._loop.run(self._rollouts(new_inputs))
                 metrics.update(step.metrics)
-                metrics.update(self._loop.run(pause_for_update(self.proxy)))
+                metrics.update(self._loop.run(pause_for_update(self.proxy, self.drain_timeout_s)))
                 self.checkpoint_manager.sleep_replicas()
             batch = step.data
             if batch is not None:
                 self._prepare_batch(batch, metrics)
                 with marked_timer("old_log_prob", timing_raw):
                     old_log_prob, _ = self._compute_old_log_prob(batch)
-                    old_log_prob.batch.pop("entropys", None)
+                    entropys = old_log_prob.batch.pop("entropys", None)
+                    if entropys is not None:
+                        metrics["actor/entropy"] = self._entropy(entropys, batch)
                     batch = batch.union(old_log_prob)
                     if "rollout_log_probs" in batch.batch:
                         # vLLM's logprobs against the actor's: near 0 only when the rollouts ran on its weights.
@@ -368,14 +455,42 @@ class AglTrainer(RayPPOTrainer):
                     self._loop.run(after_checkpoint(self._store, self.config.agentlightning, self._tracker))
             with marked_timer("update_weights", timing_raw):
                 self.checkpoint_manager.update_weights(self.global_steps)
+            self._served_version = self.global_steps + 1
+            # Calls held during the update run on the new weights: the proxy must tag them so before it lets them go.
+            self._loop.run(self._publish_replicas())
             self._loop.run(self.proxy.resume())
             if batch is not None:
                 self._dump_rollouts(batch, timing_raw)
         metrics["timing_s/agl_step"] = timing_raw["step"]
         if batch is not None:
-            metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+            data_metrics = compute_data_metrics(batch=batch, use_critic=False)
+            # The batch's advantages are agl's per-rollout normalised ones (training/advantages_normalized/*
+            # when normalised); verl's names keep the estimator's advantages, which the step measured.
+            metrics.update({k: v for k, v in data_metrics.items() if not k.startswith("critic/advantages/")})
             metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+            n_gpus = self.resource_pool_manager.get_n_gpus()
+            metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_gpus))
         return metrics
 
+    def _entropy(self, entropys: Any, batch: DataProto) -> float:
+        """`actor/entropy` as verl's loop computes it: the old policy's token entropies, aggregated
+        like the loss (`actor.loss_agg_mode`)."""
+        actor = self.config.actor_rollout_ref.actor
+        return float(
+            agg_loss(
+                loss_mat=entropys,
+                loss_mask=batch.batch["response_mask"],
+                loss_agg_mode=actor.loss_agg_mode,
+                loss_scale_factor=actor.get("loss_scale_factor", None),
+            )
+            .detach()
+            .item()
+        )
 
-__all__: list[str] = ["AglTrainer", "CARRIED_FILE"]
+
+def _data_source(task: Any) -> str:
+    """A task's `data_source` (verl's per-source validation metrics), else `unknown` as in verl."""
+    return str(task.get("data_source", "unknown")) if isinstance(task, dict) else "unknown"
+
+
+__all__: list[str] = ["AglTrainer", "CARRIED_FILE", "drain_timeout_s"]

@@ -4,7 +4,8 @@
 `collect(count, timeout_s)` waits until `count` groups have every rollout finished and returns
 the first ones to complete, in completion order; unfinished groups stay in flight and are
 carried over to the next `collect` (async rollout). Groups still unfinished when a sync step
-gives up are cancelled with `abandon()`.
+gives up are cancelled with `abandon()`. A resumed trainer takes back the groups its
+checkpoint recorded as in flight with `adopt(groups)` instead of enqueuing their prompts again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from agl_store.base import LightningStore
 from agl_store.errors import StoreError
 from agl_store.models import (
+    QUEUED_ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
     EnqueueRolloutRequest,
     RolloutConfig,
@@ -41,6 +43,14 @@ class Group:
     input: Any
     rollout_ids: list[str]
     outcomes: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The group as a checkpoint records it (its outcomes are read again from the store)."""
+        return {"uid": self.uid, "input": self.input, "rollout_ids": list(self.rollout_ids)}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Group:
+        return cls(uid=str(value["uid"]), input=value["input"], rollout_ids=[str(r) for r in value["rollout_ids"]])
 
     @property
     def complete(self) -> bool:
@@ -116,6 +126,40 @@ class GroupTracker:
         ]
         self.in_flight += groups
         return groups
+
+    async def adopt(self, groups: Sequence[Group], *, orphaned_worker_id: str | None = None) -> int:
+        """Take `groups` (enqueued by an earlier run of the trainer) back in flight: finished
+        rollouts are read from the store by `refresh`, queued ones run when a runner claims them.
+        A rollout whose latest attempt is still open under `orphaned_worker_id` (the worker id
+        of the dispatcher that died with the earlier run: nobody will ever report its end) is
+        put back in the queue for a new attempt; returns how many were. Rollouts deleted from
+        the store since count as failed."""
+        requeued = 0
+        ids = [rid for group in groups for rid in group.rollout_ids]
+        finished = await self._finished(ids)
+        for group in groups:
+            for rid in group.rollout_ids:
+                if rid in finished:
+                    continue
+                rollout = await self.store.get_rollout_by_id(rid)
+                if rollout is None:
+                    group.outcomes[rid] = "failed"
+                    continue
+                attempt = await self.store.get_latest_attempt(rid)
+                if (
+                    orphaned_worker_id is not None
+                    and attempt is not None
+                    and attempt.worker_id == orphaned_worker_id
+                    and rollout.status not in QUEUED_ROLLOUT_STATUSES
+                ):
+                    await self.store.update_attempt(rid, attempt.attempt_id, status="failed")
+                    await self.store.update_rollout(rid, status="requeuing")
+                    requeued += 1
+        self.in_flight += list(groups)
+        for group in groups:
+            if group.complete:
+                self._completed_order.append(group)
+        return requeued
 
     async def refresh(self) -> None:
         """Read the status of every unfinished rollout in flight; note newly complete groups."""

@@ -60,3 +60,25 @@ class CoinAgent:
             max_tokens=8,
         )
         return float(hashlib.sha256(os.environ["AGL_ROLLOUT_ID"].encode()).digest()[0] % 2)
+
+
+class SdkLowercaseAgent:
+    """The lowercase-words agent (examples/lowercase_words) written as most agents are: one
+    call through the unmodified OpenAI SDK with its default client (two retries), asking for
+    `$AGENT_MAX_TOKENS` tokens exactly when set (else up to the example's 16)."""
+
+    def run(self) -> float:
+        from openai import OpenAI
+
+        from examples.lowercase_words.agent import MAX_TOKENS, lowercase_share
+
+        answer = OpenAI().chat.completions.create(
+            model=os.environ["AGL_MODEL"],
+            messages=[{"role": "user", "content": os.environ["PROMPT"]}],
+            max_tokens=int(os.environ.get("AGENT_MAX_TOKENS", MAX_TOKENS)),
+            logprobs=True,
+            # The test that sets a long answer wants it long: vLLM's own option, passed through.
+            extra_body={"ignore_eos": True} if "AGENT_MAX_TOKENS" in os.environ else None,
+        )
+        content = answer.choices[0].logprobs.content if answer.choices[0].logprobs else None
+        return lowercase_share([entry.token for entry in content or []])

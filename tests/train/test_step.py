@@ -4,12 +4,21 @@ per-rollout normalisation (the whole step with rollouts: test_rollout_step.py)."
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from agl_store import SQLiteStore
-from agl_train.runner.groups import Group
-from agl_train.step import build_batch, prepare_update, read_succeeded
+from agl_train.runner.groups import Group, GroupTracker
+from agl_train.step import (
+    build_batch,
+    mark_rollouts_dropped,
+    off_sampling,
+    prepare_update,
+    read_succeeded,
+    rollout_step,
+)
+from agl_train.traces import LLMCall
 
 from .builders import call, llm_call_span, reward, trace
 from .builders import train_settings as settings
@@ -91,3 +100,70 @@ async def test_reads_in_flight_keep_the_groups_order(tmp_path) -> None:
     assert [t.rollout_id for t in traces] == [rid for group in groups for rid in group.rollout_ids]
     assert [t.uid for t in traces] == ["g0"] * 3 + ["g1"] * 3 + ["g2"] * 3
     assert [t.reward for t in traces] == [g + k / 10 for g in range(3) for k in range(3)]
+
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 16}
+
+
+def sampled(prompt, response, **changes) -> LLMCall:
+    return replace(call(prompt, response), sampling=None if changes.get("none") else {**SAMPLING, **changes})
+
+
+def test_calls_that_did_not_run_with_the_rollouts_sampling_are_found() -> None:
+    traces = [
+        trace("ro-ok", [sampled([1], [2]), sampled([1], [2], max_tokens=8)]),  # a lower cap changes no ratio
+        trace("ro-hot", [sampled([1], [2]), sampled([1], [2], temperature=0.7)]),
+        trace("ro-long", [sampled([1], [2], max_tokens=64)]),
+        trace("ro-unsaid", [sampled([1], [2], none=True), sampled([1], [2], top_k=5)]),
+    ]
+
+    assert off_sampling(traces, SAMPLING) == {"ro-hot": 1, "ro-long": 1, "ro-unsaid": 2}
+
+
+def test_rows_off_sampling_leave_the_update_after_counting_in_their_groups_advantage() -> None:
+    s = settings()
+    data, _ = build_batch(group_traces(), s, pad_token_id=0)
+
+    assert mark_rollouts_dropped(data, {"ro-b"}) == 1
+    update, metrics = prepare_update(rewards_in(data), s, rng=random.Random(0), adv_estimator="grpo")
+
+    assert "ro-b" not in set(update.non_tensor_batch["rollout_id"])
+    assert metrics["training/n_sample_dropped/marked"] == 1
+    # ro-a still has GRPO's advantage against ro-b (verl's name), then agl's per-rollout share.
+    assert metrics["critic/advantages/max"] == pytest.approx(0.5**0.5, abs=1e-5)  # GRPO: std + 1e-6
+    assert metrics["training/advantages_normalized/max"] < metrics["critic/advantages/max"]
+
+
+class SpansNeverExported:
+    """A proxy whose span buffer never empties (an exporter stuck on a slow store)."""
+
+    async def wait_spans_exported(self, timeout_s: float) -> bool:
+        return False
+
+
+async def test_a_step_whose_spans_are_not_all_written_trains_none_of_them(tmp_path, caplog) -> None:
+    store = await SQLiteStore(str(tmp_path / "agl.db")).open()
+    try:
+        tracker = GroupTracker(store, 2)
+        [group] = await tracker.submit([{"g": 0}])
+        for rid in group.rollout_ids:
+            await store.update_rollout(rid, status="succeeded")
+
+        with caplog.at_level("WARNING", logger="agl_train.step"):
+            step = await rollout_step(
+                store,
+                tracker,
+                [],
+                settings(train_batch_size=1),
+                rollout_timeout_s=5,
+                pad_token_id=0,
+                rng=random.Random(0),
+                groups_to_train=1,
+                proxy=SpansNeverExported(),  # type: ignore[arg-type]
+                span_export_wait_s=0.1,
+            )
+    finally:
+        await store.close()
+    assert step.data is None and step.metrics["rollout/n_done"] == 2
+    assert step.metrics["rollout/n_dropped_spans_not_exported"] == 2
+    assert "the 2 rollouts of this step are dropped" in caplog.text

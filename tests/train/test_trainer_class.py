@@ -57,6 +57,12 @@ def test_an_async_batch_not_larger_than_the_train_batch_is_refused_by_the_constr
     assert trainer.runner_settings.groups_in_flight == 3
 
 
+def test_a_drain_bound_that_is_not_positive_is_refused(tokenizer) -> None:
+    assert build(tokenizer, []).drain_timeout_s == 60.0  # config.yaml's default
+    with pytest.raises(ValueError, match="agentlightning.update_drain_timeout_seconds must be a positive number"):
+        build(tokenizer, ["agentlightning.update_drain_timeout_seconds=0"])
+
+
 def test_kl_in_the_reward_is_refused(tokenizer) -> None:
     with pytest.raises(ValueError, match="use_kl_in_reward"):
         build(tokenizer, ["algorithm.use_kl_in_reward=true"])
@@ -191,9 +197,13 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         calls.append("rollouts")
         return StepData(data=batch, metrics={}, collected=Collected(groups=[], counts={}, carried_over=0))
 
-    async def pause(proxy):
+    async def pause(proxy, drain_timeout_s):
         calls.append("pause")
         return {}
+
+    async def publish():
+        calls.append("publish")
+        return "rs-1"
 
     class Proxy:
         async def resume(self):
@@ -217,6 +227,7 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
 
     monkeypatch.setattr(trainer_module, "pause_for_update", pause)
     monkeypatch.setattr(trainer, "_rollouts", rollouts)
+    monkeypatch.setattr(trainer, "_publish_replicas", publish)
     monkeypatch.setattr(trainer, "_compute_old_log_prob", old_log_prob)
     monkeypatch.setattr(trainer, "_update_actor", update_actor)
     monkeypatch.setattr(trainer, "_save_checkpoint", lambda: calls.append("save_checkpoint"))
@@ -235,6 +246,7 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         "update_actor",
         "save_checkpoint",
         "update_weights",
+        "publish",  # the new weight version, before the calls held during the update go
         "resume",
     ]
 

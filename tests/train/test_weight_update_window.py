@@ -105,10 +105,14 @@ async def test_pausing_for_the_update_waits_for_calls_in_flight_and_refuses_new_
         while proxy.state.gate.in_flight == 0 and not long_call.done():
             await asyncio.sleep(0.01)
 
-        metrics = await pause_for_update(control)
+        metrics = await pause_for_update(control, drain_timeout_s=60)
 
         assert long_call.done() and (await long_call).status_code == 200  # drained, not cut
-        assert metrics == {"rollout/proxy_drained": 1.0, "rollout/proxy_in_flight_at_update": 0.0}
+        assert metrics == {
+            "rollout/proxy_drained": 1.0,
+            "rollout/proxy_in_flight_at_update": 0.0,
+            "rollout/proxy_calls_cancelled_at_update": 0.0,
+        }
         refused = await http.post(proxy.base_url + "/completions", json={**body, "max_tokens": 1})
         assert refused.status_code == 429
         await control.resume()
