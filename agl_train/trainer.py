@@ -26,7 +26,7 @@ from ._verl import DataProto
 from .attention import resolve_attn_implementation
 from .config import trainer_settings
 from .dataset import INPUT_KEY
-from .hooks import run_startup_hooks
+from .hooks import run_batch_hook, run_startup_hooks
 from .proxy_control import ProxyControl, pause_for_update, publish_replicas
 from .runner.dispatch import RolloutDispatcher
 from .runner.factory import make_runner
@@ -75,6 +75,7 @@ class AglTrainer(RayPPOTrainer):
         self._tracker: GroupTracker | None = None
         self._pending: list[Any] = []  # prompts drawn from the dataloader, not yet submitted
         self._rng = random.Random(self.config.data.get("seed", 0) or 0)
+        self._hooks: Any = None
 
     @property
     def proxy(self) -> ProxyControl:
@@ -278,7 +279,7 @@ class AglTrainer(RayPPOTrainer):
         self.checkpoint_manager.update_weights(self.global_steps)
         schedule = self._schedule()
         completed = self.global_steps
-        run_startup_hooks(self.runner_settings.hooks)
+        self._hooks = run_startup_hooks(self.runner_settings.hooks)
         self._loop.start()
         try:
             self._loop.run(self._open_agl())
@@ -346,6 +347,7 @@ class AglTrainer(RayPPOTrainer):
                 if self.use_reference_policy:
                     with marked_timer("ref", timing_raw):
                         batch = batch.union(self._compute_ref_log_prob(batch))
+                run_batch_hook(self._hooks, self.global_steps, batch)
                 with marked_timer("update_actor", timing_raw):
                     actor_output = self._update_actor(batch)
                 metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))

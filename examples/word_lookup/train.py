@@ -1,0 +1,162 @@
+"""Train the tiny random model on a three-turn, tool-using task: a whole agl + verl run on the CPU.
+
+    python -m examples.word_lookup.train [--steps 16] [--level trajectory|transition] [--out DIR] [--png PATH]
+
+The same run as examples/lowercase_words (vLLM in dev mode, `agl proxy serve --logprobs`, agents
+as subprocesses, `AglTrainer.fit()` through `agl_train.cpu_workers.run_ppo_on_cpu`), with the
+agent of `agent.py`: three model calls per rollout with the `lookup` tool offered in each, its
+results appended between them, rewarded on every turn. At the trajectory level (default) the
+calls of a rollout merge into one row, the inserted tool results and template glue masked out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from examples.lowercase_words import train as lowercase
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = REPO / "artifacts" / "word_lookup"
+AGENT_CLASS = "examples.word_lookup.agent:WordLookupAgent"
+WORD_TOKEN = re.compile(r" [A-Za-z]+")
+REPLACED_KEYS = ("agentlightning.local.agent_class", "agentlightning.local.env_map.PROMPT", "trainer.experiment_name")
+LIMITS = {
+    # Prompts run from ~300 tokens (the template's tool preamble) to ~475 (the third call: each
+    # call adds its 8-token answer and ~80 inserted tokens: the recorded tool call, the tool result
+    # and the turn markers); a row that starts at a later call, after a prefix break, has such a prompt.
+    "trajectory": [
+        "agentlightning.trace_aggregator.trajectory_max_prompt_length=504",
+        "agentlightning.trace_aggregator.trajectory_max_response_length=208",
+    ],
+    "transition": ["data.max_prompt_length=504", "data.max_response_length=8"],
+}
+
+
+def allowed_token_ids(model_path: Path) -> list[int]:
+    """The answers' vocabulary: tokens that are a space and letters and encode back to themselves
+    (so an answer sent back as text becomes the same ids), and the end-of-turn token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    words = [
+        token_id
+        for token_id in range(len(tokenizer))
+        if WORD_TOKEN.fullmatch(text := tokenizer.decode([token_id]))
+        and tokenizer.encode(text, add_special_tokens=False) == [token_id]
+    ]
+    return [*words, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def tasks(allowed: Sequence[int], count: int, offset: int = 0, temperature: float = 1.0) -> list[dict[str, Any]]:
+    """`count` tasks cycling through the lowercase example's prompts."""
+    return [
+        {"prompt": prompt["prompt"], "temperature": temperature, "allowed_token_ids": list(allowed)}
+        for prompt in lowercase.tasks(count, offset)
+    ]
+
+
+def overrides(
+    model_path: Path, proxy_url: str, steps: int, out: Path, level: str, seed: int = 0, extra: Sequence[str] = ()
+) -> list[str]:
+    """The lowercase example's config (4 prompts × 4 rollouts, two mini-batches per step) with this
+    agent, the aggregator `level` and its length limits, then `extra`."""
+    base = [
+        override
+        for override in lowercase.overrides(model_path, proxy_url, steps, out, seed)
+        if override.split("=")[0].lstrip("+") not in REPLACED_KEYS and not override.startswith("agentlightning.trace")
+    ]
+    return [
+        *base,
+        f"agentlightning.local.agent_class={AGENT_CLASS}",
+        f"agentlightning.trace_aggregator.level={level}",
+        *LIMITS[level],
+        "trainer.experiment_name=word_lookup",
+        *extra,
+    ]
+
+
+def train(
+    model_path: Path,
+    vllm_address: str,
+    out: Path,
+    steps: int,
+    *,
+    level: str = "trajectory",
+    seed: int = 0,
+    print_lines: bool = True,
+    extra: Sequence[str] = (),
+    train_tasks: Sequence[dict[str, Any]] | None = None,
+) -> lowercase.Run:
+    """`steps` training steps against the vLLM at `vllm_address` (dev mode, serving `model_path`);
+    everything the run writes goes under `out`. `extra` overrides come last; `train_tasks`
+    replace the default tasks (4 per step)."""
+    import torch
+
+    from agl_train.config import compose_config
+    from agl_train.cpu_workers import run_ppo_on_cpu
+
+    torch.set_num_threads(1)  # as the lowercase example: a second thread only waits on vLLM and the agents
+    out.mkdir(parents=True, exist_ok=True)
+    metrics_path = out / "metrics.jsonl"
+    for stale in (metrics_path, out / "agl.db", out / "agl.db-wal", out / "agl.db-shm"):
+        stale.unlink(missing_ok=True)
+    allowed = allowed_token_ids(model_path)
+    with (
+        lowercase._environment("VERL_FILE_LOGGER_PATH", str(metrics_path)),
+        lowercase.running_proxy(out) as proxy_url,
+        lowercase.StepPrinter(metrics_path, print_lines) as printer,
+    ):
+        config = compose_config(overrides(model_path, proxy_url, steps, out, level, seed, extra))
+        trainer = run_ppo_on_cpu(
+            config,
+            list(train_tasks) if train_tasks is not None else tasks(allowed, 4 * steps),
+            tasks(allowed, 4, offset=1),
+            [vllm_address],
+            out / "weights",
+        )
+    return lowercase.Run(
+        history=printer.history, validations=printer.validations, db_path=out / "agl.db", trainer=trainer
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from examples.tiny_vllm.tiny_model import DEFAULT_DIR
+    from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--level", choices=sorted(LIMITS), default="trajectory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="run directory (model copy, store, logs)")
+    parser.add_argument("--png", type=Path, default=None, help="training curve (default OUT/training-curve.png)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    out: Path = args.out.resolve()
+    model = out / "model"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(build_tiny_model(DEFAULT_DIR), model)
+    print(f"starting vLLM on {model} (about a minute on a CPU)", flush=True)
+    with running_vllm_server(model, log_path=out / "vllm.log", extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as vllm:
+        address = vllm.base_url.removeprefix("http://").removesuffix("/v1")
+        train(model, address, out, args.steps, level=args.level, seed=args.seed)
+    by_version = lowercase.rewards_by_version(out / "agl.db")
+    result = lowercase.improvement(by_version, window=max(1, args.steps // 4))
+    png = args.png or out / "training-curve.png"
+    lowercase.plot_curve(by_version, png, title=f"word-lookup task (3 turns, {args.level} rows), tiny model, CPU")
+    print(
+        f"reward {result['first']:.3f} (first steps) -> {result['last']:.3f} (last steps), gain {result['gain']:+.3f}"
+        f" vs noise band {result['band']:.3f}; curve: {png}; {time.monotonic() - started:.0f} s in all",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
