@@ -11,9 +11,7 @@ calls of a rollout merge into one row, the inserted tool results and template gl
 
 from __future__ import annotations
 
-import argparse
 import re
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -127,34 +125,15 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from examples.tiny_vllm.tiny_model import DEFAULT_DIR
-    from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
-
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--steps", type=int, default=16)
+    parser = lowercase.example_parser((__doc__ or "").splitlines()[0], DEFAULT_OUT)
     parser.add_argument("--level", choices=sorted(LIMITS), default="trajectory")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="run directory (model copy, store, logs)")
-    parser.add_argument("--png", type=Path, default=None, help="training curve (default OUT/training-curve.png)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     out: Path = args.out.resolve()
-    model = out / "model"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(build_tiny_model(DEFAULT_DIR), model)
-    print(f"starting vLLM on {model} (about a minute on a CPU)", flush=True)
-    with running_vllm_server(model, log_path=out / "vllm.log", extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as vllm:
-        address = vllm.base_url.removeprefix("http://").removesuffix("/v1")
+    with lowercase.fresh_run(out) as (model, address):
         train(model, address, out, args.steps, level=args.level, seed=args.seed)
-    by_version = lowercase.rewards_by_version(out / "agl.db")
-    result = lowercase.improvement(by_version, window=max(1, args.steps // 4))
-    png = args.png or out / "training-curve.png"
-    lowercase.plot_curve(by_version, png, title=f"word-lookup task (3 turns, {args.level} rows), tiny model, CPU")
-    print(
-        f"reward {result['first']:.3f} (first steps) -> {result['last']:.3f} (last steps), gain {result['gain']:+.3f}"
-        f" vs noise band {result['band']:.3f}; curve: {png}; {time.monotonic() - started:.0f} s in all",
-        flush=True,
-    )
+    title = f"word-lookup task (3 turns, {args.level} rows), tiny model, CPU"
+    lowercase.report(out, args.steps, args.png or out / "training-curve.png", title, started)
     return 0
 
 
