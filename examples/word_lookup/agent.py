@@ -9,10 +9,12 @@ model always does) gets its answer looked up by the agent, which records that ca
 assistant message, as a tool-calling model would have written it. The reward is the mean over
 the turns of the share of generated tokens that are glossary words.
 
-The task (`AGL_INPUT`) is `{"prompt": str, "allowed_token_ids": [int, ...], "temperature": float}`;
+The task (`AGL_INPUT`) is `{"prompt": str, "allowed_token_ids": [int, ...], "temperature": float}`
+and optionally `"system"`, a system prompt with `{turn}` in it, rewritten before every call.
 `allowed_token_ids` (vLLM's sampling parameter) restricts the answers to tokens that come back
 as the same ids when the history is rendered again, so the turns of a rollout merge into one
-training row (see README.md).
+training row; a system prompt that changes every turn (a turn counter, a timestamp) changes the
+start of every prompt, so each call of such a rollout becomes a row of its own (see README.md).
 """
 
 from __future__ import annotations
@@ -75,8 +77,12 @@ class WordLookupAgent:
         task = json.loads(os.environ["AGL_INPUT"])
         client = OpenAI(max_retries=MAX_RETRIES)
         messages: list[dict[str, Any]] = [{"role": "user", "content": task["prompt"]}]
+        if "system" in task:
+            messages.insert(0, {"role": "system", "content": ""})
         shares = []
         for turn in range(TURNS):
+            if "system" in task:
+                messages[0]["content"] = task["system"].format(turn=turn + 1)
             choice = client.chat.completions.create(
                 model=os.environ["AGL_MODEL"],
                 messages=messages,

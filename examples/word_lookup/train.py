@@ -24,7 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "artifacts" / "word_lookup"
 AGENT_CLASS = "examples.word_lookup.agent:WordLookupAgent"
 WORD_TOKEN = re.compile(r" [A-Za-z]+")
-REPLACED_KEYS = ("agentlightning.local.agent_class", "agentlightning.local.env_map.PROMPT", "trainer.experiment_name")
+REPLACED_KEYS = (
+    "agentlightning.local.agent_class",
+    "agentlightning.local.env_map.PROMPT",
+    "trainer.experiment_name",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+)
 LIMITS = {
     # Prompts run from ~300 tokens (the template's tool preamble) to ~475 (the third call: each
     # call adds its 8-token answer and ~80 inserted tokens: the recorded tool call, the tool result
@@ -52,11 +57,18 @@ def allowed_token_ids(model_path: Path) -> list[int]:
     return [*words, tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
+TURN_COUNTER = "Turn {turn} of 3."
+"""The system prompt of every eighth task: rewritten each turn, it splits those rollouts into a row per call."""
+
+
 def tasks(allowed: Sequence[int], count: int, offset: int = 0, temperature: float = 1.0) -> list[dict[str, Any]]:
-    """`count` tasks cycling through the lowercase example's prompts."""
+    """`count` tasks cycling through the lowercase example's 8 prompts; the last prompt's tasks
+    have a turn counter in their system prompt."""
+    cycle = len(lowercase.PROMPTS)
     return [
         {"prompt": prompt["prompt"], "temperature": temperature, "allowed_token_ids": list(allowed)}
-        for prompt in lowercase.tasks(count, offset)
+        | ({"system": TURN_COUNTER} if (offset + i) % cycle == cycle - 1 else {})
+        for i, prompt in enumerate(lowercase.tasks(count, offset))
     ]
 
 
@@ -74,6 +86,9 @@ def overrides(
         *base,
         f"agentlightning.local.agent_class={AGENT_CLASS}",
         f"agentlightning.trace_aggregator.level={level}",
+        # verl's log-prob pass takes whole micro-batches; agl's update batch is whole mini-batches
+        # of 8 rows (2 × rollout.n), 8, 16, 24... rows here, which the lowercase example's 16 does not divide.
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         *LIMITS[level],
         "trainer.experiment_name=word_lookup",
         *extra,

@@ -3,8 +3,8 @@ model calls per rollout, a tool result appended between them. What agl adds to v
 the batches the actor really trained on (recorded by `RolloutHooks.on_batch`,
 tests/train/recording_hooks.py) against the calls in the store: trajectory rows, masks, prefix
 breaks, the rollout-level advantage, `per_rollout_mean` and the update cap. Two runs share the
-session's dev-mode vLLM: 16 trajectory-level steps (which must learn) and 2 capped
-transition-level steps."""
+session's dev-mode vLLM: 16 trajectory-level steps (which must learn) and one capped
+transition-level step."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ STEPS = 16
 ROLLOUTS_PER_STEP = 16  # data.train_batch_size 4 × rollout.n 4
 MINI_BATCH_ROWS = 8  # ppo_mini_batch_size 2 × rollout.n 4
 WINDOW = 3
-CAPPED_STEPS = 2
+CAPPED_STEPS = 1
 MAX_PPO_UPDATE_TIMES = 2
 HOOKS = "agentlightning.hooks=tests.train.recording_hooks"
 
@@ -68,8 +68,9 @@ def trajectory(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Rec
 
 @pytest.fixture(scope="module")
 def capped_transition(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    """Transition rows (3 per rollout, 48 per step) capped at 2 mini-batches of 8 rows. Each
-    step has two greedy groups (temperature 0: four equal answers, equal rewards) and two sampled."""
+    """Transition rows (3 per rollout, 48 per step) capped at 2 mini-batches of 8 rows, without
+    validation. Each step has two greedy groups (temperature 0: four equal answers, equal
+    rewards) and two sampled."""
     allowed = allowed_token_ids(dev_vllm_server.model_path)
     greedy, sampled = tasks(allowed, 2, temperature=0.0), tasks(allowed, 2, offset=2)
     in_order = [task for _ in range(CAPPED_STEPS) for pair in zip(greedy, sampled, strict=True) for task in pair]
@@ -78,7 +79,12 @@ def capped_transition(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory)
         tmp_path_factory.mktemp("transition"),
         CAPPED_STEPS,
         "transition",
-        extra=[f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}", "data.shuffle=false"],
+        extra=[
+            f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}",
+            "data.shuffle=false",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+        ],
         train_tasks=in_order,
     )
 
@@ -185,12 +191,14 @@ def test_a_rollout_whose_history_was_rendered_differently_splits_and_is_counted(
         for rollout_id, n_rows in Counter(batch.rollout_id.tolist()).items():
             assert n_rows <= 1 + breaks[rollout_id]  # the update cap may drop some rows, never add
     print(f"\nrows per rollout over {STEPS} steps: {dict(sorted(rows_per_rollout.items()))}")
-    assert rows_per_rollout[1] > 0 and sum(n for rows, n in rows_per_rollout.items() if rows > 1) > 0
+    # Every eighth task rewrites its system prompt each turn: three rows, one per call.
+    assert rows_per_rollout[1] > 0 and rows_per_rollout[TURNS] > 0
 
 
 def test_per_rollout_mean_weighs_every_rollout_by_its_advantage_over_the_rows_of_the_step(
     trajectory: Recorded,
 ) -> None:
+    assert any(max(Counter(batch.rollout_id.tolist()).values()) > 1 for batch in trajectory.batches.values())
     for step, batch in trajectory.batches.items():
         expected = rollout_advantages(trajectory.traces[step])
         n_rows = len(batch)
