@@ -69,8 +69,8 @@ def trajectory(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Rec
 @pytest.fixture(scope="module")
 def capped_transition(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     """Transition rows (3 per rollout, 48 per step) capped at 2 mini-batches of 8 rows, without
-    validation. Each step has two greedy groups (temperature 0: four equal answers, equal
-    rewards) and two sampled."""
+    validation. Each step trains two greedy groups (temperature 0: four equal answers, equal
+    rewards) and two sampled ones, in that order (`data.shuffle=false`)."""
     allowed = allowed_token_ids(dev_vllm_server.model_path)
     greedy, sampled = tasks(allowed, 2, temperature=0.0), tasks(allowed, 2, offset=2)
     in_order = [task for _ in range(CAPPED_STEPS) for pair in zip(greedy, sampled, strict=True) for task in pair]
