@@ -5,8 +5,15 @@
 class RolloutHooks:
     def on_startup(self) -> None:
         start_my_sandbox_pool()
+
+    def on_batch(self, step: int, batch) -> None:
+        log_rows(step, batch.non_tensor_batch["rollout_id"], batch.batch["advantages"])
 ```
-`on_startup()` runs once when the trainer starts, before the first rollout.
+`on_startup()` runs once when `fit()` starts, before the first rollout. `on_batch(step, batch)`
+runs every step that updates the actor, just before `update_actor`, with the step's update batch
+(verl's `DataProto`: the rows after the advantage, the update cap and the per-rollout
+normalisation, plus the old log-probs): a place to log or check what the actor trains on. The
+batch is the one the update uses, so a hook that changes it changes the update. Both are optional.
 """
 
 from __future__ import annotations
@@ -35,3 +42,10 @@ def run_startup_hooks(module_path: str | None) -> Any | None:
     if on_startup is not None:
         on_startup()
     return hooks
+
+
+def run_batch_hook(hooks: Any | None, step: int, batch: Any) -> None:
+    """`hooks.on_batch(step, batch)` when the hooks have one."""
+    on_batch = getattr(hooks, "on_batch", None)
+    if on_batch is not None:
+        on_batch(step, batch)

@@ -38,7 +38,7 @@ from ._verl import (
 )
 from .config import trainer_settings
 from .dataset import INPUT_KEY
-from .hooks import run_startup_hooks
+from .hooks import run_batch_hook, run_startup_hooks
 from .proxy_control import ProxyControl, pause_for_update, publish_replicas
 from .retention import after_checkpoint
 from .runner.dispatch import WORKER_ID, RolloutDispatcher
@@ -98,6 +98,7 @@ class AglTrainer(RayPPOTrainer):
         # The weight version the replicas serve: step s's rollouts run on version s, the weights after s − 1 updates.
         self._served_version = 1
         self._rng = random.Random(self.config.data.get("seed", 0) or 0)
+        self._hooks: Any = None
 
     @property
     def proxy(self) -> ProxyControl:
@@ -371,7 +372,7 @@ class AglTrainer(RayPPOTrainer):
         self._served_version = self.global_steps + 1
         schedule = self._schedule()
         completed = self.global_steps
-        run_startup_hooks(self.runner_settings.hooks)
+        self._hooks = run_startup_hooks(self.runner_settings.hooks)
         self._loop.start()
         try:
             self._loop.run(self._open_agl())
@@ -441,6 +442,7 @@ class AglTrainer(RayPPOTrainer):
                 if self.use_reference_policy:
                     with marked_timer("ref", timing_raw):
                         batch = batch.union(self._compute_ref_log_prob(batch))
+                run_batch_hook(self._hooks, self.global_steps, batch)
                 with marked_timer("update_actor", timing_raw):
                     actor_output = self._update_actor(batch)
                 metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))

@@ -366,41 +366,58 @@ def plot_curve(
     image.save(path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@contextlib.contextmanager
+def fresh_run(out: Path) -> Iterator[tuple[Path, str]]:
+    """Empty `out`, copy the tiny model into `out/model` (vLLM reloads trained weights there; the
+    cache stays as built) and serve it with a dev-mode vLLM: yields the model path and vLLM's address."""
     from examples.tiny_vllm.tiny_model import DEFAULT_DIR
     from examples.tiny_vllm.vllm_server import build_tiny_model, running_vllm_server
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model = out / "model"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(build_tiny_model(DEFAULT_DIR), model)
+    print(f"starting vLLM on {model} (about a minute on a CPU)", flush=True)
+    with running_vllm_server(model, log_path=out / "vllm.log", extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as vllm:
+        yield model, vllm.base_url.removeprefix("http://").removesuffix("/v1")
+
+
+def report(out: Path, steps: int, png: Path, title: str, started: float) -> None:
+    """Draw the run's curve into `png` and print the reward of its first and last quarter against the noise band."""
+    by_version = rewards_by_version(out / "agl.db")
+    result = improvement(by_version, window=max(1, steps // 4))
+    plot_curve(by_version, png, title)
+    print(
+        f"reward {result['first']:.3f} (first steps) -> {result['last']:.3f} (last steps), gain {result['gain']:+.3f}"
+        f" vs noise band {result['band']:.3f}; curve: {png}; {time.monotonic() - started:.0f} s in all",
+        flush=True,
+    )
+
+
+def example_parser(description: str, default_out: Path) -> argparse.ArgumentParser:
+    """The options of a training example: --steps, --seed, --out, --png."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="run directory (model copy, store, logs)")
+    parser.add_argument("--out", type=Path, default=default_out, help="run directory (model copy, store, logs)")
     parser.add_argument("--png", type=Path, default=None, help="training curve (default OUT/training-curve.png)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = example_parser(__doc__.splitlines()[0], DEFAULT_OUT)
     parser.add_argument("--ray", action="store_true", help="verl's Ray worker group and FSDP instead of one process")
     parser.add_argument("--workers", type=int, default=2, help="with --ray: actor worker processes (FSDP ranks)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     out: Path = args.out.resolve()
-    model = out / "model"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(build_tiny_model(DEFAULT_DIR), model)  # vLLM reloads trained weights; the cache stays as built
-    print(f"starting vLLM on {model} (about a minute on a CPU)", flush=True)
-    with running_vllm_server(model, log_path=out / "vllm.log", extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as vllm:
-        address = vllm.base_url.removeprefix("http://").removesuffix("/v1")
+    with fresh_run(out) as (model, address):
         run = train(model, address, out, args.steps, args.seed, workers=args.workers if args.ray else None)
     if args.ray:
         import ray
 
         ray.shutdown()
     print(f"actor world size {run.world_size}", flush=True)
-    by_version = rewards_by_version(out / "agl.db")
-    result = improvement(by_version, window=max(1, args.steps // 4))
-    png = args.png or out / "training-curve.png"
-    plot_curve(by_version, png)
-    print(
-        f"reward {result['first']:.3f} (first steps) -> {result['last']:.3f} (last steps), gain {result['gain']:+.3f}"
-        f" vs noise band {result['band']:.3f}; curve: {png}; {time.monotonic() - started:.0f} s in all",
-        flush=True,
-    )
+    report(out, args.steps, args.png or out / "training-curve.png", "lowercase-words task, tiny model, CPU", started)
     return 0
 
 

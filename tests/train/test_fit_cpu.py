@@ -5,9 +5,7 @@ this process (`agl_train.cpu_workers`). One run serves every test of the module.
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 import torch
 
 from examples.lowercase_words.train import Run, improvement, rewards_by_version, train
+from tests.train.fit_helpers import llm_calls_by_version
 
 pytestmark = [
     pytest.mark.slow,
@@ -96,23 +95,7 @@ def teacher_forced_logprobs(model: torch.nn.Module, ids: list[int]) -> list[floa
 
 
 def test_every_span_of_a_step_carries_that_steps_weight_version(run: Run) -> None:
-    assert asyncio.run(llm_calls_by_version(run.db_path)) == {
-        str(step): ROLLOUTS_PER_STEP for step in range(1, STEPS + 1)
-    }
-
-
-async def llm_calls_by_version(db_path: Path) -> dict[str, int]:
-    from agl_store.sqlite import SQLiteStore
-
-    store = await SQLiteStore(str(db_path)).open()
-    try:
-        counts: Counter[str] = Counter()
-        for rollout in await store.query_rollouts(mode="train"):
-            for span in await store.query_spans(rollout.rollout_id, name="agl.llm_call"):
-                counts[span.attributes.get("agl.model_version")] += 1
-        return dict(counts)
-    finally:
-        await store.close()
+    assert llm_calls_by_version(run.db_path) == {str(step): ROLLOUTS_PER_STEP for step in range(1, STEPS + 1)}
 
 
 def test_the_model_learns_the_task(run: Run) -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agl_train.hooks import load_hooks, run_startup_hooks
+from agl_train.hooks import load_hooks, run_batch_hook, run_startup_hooks
 
 
 def test_on_startup_runs(monkeypatch) -> None:
@@ -23,3 +23,17 @@ def test_no_hooks_configured_is_fine_and_a_module_without_the_class_is_an_error(
         load_hooks("tests.train.agents")
     with pytest.raises(ModuleNotFoundError):
         load_hooks("tests.train.no_such_module")
+
+
+def test_on_batch_gets_the_step_and_the_batch_and_is_optional() -> None:
+    seen = []
+
+    class Hooks:
+        def on_batch(self, step: int, batch: object) -> None:
+            seen.append((step, batch))
+
+    batch = object()
+    run_batch_hook(Hooks(), 3, batch)
+    run_batch_hook(load_hooks("tests.train.hooks_example"), 4, batch)  # a class without on_batch
+    run_batch_hook(None, 5, batch)
+    assert seen == [(3, batch)]

@@ -1,0 +1,99 @@
+"""The agent of the word-lookup task: three chat turns with a glossary tool, rewarded on every turn.
+
+A plain OpenAI-SDK agent: `OpenAI()` takes its base URL and key from `OPENAI_BASE_URL` /
+`OPENAI_API_KEY` (agl's proxy and the agents' key), and every request offers the `lookup`
+tool. Each turn the model writes a few words; the words go through `lookup` (a fixed weather
+glossary), whose answer is appended as a tool result before the next turn. A model that calls
+the tool itself gets its call run as it made it; one that answers in plain text (the tiny random
+model always does) gets its answer looked up by the agent, which records that call in the
+assistant message, as a tool-calling model would have written it. The reward is the mean over
+the turns of the share of generated tokens that are glossary words.
+
+The task (`AGL_INPUT`) is `{"prompt": str, "allowed_token_ids": [int, ...], "temperature": float}`
+and optionally `"system"`, a system prompt with `{turn}` in it, rewritten before every call.
+`allowed_token_ids` (vLLM's sampling parameter) restricts the answers to tokens that come back
+as the same ids when the history is rendered again, so the turns of a rollout merge into one
+training row; a system prompt that changes every turn (a turn counter, a timestamp) changes the
+start of every prompt, so each call of such a rollout becomes a row of its own (see README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+TURNS = 3
+MAX_TOKENS = 8
+MAX_RETRIES = 20  # the SDK waits out 429 (the proxy paused for a weight update) with Retry-After
+GLOSSARY = frozenset(
+    "weather city paris london tokyo today tomorrow temperature sunny rain cloud wind "
+    "one two three four five six seven eight nine ten".split()
+)
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {"type": "object", "properties": {"words": {"type": "string"}}, "required": ["words"]},
+    },
+}
+
+
+def lookup(words: str) -> str:
+    """The tool: which of `words` the glossary knows, as `known: a b (2 of 5)`."""
+    given = words.split()
+    known = [word for word in given if word.lower() in GLOSSARY]
+    return f"known: {' '.join(known)} ({len(known)} of {len(given)})"
+
+
+def glossary_share(tokens: Sequence[str]) -> float:
+    """A turn's reward: the share of `tokens` that are glossary words (0.0 for no token)."""
+    return sum(token.strip().lower() in GLOSSARY for token in tokens) / len(tokens) if tokens else 0.0
+
+
+def tool_messages(message: Any, turn: int) -> list[dict[str, Any]]:
+    """The assistant message and the tool results that follow it in the history."""
+    calls = [call.model_dump(exclude_none=True) for call in message.tool_calls or []]
+    if not calls:  # a plain answer: the agent looks its words up for the model
+        arguments = json.dumps({"words": message.content or ""})
+        calls = [{"id": f"lookup_{turn}", "type": "function", "function": {"name": "lookup", "arguments": arguments}}]
+    results = []
+    for call in calls:
+        try:
+            words = str(json.loads(call["function"]["arguments"]).get("words", ""))
+        except (ValueError, AttributeError):
+            words = ""
+        results.append({"role": "tool", "tool_call_id": call["id"], "content": lookup(words)})
+    return [{"role": "assistant", "content": message.content or "", "tool_calls": calls}, *results]
+
+
+class WordLookupAgent:
+    """`run()` → the reward of one rollout: `TURNS` calls, each answer looked up between them."""
+
+    def run(self) -> float:
+        from openai import OpenAI
+
+        task = json.loads(os.environ["AGL_INPUT"])
+        client = OpenAI(max_retries=MAX_RETRIES)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task["prompt"]}]
+        if "system" in task:
+            messages.insert(0, {"role": "system", "content": ""})
+        shares = []
+        for turn in range(TURNS):
+            if "system" in task:
+                messages[0]["content"] = task["system"].format(turn=turn + 1)
+            choice = client.chat.completions.create(
+                model=os.environ["AGL_MODEL"],
+                messages=messages,
+                tools=[LOOKUP_TOOL],
+                max_tokens=MAX_TOKENS,
+                temperature=float(task.get("temperature", 1.0)),
+                logprobs=True,
+                extra_body={"allowed_token_ids": task["allowed_token_ids"]},
+            ).choices[0]
+            content = choice.logprobs.content if choice.logprobs is not None else None
+            shares.append(glossary_share([entry.token for entry in content or []]))
+            if turn < TURNS - 1:
+                messages += tool_messages(choice.message, turn)
+        return sum(shares) / len(shares)

@@ -1,0 +1,155 @@
+"""Train the tiny random model on a three-turn, tool-using task: a whole agl + verl run on the CPU.
+
+    python -m examples.word_lookup.train [--steps 16] [--level trajectory|transition] [--out DIR] [--png PATH]
+
+The same run as examples/lowercase_words (vLLM in dev mode, `agl proxy serve --logprobs`, agents
+as subprocesses, `AglTrainer.fit()` through `agl_train.cpu_workers.run_ppo_on_cpu`), with the
+agent of `agent.py`: three model calls per rollout with the `lookup` tool offered in each, its
+results appended between them, rewarded on every turn. At the trajectory level (default) the
+calls of a rollout merge into one row, the inserted tool results and template glue masked out.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from examples.lowercase_words import train as lowercase
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = REPO / "artifacts" / "word_lookup"
+AGENT_CLASS = "examples.word_lookup.agent:WordLookupAgent"
+WORD_TOKEN = re.compile(r" [A-Za-z]+")
+REPLACED_KEYS = (
+    "agentlightning.local.agent_class",
+    "agentlightning.local.env_map.PROMPT",
+    "trainer.experiment_name",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+)
+LIMITS = {
+    # Prompts run from ~300 tokens (the template's tool preamble) to ~475 (the third call: each
+    # call adds its 8-token answer and ~80 inserted tokens: the recorded tool call, the tool result
+    # and the turn markers); a row that starts at a later call, after a prefix break, has such a prompt.
+    "trajectory": [
+        "agentlightning.trace_aggregator.trajectory_max_prompt_length=504",
+        "agentlightning.trace_aggregator.trajectory_max_response_length=208",
+    ],
+    "transition": ["data.max_prompt_length=504", "data.max_response_length=8"],
+}
+
+
+def allowed_token_ids(model_path: Path) -> list[int]:
+    """The answers' vocabulary: tokens that are a space and letters and encode back to themselves
+    (so an answer sent back as text becomes the same ids), and the end-of-turn token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    words = [
+        token_id
+        for token_id in range(len(tokenizer))
+        if WORD_TOKEN.fullmatch(text := tokenizer.decode([token_id]))
+        and tokenizer.encode(text, add_special_tokens=False) == [token_id]
+    ]
+    return [*words, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+TURN_COUNTER = "Turn {turn} of 3."
+"""The system prompt of every eighth task: rewritten each turn, it splits those rollouts into a row per call."""
+
+
+def tasks(allowed: Sequence[int], count: int, offset: int = 0, temperature: float = 1.0) -> list[dict[str, Any]]:
+    """`count` tasks cycling through the lowercase example's 8 prompts; the last prompt's tasks
+    have a turn counter in their system prompt."""
+    cycle = len(lowercase.PROMPTS)
+    return [
+        {"prompt": prompt["prompt"], "temperature": temperature, "allowed_token_ids": list(allowed)}
+        | ({"system": TURN_COUNTER} if (offset + i) % cycle == cycle - 1 else {})
+        for i, prompt in enumerate(lowercase.tasks(count, offset))
+    ]
+
+
+def overrides(
+    model_path: Path, proxy_url: str, steps: int, out: Path, level: str, seed: int = 0, extra: Sequence[str] = ()
+) -> list[str]:
+    """The lowercase example's config (4 prompts × 4 rollouts, two mini-batches per step) with this
+    agent, the aggregator `level` and its length limits, then `extra`."""
+    base = [
+        override
+        for override in lowercase.overrides(model_path, proxy_url, steps, out, seed)
+        if override.split("=")[0].lstrip("+") not in REPLACED_KEYS and not override.startswith("agentlightning.trace")
+    ]
+    return [
+        *base,
+        f"agentlightning.local.agent_class={AGENT_CLASS}",
+        f"agentlightning.trace_aggregator.level={level}",
+        # verl's log-prob pass takes whole micro-batches; agl's update batch is whole mini-batches
+        # of 8 rows (2 × rollout.n), 8, 16, 24... rows here, which the lowercase example's 16 does not divide.
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        *LIMITS[level],
+        "trainer.experiment_name=word_lookup",
+        *extra,
+    ]
+
+
+def train(
+    model_path: Path,
+    vllm_address: str,
+    out: Path,
+    steps: int,
+    *,
+    level: str = "trajectory",
+    seed: int = 0,
+    print_lines: bool = True,
+    extra: Sequence[str] = (),
+    train_tasks: Sequence[dict[str, Any]] | None = None,
+) -> lowercase.Run:
+    """`steps` training steps against the vLLM at `vllm_address` (dev mode, serving `model_path`);
+    everything the run writes goes under `out`. `extra` overrides come last; `train_tasks`
+    replace the default tasks (4 per step)."""
+    import torch
+
+    from agl_train.config import compose_config
+    from agl_train.cpu_workers import run_ppo_on_cpu
+
+    torch.set_num_threads(1)  # as the lowercase example: a second thread only waits on vLLM and the agents
+    out.mkdir(parents=True, exist_ok=True)
+    metrics_path = out / "metrics.jsonl"
+    for stale in (metrics_path, out / "agl.db", out / "agl.db-wal", out / "agl.db-shm"):
+        stale.unlink(missing_ok=True)
+    allowed = allowed_token_ids(model_path)
+    with (
+        lowercase._environment("VERL_FILE_LOGGER_PATH", str(metrics_path)),
+        lowercase.running_proxy(out) as proxy_url,
+        lowercase.StepPrinter(metrics_path, print_lines) as printer,
+    ):
+        config = compose_config(overrides(model_path, proxy_url, steps, out, level, seed, extra))
+        trainer = run_ppo_on_cpu(
+            config,
+            list(train_tasks) if train_tasks is not None else tasks(allowed, 4 * steps),
+            tasks(allowed, 4, offset=1),
+            [vllm_address],
+            out / "weights",
+        )
+    params = sum(p.numel() for p in trainer.actor_rollout_wg.model.parameters())
+    return lowercase.Run(printer.history, printer.validations, out / "agl.db", trainer, [(params, params)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = lowercase.example_parser((__doc__ or "").splitlines()[0], DEFAULT_OUT)
+    parser.add_argument("--level", choices=sorted(LIMITS), default="trajectory")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    out: Path = args.out.resolve()
+    with lowercase.fresh_run(out) as (model, address):
+        train(model, address, out, args.steps, level=args.level, seed=args.seed)
+    title = f"word-lookup task (3 turns, {args.level} rows), tiny model, CPU"
+    lowercase.report(out, args.steps, args.png or out / "training-curve.png", title, started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""`AglTrainer.fit()` on the CPU with a multi-turn, tool-using agent (examples/word_lookup): three
+model calls per rollout, a tool result appended between them. What agl adds to verl is checked on
+the batches the actor really trained on (recorded by `RolloutHooks.on_batch`,
+tests/train/recording_hooks.py) against the calls in the store: trajectory rows, masks, prefix
+breaks, the rollout-level advantage, `per_rollout_mean` and the update cap. Two runs share the
+session's dev-mode vLLM: 16 trajectory-level steps (which must learn) and one capped
+transition-level step."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from examples.lowercase_words.train import Run, improvement, rewards_by_version
+from examples.word_lookup.agent import TURNS
+from examples.word_lookup.train import allowed_token_ids, tasks, train
+from tests.train import recording_hooks
+from tests.train.fit_helpers import llm_calls_by_version, traces_by_step
+from tests.train.recording_hooks import StepBatch
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+STEPS = 16
+ROLLOUTS_PER_STEP = 16  # data.train_batch_size 4 × rollout.n 4
+MINI_BATCH_ROWS = 8  # ppo_mini_batch_size 2 × rollout.n 4
+WINDOW = 3
+CAPPED_STEPS = 1
+MAX_PPO_UPDATE_TIMES = 2
+HOOKS = "agentlightning.hooks=tests.train.recording_hooks"
+
+
+@dataclass
+class Recorded:
+    """A run, what its hooks saw, and its rollouts as the store holds them, by step."""
+
+    run: Run
+    calls: list[str]
+    batches: dict[int, StepBatch]
+    traces: dict[int, list]
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return self.run.history[step - 1]
+
+
+def run_recorded(server, out: Path, steps: int, level: str, extra: Sequence[str] = (), **kwargs) -> Recorded:
+    recording_hooks.reset()
+    address = server.root_url.removeprefix("http://")
+    run = train(server.model_path, address, out, steps, level=level, print_lines=False, extra=[HOOKS, *extra], **kwargs)
+    recorded = Recorded(run, list(recording_hooks.CALLS), dict(recording_hooks.BATCHES), traces_by_step(run.db_path))
+    recording_hooks.reset()
+    return recorded
+
+
+@pytest.fixture(scope="module")
+def trajectory(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    return run_recorded(dev_vllm_server, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory")
+
+
+@pytest.fixture(scope="module")
+def capped_transition(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    """Transition rows (3 per rollout, 48 per step) capped at 2 mini-batches of 8 rows, without
+    validation. Each step trains two greedy groups (temperature 0: four equal answers, equal
+    rewards) and two sampled ones, in that order (`data.shuffle=false`)."""
+    allowed = allowed_token_ids(dev_vllm_server.model_path)
+    greedy, sampled = tasks(allowed, 2, temperature=0.0), tasks(allowed, 2, offset=2)
+    in_order = [task for _ in range(CAPPED_STEPS) for pair in zip(greedy, sampled, strict=True) for task in pair]
+    return run_recorded(
+        dev_vllm_server,
+        tmp_path_factory.mktemp("transition"),
+        CAPPED_STEPS,
+        "transition",
+        extra=[
+            f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}",
+            "data.shuffle=false",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+        ],
+        train_tasks=in_order,
+    )
+
+
+# --- reading a recorded batch ----------------------------------------------------------------
+
+
+def row_tokens(batch: StepBatch, b: int) -> tuple[list[int], list[int], list[int]]:
+    """Row b's prompt, response and response mask, without padding."""
+    p_len = batch.prompts.shape[1]
+    valid = batch.attention_mask[b].bool()
+    n_response = int(valid[p_len:].sum())
+    prompt = batch.prompts[b][valid[:p_len]].tolist()
+    return prompt, batch.responses[b, :n_response].tolist(), batch.response_mask[b, :n_response].tolist()
+
+
+def generated_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """The [start, end) spans of consecutive 1s of a response mask: one per call merged into the row."""
+    runs, start = [], None
+    for i, value in enumerate([*mask, 0]):
+        if value and start is None:
+            start = i
+        elif not value and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def rollout_advantages(traces: Sequence) -> dict[str, float]:
+    """verl's GRPO advantage over the step's rollouts (one score per rollout, grouped by uid)."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    scores = torch.tensor([[trace.reward] for trace in traces], dtype=torch.float32)
+    advantages, _ = compute_grpo_outcome_advantage(
+        scores, torch.ones_like(scores), np.array([trace.uid for trace in traces], dtype=object)
+    )
+    return {trace.rollout_id: float(a) for trace, a in zip(traces, advantages[:, 0], strict=True)}
+
+
+def extends(prompt: Sequence[int], previous_prompt: Sequence[int], previous_response: Sequence[int]) -> bool:
+    context = [*previous_prompt, *previous_response]
+    return list(prompt[: len(context)]) == context
+
+
+# --- trajectory level ------------------------------------------------------------------------
+
+
+def test_every_step_runs_three_calls_per_rollout_through_verls_update(trajectory: Recorded) -> None:
+    assert [int(m["step"]) for m in trajectory.run.history] == list(range(1, STEPS + 1))
+    for metrics in trajectory.run.history:
+        assert (metrics["rollout/n_done"], metrics["rollout/n_failed"]) == (ROLLOUTS_PER_STEP, 0)
+        assert metrics["rollout/proxy_drained"] == 1.0 and "actor/pg_loss" in metrics
+        assert metrics["training/n_truncated_sample"] == metrics["training/n_sample_dropped/marked"] == 0
+    assert llm_calls_by_version(trajectory.run.db_path) == {
+        str(step): TURNS * ROLLOUTS_PER_STEP for step in range(1, STEPS + 1)
+    }
+
+
+def test_on_startup_runs_once_through_fit_before_the_first_batch(trajectory: Recorded) -> None:
+    assert trajectory.calls == ["startup", *(f"batch {step}" for step in range(1, STEPS + 1))]
+
+
+def test_the_calls_of_a_rollout_merge_into_rows_with_the_inserted_tokens_masked(
+    trajectory: Recorded, tokenizer
+) -> None:
+    merged_calls: Counter[int] = Counter()
+    inserted_text = ""
+    for step, batch in trajectory.batches.items():
+        calls = {trace.rollout_id: trace.calls for trace in trajectory.traces[step]}
+        for b in range(len(batch)):
+            prompt, response, mask = row_tokens(batch, b)
+            first = int(batch.turn_index[b])
+            runs = generated_runs(mask)
+            row_calls = calls[batch.rollout_id[b]][first : first + len(runs)]
+            merged_calls[len(runs)] += 1
+            # The row is its first call's prompt, then each call's generated ids (mask 1) with what
+            # the agent appended in between (mask 0): the last call's prompt + response.
+            assert prompt == list(row_calls[0].prompt_ids)
+            assert [response[start:end] for start, end in runs] == [list(call.response_ids) for call in row_calls]
+            assert prompt + response == [*row_calls[-1].prompt_ids, *row_calls[-1].response_ids]
+            inserted_text += tokenizer.decode([t for t, m in zip(response, mask, strict=True) if not m])
+    print(f"\ncalls merged per row, over the update rows of {STEPS} steps: {dict(sorted(merged_calls.items()))}")
+    assert merged_calls[TURNS] > sum(merged_calls.values()) / 2  # most rollouts are one row of three calls
+    assert "<tool_call>" in inserted_text and "<tool_response>" in inserted_text and "known:" in inserted_text
+
+
+def test_a_rollout_whose_history_was_rendered_differently_splits_and_is_counted(trajectory: Recorded) -> None:
+    rows_per_rollout: Counter[int] = Counter()
+    for step, traces in trajectory.traces.items():
+        # A split wherever a call's prompt does not extend the previous prompt + response, e.g.
+        # where the model ended its turn: the template renders the recorded tool call there.
+        breaks = {
+            trace.rollout_id: sum(
+                not extends(call.prompt_ids, previous.prompt_ids, previous.response_ids)
+                for previous, call in zip(trace.calls, trace.calls[1:], strict=False)
+            )
+            for trace in traces
+        }
+        metrics = trajectory.metrics(step)
+        assert metrics["training/n_prefix_breaks"] == sum(breaks.values())
+        assert metrics["training/n_rows"] == len(traces) + sum(breaks.values())
+        rows_per_rollout.update(1 + n for n in breaks.values())
+        batch = trajectory.batches[step]
+        for rollout_id, n_rows in Counter(batch.rollout_id.tolist()).items():
+            assert n_rows <= 1 + breaks[rollout_id]  # the update cap may drop some rows, never add
+    print(f"\nrows per rollout over {STEPS} steps: {dict(sorted(rows_per_rollout.items()))}")
+    # Every eighth task rewrites its system prompt each turn: three rows, one per call.
+    assert rows_per_rollout[1] > 0 and rows_per_rollout[TURNS] > 0
+
+
+def test_per_rollout_mean_weighs_every_rollout_by_its_advantage_over_the_rows_of_the_step(
+    trajectory: Recorded,
+) -> None:
+    assert any(max(Counter(batch.rollout_id.tolist()).values()) > 1 for batch in trajectory.batches.values())
+    for step, batch in trajectory.batches.items():
+        expected = rollout_advantages(trajectory.traces[step])
+        n_rows = len(batch)
+        assert n_rows == trajectory.metrics(step)["training/n_update_rows"]
+        assert not batch.advantages[batch.response_mask == 0].any()  # nothing on inserted tokens or padding
+        for rollout_id in set(batch.rollout_id.tolist()):
+            rows = torch.from_numpy(batch.rollout_id == rollout_id)
+            total = float(batch.advantages[rows].abs().sum())
+            assert total == pytest.approx(abs(expected[rollout_id]) / n_rows, rel=1e-4, abs=1e-7), (step, rollout_id)
+
+
+def test_the_model_learns_the_multi_turn_task(trajectory: Recorded) -> None:
+    result = improvement(rewards_by_version(trajectory.run.db_path), WINDOW)
+    print(
+        f"\ntrajectory level: reward of the first {WINDOW} steps {result['first']:.3f}, of the last {WINDOW} "
+        f"{result['last']:.3f}: gain {result['gain']:+.3f}, noise band {result['band']:.3f}"
+    )
+    assert result["gain"] > result["band"], result
+
+
+# --- transition level, capped ----------------------------------------------------------------
+
+
+def test_transition_rows_are_one_per_call_with_the_rollouts_advantage_on_each(capped_transition: Recorded) -> None:
+    assert capped_transition.calls == ["startup", *(f"batch {step}" for step in range(1, CAPPED_STEPS + 1))]
+    for step, batch in capped_transition.batches.items():
+        metrics = capped_transition.metrics(step)
+        assert metrics["training/n_rows"] == TURNS * ROLLOUTS_PER_STEP and metrics["training/n_prefix_breaks"] == 0
+        expected = rollout_advantages(capped_transition.traces[step])
+        calls = {trace.rollout_id: trace.calls for trace in capped_transition.traces[step]}
+        n_rows = len(batch)
+        for rollout_id in set(batch.rollout_id.tolist()):
+            rows = np.flatnonzero(batch.rollout_id == rollout_id)
+            tokens = int(batch.response_mask[rows].sum())
+            for b in rows:
+                prompt, response, mask = row_tokens(batch, b)
+                call = calls[rollout_id][int(batch.turn_index[b])]
+                assert (prompt, response, mask) == (list(call.prompt_ids), list(call.response_ids), [1] * len(response))
+                # Â = A_r / (T_r · N) on every token of every row of the rollout.
+                scaled = batch.advantages[b, : len(response)] * tokens * n_rows
+                assert torch.allclose(scaled, torch.full_like(scaled, expected[rollout_id]), rtol=1e-4, atol=1e-6)
+
+
+def test_the_update_cap_keeps_whole_mini_batches_dropping_same_reward_groups_first(
+    capped_transition: Recorded,
+) -> None:
+    for step, batch in capped_transition.batches.items():
+        metrics = capped_transition.metrics(step)
+        traces = capped_transition.traces[step]
+        rewards: dict[str, set[float]] = {}
+        for trace in traces:
+            rewards.setdefault(trace.uid, set()).add(trace.reward)
+        same = {uid for uid, values in rewards.items() if len(values) == 1}
+        same_rows = TURNS * sum(trace.uid in same for trace in traces)
+        n_rows, kept = int(metrics["training/n_rows"]), MINI_BATCH_ROWS * MAX_PPO_UPDATE_TIMES
+        assert len(batch) == metrics["training/n_update_rows"] == kept < n_rows
+        dropped = n_rows - kept
+        assert same, f"step {step}: no group of equal rewards (the greedy groups should be): {rewards}"
+        print(
+            f"\nstep {step}: {n_rows} rows, {len(same)} equal-reward groups ({same_rows} rows), kept {kept}, dropped "
+            f"{metrics['training/n_sample_dropped/same_reward']:.0f} same-reward "
+            f"+ {metrics['training/n_sample_dropped/random']:.0f} random"
+        )
+        assert metrics["training/n_sample_dropped/same_reward"] == min(dropped, same_rows)
+        assert metrics["training/n_sample_dropped/random"] == dropped - min(dropped, same_rows)
+        kept_uids = set(batch.uid.tolist())
+        if dropped >= same_rows:  # every row of an equal-reward group went before any other
+            assert not kept_uids & same
+        else:  # only rows of equal-reward groups went
+            assert Counter(uid for uid in batch.uid.tolist() if uid not in same) == Counter(
+                trace.uid for trace in traces for _ in range(TURNS) if trace.uid not in same
+            )
