@@ -156,6 +156,14 @@ class Run:
     def world_size(self) -> int:
         return len(self.param_numel)
 
+    @classmethod
+    def in_process(
+        cls, history: list[dict[str, float]], validations: list[dict[str, float]], db_path: Path, trainer: Any
+    ) -> Run:
+        """The run of `run_ppo_on_cpu`: one process holding the whole actor."""
+        params = sum(p.numel() for p in trainer.actor_rollout_wg.model.parameters())
+        return cls(history, validations, db_path, trainer, [(params, params)])
+
 
 class StepPrinter:
     """Follows verl's file logger (`trainer.logger=[file]`) and prints one line per step."""
@@ -261,9 +269,9 @@ def train(
             param_numel = run_ppo(config, train_tasks, val_tasks, rollout=rollout).param_numel
         else:
             trainer = run_ppo_on_cpu(config, train_tasks, val_tasks, [vllm_address], out / "weights")
-            params = sum(p.numel() for p in trainer.actor_rollout_wg.model.parameters())
-            param_numel = [(params, params)]
-    return Run(printer.history, printer.validations, out / "agl.db", trainer, param_numel)
+    if trainer is not None:
+        return Run.in_process(printer.history, printer.validations, out / "agl.db", trainer)
+    return Run(printer.history, printer.validations, out / "agl.db", None, param_numel)
 
 
 @contextlib.contextmanager

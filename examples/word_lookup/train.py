@@ -134,8 +134,7 @@ def train(
             [vllm_address],
             out / "weights",
         )
-    params = sum(p.numel() for p in trainer.actor_rollout_wg.model.parameters())
-    return lowercase.Run(printer.history, printer.validations, out / "agl.db", trainer, [(params, params)])
+    return lowercase.Run.in_process(printer.history, printer.validations, out / "agl.db", trainer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

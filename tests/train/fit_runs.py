@@ -70,7 +70,7 @@ def fit(config_overrides: Sequence[str], out: Path, train_tasks: list[Any], val_
     metrics_path = out / "metrics.jsonl"
     with _environment("VERL_FILE_LOGGER_PATH", str(metrics_path)), StepPrinter(metrics_path, False) as printer:
         trainer = run_ppo_on_cpu(compose_config(config_overrides), train_tasks, val_tasks, [address], out / "weights")
-    return Run(history=printer.history, validations=printer.validations, db_path=out / "agl.db", trainer=trainer)
+    return Run.in_process(printer.history, printer.validations, out / "agl.db", trainer)
 
 
 def start_fit(
