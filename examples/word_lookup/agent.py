@@ -9,7 +9,7 @@ model always does) gets its answer looked up by the agent, which records that ca
 assistant message, as a tool-calling model would have written it. The reward is the mean over
 the turns of the share of generated tokens that are glossary words.
 
-The task (`AGL_INPUT`) is `{"prompt": str, "allowed_token_ids": [int, ...], "temperature": float}`
+The task (`AGL_INPUT`) is `{"prompt": str, "allowed_token_ids": [int, ...]}`
 and optionally `"system"`, a system prompt with `{turn}` in it, rewritten before every call.
 `allowed_token_ids` (vLLM's sampling parameter) restricts the answers to tokens that come back
 as the same ids when the history is rendered again, so the turns of a rollout merge into one
@@ -88,7 +88,7 @@ class WordLookupAgent:
                 messages=messages,
                 tools=[LOOKUP_TOOL],
                 max_tokens=MAX_TOKENS,
-                temperature=float(task.get("temperature", 1.0)),
+                temperature=1.0,  # the trainer imposes its rollout temperature on the proxy anyway
                 logprobs=True,
                 extra_body={"allowed_token_ids": task["allowed_token_ids"]},
             ).choices[0]

@@ -61,12 +61,12 @@ TURN_COUNTER = "Turn {turn} of 3."
 """The system prompt of every eighth task: rewritten each turn, it splits those rollouts into a row per call."""
 
 
-def tasks(allowed: Sequence[int], count: int, offset: int = 0, temperature: float = 1.0) -> list[dict[str, Any]]:
+def tasks(allowed: Sequence[int], count: int, offset: int = 0) -> list[dict[str, Any]]:
     """`count` tasks cycling through the lowercase example's 8 prompts; the last prompt's tasks
     have a turn counter in their system prompt."""
     cycle = len(lowercase.PROMPTS)
     return [
-        {"prompt": prompt["prompt"], "temperature": temperature, "allowed_token_ids": list(allowed)}
+        {"prompt": prompt["prompt"], "allowed_token_ids": list(allowed)}
         | ({"system": TURN_COUNTER} if (offset + i) % cycle == cycle - 1 else {})
         for i, prompt in enumerate(lowercase.tasks(count, offset))
     ]

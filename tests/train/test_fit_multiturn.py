@@ -69,11 +69,13 @@ def trajectory(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Rec
 @pytest.fixture(scope="module")
 def capped_transition(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     """Transition rows (3 per rollout, 48 per step) capped at 2 mini-batches of 8 rows, without
-    validation. Each step trains two greedy groups (temperature 0: four equal answers, equal
-    rewards) and two sampled ones, in that order (`data.shuffle=false`)."""
+    validation. Each step trains two groups whose answers are forced equal (one allowed token:
+    the trainer imposes its sampling temperature on every call, so an agent cannot ask for greedy
+    answers) and two sampled ones, in that order (`data.shuffle=false`)."""
     allowed = allowed_token_ids(dev_vllm_server.model_path)
-    greedy, sampled = tasks(allowed, 2, temperature=0.0), tasks(allowed, 2, offset=2)
-    in_order = [task for _ in range(CAPPED_STEPS) for pair in zip(greedy, sampled, strict=True) for task in pair]
+    forced = [task | {"allowed_token_ids": [allowed[0]]} for task in tasks(allowed, 2)]
+    sampled = tasks(allowed, 2, offset=2)
+    in_order = [task for _ in range(CAPPED_STEPS) for pair in zip(forced, sampled, strict=True) for task in pair]
     return run_recorded(
         dev_vllm_server,
         tmp_path_factory.mktemp("transition"),
@@ -256,7 +258,7 @@ def test_the_update_cap_keeps_whole_mini_batches_dropping_same_reward_groups_fir
         n_rows, kept = int(metrics["training/n_rows"]), MINI_BATCH_ROWS * MAX_PPO_UPDATE_TIMES
         assert len(batch) == metrics["training/n_update_rows"] == kept < n_rows
         dropped = n_rows - kept
-        assert same, f"step {step}: no group of equal rewards (the greedy groups should be): {rewards}"
+        assert same, f"step {step}: no group of equal rewards (the forced groups should be): {rewards}"
         print(
             f"\nstep {step}: {n_rows} rows, {len(same)} equal-reward groups ({same_rows} rows), kept {kept}, dropped "
             f"{metrics['training/n_sample_dropped/same_reward']:.0f} same-reward "
