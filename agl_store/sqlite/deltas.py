@@ -218,6 +218,11 @@ class Candidate:
     depth: int
     size: int
     """Roughly the memory the index holds for it: the stored span's size."""
+    reach: int = field(init=False)
+    """The most ids a prompt could share with its contexts (`best_parent` tries the longest first)."""
+
+    def __post_init__(self) -> None:
+        self.reach = (len(self.call.prompt or b"") + max(map(len, self.call.choices.values()), default=0)) // 4
 
 
 @dataclass
@@ -275,7 +280,11 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     best: tuple[int, int, int] | None = None
     chosen: Delta | None = None
     first = prompt[:4]
-    for candidate in candidates:
+    # Longest context first: once one shares more ids than the next could hold, the rest
+    # cannot win, and a conversation's latest call usually settles it alone.
+    for candidate in sorted(candidates, key=lambda c: -c.reach):
+        if best is not None and min(candidate.reach, len(prompt) // 4) < best[0]:
+            break
         theirs = candidate.call.prompt or b""
         shared, choice = (_shared_bytes(prompt, 0, theirs) if first and theirs.startswith(first) else 0), None
         if theirs and shared * 4 == len(theirs):  # the whole prompt: then how much of a choice
@@ -466,6 +475,37 @@ def compact(conn: sqlite3.Connection, rows: list[Row]) -> list[Row]:
         text = text if isinstance(text, bytes) else text.encode()
         spliced = text[:-1] + b',"' + call_span.DELTA.encode() + b'":' + orjson.dumps(reference) + b"}"
         out.append((*row[:_ATTRIBUTES], spliced, *row[_ATTRIBUTES + 1 :]))
+    return out
+
+
+def keep_attributes(conn: sqlite3.Connection, rows: list[Row], keys: frozenset[str]) -> list[Row]:
+    """`rows` with only the attribute keys in `keys` (and `agl.delta`); the token blob keeps
+    only the arrays of those keys, so what is left out is neither sent nor decoded.
+
+    SQLite's JSON functions cut the text: they copy what stays as it is written, and parse
+    the request and response bodies (most of a call) in C, some 15 times faster than making
+    them Python objects."""
+    keys = keys | {call_span.DELTA}
+    out: list[Row] = []
+    for row in rows:
+        text = row[_ATTRIBUTES]
+        text = text.decode() if isinstance(text, bytes) else text  # SQLite 3.45+ reads a blob as JSONB
+        drop = [key for (key,) in conn.execute("SELECT key FROM json_each(?)", (text,)) if key not in keys]
+        if not drop:
+            out.append(row)
+            continue
+        if any('"' in key or "\\" in key for key in drop):  # not writable as a JSON path
+            skeleton = orjson.loads(text)
+            text = orjson.dumps({key: value for key, value in skeleton.items() if key in keys})
+        else:
+            paths = [f'$."{key}"' for key in drop]
+            (text,) = conn.execute(f"SELECT json_remove(?{', ?' * len(paths)})", (text, *paths)).fetchone()
+        blob = row[_TOKENS]
+        if blob is not None:
+            stored = Unpacked.of(b"", blob, {})
+            kept = _repacked({}, [entry for entry in stored.index if entry[0][0] in keys], stored.data)
+            blob = kept.blob()
+        out.append((*row[:_ATTRIBUTES], text, blob, *row[_TOKENS + 1 :]))
     return out
 
 
