@@ -564,7 +564,8 @@ class DeltaWriter:
         is in (`remember`)."""
         if call_span.PROMPT_TOKEN_IDS not in attributes and call_span.REQUEST not in attributes:
             return (text, blob, None, None, None), None
-        call = call_of(Unpacked.of(text, blob, attributes))
+        given = Unpacked.of(text, blob, attributes)
+        call = call_of(given)
         if call is None:
             return (text, blob, None, None, None), None
         if key not in self.index.attempts:
@@ -582,7 +583,9 @@ class DeltaWriter:
                 continue
             if delta.depth < MAX_DEPTH:
                 depth = delta.depth
-                stored_text, tokens, info = encode_delta(Unpacked.of(text, blob), call, delta)
+                stored_text, tokens, info = encode_delta(
+                    Unpacked(orjson.loads(text), given.index, given.data), call, delta
+                )
                 stored = (stored_text, tokens, delta.base_pk, info)
             break
         # A new stamp per row (this process's random prefix, then a count): a row rolled back
