@@ -478,34 +478,56 @@ def compact(conn: sqlite3.Connection, rows: list[Row]) -> list[Row]:
     return out
 
 
+_TOP_LEVEL_SQL = (
+    "SELECT key, type, CASE WHEN key IN (SELECT value FROM json_each(?2)) THEN value END FROM json_each(?1)"
+)
+_LITERALS = {"true": b"true", "false": b"false", "null": b"null"}
+
+
+def _kept_json(conn: sqlite3.Connection, text: str, keys: bytes, wanted: frozenset[str]) -> bytes | None:
+    """The attributes JSON with only the `wanted` keys, cut by one pass of SQLite's parser
+    (the rest, the bodies, is parsed in C and never made a Python object); None when nothing
+    goes, or when a kept value is a float (SQLite would round it: the caller uses orjson)."""
+    parts: list[bytes] = []
+    dropped = rounded = False
+    for key, kind, value in conn.execute(_TOP_LEVEL_SQL, (text, keys)):
+        if key not in wanted:
+            dropped = True
+        elif kind in ("object", "array"):
+            parts.append(orjson.dumps(key) + b":" + value.encode())
+        elif kind == "text":
+            parts.append(orjson.dumps(key) + b":" + orjson.dumps(value))
+        elif kind == "integer":
+            parts.append(orjson.dumps(key) + b":" + str(value).encode())
+        elif kind in _LITERALS:
+            parts.append(orjson.dumps(key) + b":" + _LITERALS[kind])
+        else:
+            rounded = True
+    if not dropped:
+        return None
+    if rounded:
+        return orjson.dumps({key: value for key, value in orjson.loads(text).items() if key in wanted})
+    return b"{" + b",".join(parts) + b"}"
+
+
 def keep_attributes(conn: sqlite3.Connection, rows: list[Row], keys: frozenset[str]) -> list[Row]:
     """`rows` with only the attribute keys in `keys` (and `agl.delta`); the token blob keeps
-    only the arrays of those keys, so what is left out is neither sent nor decoded.
-
-    SQLite's JSON functions cut the text: they copy what stays as it is written, and parse
-    the request and response bodies (most of a call) in C, some 15 times faster than making
-    them Python objects."""
+    only the arrays of those keys, so what is left out is neither sent nor decoded."""
     keys = keys | {call_span.DELTA}
+    listed = orjson.dumps(sorted(keys))
     out: list[Row] = []
     for row in rows:
         text = row[_ATTRIBUTES]
         text = text.decode() if isinstance(text, bytes) else text  # SQLite 3.45+ reads a blob as JSONB
-        drop = [key for (key,) in conn.execute("SELECT key FROM json_each(?)", (text,)) if key not in keys]
-        if not drop:
+        kept = _kept_json(conn, text, listed, keys)
+        if kept is None:
             out.append(row)
             continue
-        if any('"' in key or "\\" in key for key in drop):  # not writable as a JSON path
-            skeleton = orjson.loads(text)
-            text = orjson.dumps({key: value for key, value in skeleton.items() if key in keys})
-        else:
-            paths = [f'$."{key}"' for key in drop]
-            (text,) = conn.execute(f"SELECT json_remove(?{', ?' * len(paths)})", (text, *paths)).fetchone()
         blob = row[_TOKENS]
         if blob is not None:
             stored = Unpacked.of(b"", blob, {})
-            kept = _repacked({}, [entry for entry in stored.index if entry[0][0] in keys], stored.data)
-            blob = kept.blob()
-        out.append((*row[:_ATTRIBUTES], text, blob, *row[_TOKENS + 1 :]))
+            blob = _repacked({}, [entry for entry in stored.index if entry[0][0] in keys], stored.data).blob()
+        out.append((*row[:_ATTRIBUTES], kept, blob, *row[_TOKENS + 1 :]))
     return out
 
 

@@ -323,8 +323,11 @@ async def test_a_read_of_some_attributes_leaves_the_others_out(tmp_path: Path) -
             {key: value for key, value in s.attributes.items() if key in {*wanted, call_span.DELTA}} for s in compact
         ]
         assert any(call_span.DELTA in s.attributes for s in some)
+        reward = Span(rollout_id=ids[0], attempt_id=ids[1], name="agl.reward", attributes={"v": 0.1 + 0.2, "x": "y"})
+        await store.add_span(reward)  # a float SQLite would print rounded
+        assert (await store.query_spans(*ids, name="agl.reward", attributes=["v"]))[0].attributes == {"v": 0.1 + 0.2}
         with pytest.raises(InvalidInputError, match="attributes"):
             await store.query_spans(*ids, attributes=call_span.CHOICES)  # type: ignore[arg-type]
     async with start_store_server(tmp_path / "agl.db") as client:
-        got = list(await client.query_spans(*ids, compact=True, attributes=wanted))
+        got = list(await client.query_spans(*ids, compact=True, attributes=wanted, name=call_span.NAME))
         assert [s.attributes for s in got] == [s.attributes for s in some]
