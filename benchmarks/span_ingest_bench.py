@@ -2,7 +2,7 @@
 (optionally) another checkout's store, such as the commit before deltas.
 
     .venv/bin/python benchmarks/span_ingest_bench.py
-    .venv/bin/python benchmarks/span_ingest_bench.py --other /tmp/pre-deltas   # a worktree of 9420c73
+    .venv/bin/python benchmarks/span_ingest_bench.py --other /tmp/pre-deltas   # 9420c73, say by git archive
 
 The spans: 100 attempts × 10 calls, each about 10 KB with about 450 token ids (a system
 prompt, a growing conversation, the response body naming the prompt's ids again, as vLLM's
@@ -11,7 +11,8 @@ writes the same 1,000 spans to a fresh store file, one `add_span` at a time (`si
 in `add_many_spans` batches of 50 calls of interleaved attempts (`batches`); CPU seconds
 (all threads, `time.process_time`) per span, the median of `--repeats` rounds, the settings
 alternated within each round so a load that comes and goes falls on all of them. Each
-setting runs in its own process (`--other` imports that checkout's `agl_store`).
+setting runs in its own process (`--other` imports that checkout's `agl_store`, with its
+default settings).
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def measure(code: Path, deltas: str, batched: bool) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--other", type=Path, help="a checkout whose store is measured too (default settings)")
+    parser.add_argument(
+        "--other", type=Path, action="append", default=[], help="a checkout whose store is measured too (repeatable)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child-deltas", help=argparse.SUPPRESS)
     parser.add_argument("--child-batched", action="store_true", help=argparse.SUPPRESS)
@@ -114,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         child(args)
         return 0
     settings = [("deltas on", ROOT, "on"), ("deltas off", ROOT, "off")]
-    if args.other:
-        settings.append((f"{args.other.name}", args.other.resolve(), "default"))
+    settings += [(other.name, other.resolve(), "default") for other in args.other]
     times: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         for name, code, deltas in settings:
