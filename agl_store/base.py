@@ -321,6 +321,7 @@ class LightningStore:
         sort_by: str | None = "sequence_id",
         sort_order: SortOrder = "asc",
         compact: bool = False,
+        attributes: Sequence[str] | None = None,
     ) -> Page[Span]:
         """Spans of a rollout (all attempts, one attempt, or the latest), in sequence order.
 
@@ -329,6 +330,10 @@ class LightningStore:
         (docs/spans.md): for readers that have the earlier call too, such as the trainer
         reading a whole attempt. A store that keeps every span whole returns whole spans,
         without `agl.delta`, which is what this default does.
+
+        With `attributes`, each span keeps only those attribute keys (a compact read's
+        `agl.delta` too): a reader that needs a few, such as the trainer, is not sent the
+        request and response bodies. A store may return more than asked.
         """
         return await self.find_spans(SpanQuery.of_call(locals()))
 

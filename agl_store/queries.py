@@ -101,6 +101,10 @@ class SpanQuery(Paging):
     sort_by: str | None = "sequence_id"
     compact: bool = False
     """LLM calls stored as deltas come as their delta plus `agl.delta` (docs/spans.md)."""
+    attributes: list[str] | None = None
+    """Only these attribute keys of each span (and `agl.delta` of a compact read); None: all."""
+
+    list_fields: ClassVar[tuple[str, ...]] = ("attributes",)
 
 
 class ResourcesQuery(Paging):

@@ -27,6 +27,16 @@ from agl_store.packed_attributes import MIN_PACKED_LENGTH
 AGL_03_PRIMARY_REWARD = "agentlightning.reward.0.value"
 """Where agent-lightning 0.3's `emit_reward` puts the primary reward (flattened OTLP attribute)."""
 
+TRAINER_ATTRIBUTES = (
+    call_span.PROMPT_TOKEN_IDS,
+    call_span.CHOICES,
+    call_span.SAMPLING,
+    REWARD_VALUE_ATTRIBUTE,
+    AGL_03_PRIMARY_REWARD,
+)
+"""The span attributes a trace is built from (`read_rollout` asks the store for these only:
+the request and response bodies, most of a stored call, are not read)."""
+
 SKIP_ERROR = "error"
 """The call's span has status ERROR: the backend did not answer it."""
 SKIP_NO_PROMPT_IDS = "no_prompt_token_ids"
@@ -281,7 +291,7 @@ async def read_rollout(
     # One request: the latest attempt's spans name the attempt. Compact: a call stored as a
     # delta comes as its delta, and its prompt is rebuilt here from the parent's (in this same
     # read) by copying memory, not sent and parsed whole again.
-    spans = await store.query_spans(rollout_id, "latest", compact=True)
+    spans = await store.query_spans(rollout_id, "latest", compact=True, attributes=TRAINER_ATTRIBUTES)
     if spans:
         attempt_id = spans[0].attempt_id
     else:  # no spans yet, no attempt yet, or no such rollout (NotFoundError)
@@ -289,5 +299,5 @@ async def read_rollout(
         if attempt is None:
             return trace_from_spans(rollout_id, [], uid=uid, reward_fillna_value=reward_fillna_value)
         attempt_id = attempt.attempt_id
-        spans = await store.query_spans(rollout_id, attempt_id, compact=True)
+        spans = await store.query_spans(rollout_id, attempt_id, compact=True, attributes=TRAINER_ATTRIBUTES)
     return trace_from_spans(rollout_id, spans, uid=uid, reward_fillna_value=reward_fillna_value, attempt_id=attempt_id)

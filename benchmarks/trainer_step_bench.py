@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/trainer_step_bench.py            # 1,000 rollouts × 10 calls × ~8k tokens
     .venv/bin/python benchmarks/trainer_step_bench.py --quick    # 100 rollouts, 2 repeats
+    .venv/bin/python benchmarks/trainer_step_bench.py --bodies   # calls with request and response bodies
     .venv/bin/python benchmarks/trainer_step_bench.py --json artifacts/trainer_step_bench.json
 
 The rollouts are `aggregate_bench.py`'s tool agents (a context growing to `--tokens` over
@@ -28,7 +29,14 @@ before deltas) and read the way the trainer read it then: `whole: read (HTTP)` a
 aggregate`, with arrays and 8 reads in flight as above; `whole spans from deltas: read (HTTP)` is
 a reader of whole spans on the deltas store (the server rebuilds each call). The summary line
 compares read + aggregate, whole / compact, measured alternately within each repeat (the
-`alternated` lines), as the two stores' other lines run at different moments.
+`alternated` lines), as the two stores' other lines run at different moments. The trainer
+reads only the attributes it needs (`agl_train.traces.TRAINER_ATTRIBUTES`); `compact, all
+attributes` is the compact read of every attribute, as the trainer read before (and `before:
+read` reads that way too).
+
+With `--bodies`, each call also carries the request and response bodies the proxy records
+(the conversation as text, vLLM's answer with per-token logprobs and the prompt's ids again),
+which the trainer's read leaves out; without, a call holds only what the trainer reads.
 
 `agl total` = read (HTTP) + aggregate + tensorize, the trainer's own time per step (`before:
 total` the same with the baselines). Beside it,
@@ -60,7 +68,7 @@ sys.path.insert(0, str(BENCH_DIR))
 from aggregate_bench import rollout_spans, write_rollout  # noqa: E402
 from store_bench import agl_server  # noqa: E402
 
-from agl_store import call_span  # noqa: E402
+from agl_store import Span, call_span  # noqa: E402
 from agl_store.client import LightningStoreClient  # noqa: E402
 from agl_store.sqlite import SQLiteStore  # noqa: E402
 from agl_train.aggregate import Limits, aggregate  # noqa: E402
@@ -76,12 +84,61 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def fill(store: Any, rollouts: int, turns: int, tokens: int) -> list[Group]:
+def with_bodies(spans: Sequence[Span]) -> list[Span]:
+    """The calls with the request and response bodies the proxy records beside their ids
+    (`agl.request`, `agl.response`): the conversation as text, about 4 characters a token,
+    and vLLM's answer with per-token logprobs and the prompt's ids."""
+    out: list[Span] = []
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful agent. " * 40}]
+    seen = 0
+    for span in spans:
+        attributes = span.attributes
+        if span.name != call_span.NAME:
+            out.append(span)
+            continue
+        prompt = attributes[call_span.PROMPT_TOKEN_IDS]
+        choice = attributes[call_span.CHOICES][0]
+        messages.append({"role": "user", "content": "observation " * ((len(prompt) - seen) * 4 // 12)})
+        answer = "answer " * (len(choice["token_ids"]) * 4 // 7)
+        response = {
+            "id": f"chatcmpl-{span.span_id}",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer},
+                    "finish_reason": "stop",
+                    "logprobs": {
+                        "content": [
+                            {"token": "tok", "logprob": lp, "bytes": [116, 111, 107], "top_logprobs": []}
+                            for lp in choice["logprobs"]
+                        ]
+                    },
+                    "token_ids": choice["token_ids"],
+                }
+            ],
+            "prompt_token_ids": prompt,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(choice["token_ids"])},
+        }
+        request = {"model": "m", "messages": list(messages), "logprobs": True, "return_token_ids": True}
+        out.append(
+            span.model_copy(
+                update={"attributes": {**attributes, call_span.REQUEST: request, call_span.RESPONSE: response}}
+            )
+        )
+        messages.append({"role": "assistant", "content": answer})
+        seen = len(prompt) + len(choice["token_ids"])
+    return out
+
+
+async def fill(store: Any, rollouts: int, turns: int, tokens: int, bodies: bool) -> list[Group]:
     """Write `rollouts` finished rollouts, one group of one rollout each, and return the groups."""
     rng = random.Random(0)
     groups: list[Group] = []
     for i in range(rollouts):
         spans = rollout_spans(f"r{i}", turns, tokens, breaks=i % 8 == 0, rng=rng)
+        spans = with_bodies(spans) if bodies else spans
         rid, aid = await write_rollout(store, spans, {"task": i})
         await store.update_attempt(rid, aid, status="succeeded")
         groups.append(Group(uid=f"g{i}", input={"task": i}, rollout_ids=[rid], outcomes={rid: "succeeded"}))
@@ -108,7 +165,7 @@ async def timed(fn: Callable[[], Awaitable[Any]], repeats: int, *, warm_up: bool
 
 
 class WholeSpans:
-    """A store as the trainer read it before compact reads: every span whole."""
+    """A store as the trainer read it before compact reads: every span whole, every attribute."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -116,7 +173,14 @@ class WholeSpans:
     async def get_latest_attempt(self, rollout_id: str) -> Any:
         return await self.store.get_latest_attempt(rollout_id)
 
-    async def query_spans(self, *args: Any, compact: bool = False, **kwargs: Any) -> Any:
+    async def query_spans(self, *args: Any, compact: bool = False, attributes: Any = None, **kwargs: Any) -> Any:
+        return await self.store.query_spans(*args, **kwargs)
+
+
+class AllAttributes(WholeSpans):
+    """A store as the trainer read it with compact reads of every attribute."""
+
+    async def query_spans(self, *args: Any, attributes: Any = None, **kwargs: Any) -> Any:
         return await self.store.query_spans(*args, **kwargs)
 
 
@@ -163,7 +227,8 @@ async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int
 
     async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
         stages["before: read (HTTP, lists, 1 at a time)"], as_lists = await timed(
-            lambda: read_succeeded(client, groups, 0.0, in_flight=1), repeats
+            lambda: read_succeeded(AllAttributes(client), groups, 0.0, in_flight=1),  # type: ignore[arg-type]
+            repeats,
         )
 
     async def rows_of_lists() -> Any:
@@ -190,10 +255,14 @@ async def measure(url: str, db_path: Path, groups: Sequence[Group], repeats: int
     return {**stages, **counts}
 
 
-async def read_and_aggregate(url: str, groups: Sequence[Group], whole: bool) -> float:
-    """Seconds to read `groups` (whole spans, or compactly) and build their trajectory rows."""
+READS = {"whole": WholeSpans, "compact, all attributes": AllAttributes, "compact": lambda client: client}
+"""How the trainer read a rollout: before deltas, with compact reads of every attribute, today."""
+
+
+async def read_and_aggregate(url: str, groups: Sequence[Group], how: str) -> float:
+    """Seconds to read `groups` (`READS[how]`) and build their trajectory rows."""
     async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
-        store: Any = WholeSpans(client) if whole else client
+        store: Any = READS[how](client)
         start = time.perf_counter()
         traces = await read_succeeded(store, groups, 0.0)
         aggregate(traces, "trajectory", LIMITS)
@@ -204,18 +273,16 @@ async def compare(
     urls: tuple[str, str], groups: tuple[Sequence[Group], Sequence[Group]], repeats: int
 ) -> dict[str, float]:
     """Read + aggregate of whole spans (the store without deltas) and of compact spans (the
-    store with deltas), alternated within each repeat after one untimed round, so that a load
-    that comes and goes on a shared machine falls on both."""
-    times: dict[str, list[float]] = {"whole": [], "compact": []}
+    store with deltas; every attribute, and the trainer's own), alternated within each repeat
+    after one untimed round, so that a load that comes and goes on a shared machine falls on all."""
+    times: dict[str, list[float]] = {how: [] for how in READS}
     for repeat in range(repeats + 1):
-        for name, url, group in (("whole", urls[0], groups[0]), ("compact", urls[1], groups[1])):
-            seconds = await read_and_aggregate(url, group, whole=name == "whole")
+        for how in READS:
+            url, group = (urls[0], groups[0]) if how == "whole" else (urls[1], groups[1])
+            seconds = await read_and_aggregate(url, group, how)
             if repeat:
-                times[name].append(seconds)
-    return {
-        "whole: read + aggregate, alternated": statistics.median(times["whole"]),
-        "compact: read + aggregate, alternated": statistics.median(times["compact"]),
-    }
+                times[how].append(seconds)
+    return {f"{how}: read + aggregate, alternated": statistics.median(times[how]) for how in READS}
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -226,10 +293,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ):
         async with LightningStoreClient(whole_url, retries=0, timeout=600.0) as client:
             log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {whole_url} (whole)")
-            whole_groups = await fill(client, args.rollouts, args.turns, args.tokens)
+            whole_groups = await fill(client, args.rollouts, args.turns, args.tokens, args.bodies)
         async with LightningStoreClient(url, retries=0, timeout=600.0) as client:
             log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {url}")
-            groups = await fill(client, args.rollouts, args.turns, args.tokens)
+            groups = await fill(client, args.rollouts, args.turns, args.tokens, args.bodies)
         log(f"measuring (median of {args.repeats})")
         stages = await measure(url, db_path, groups, args.repeats)
         stages.update(await measure_whole(url, groups, args.repeats, "whole spans from deltas: "))
@@ -254,6 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-tokens-per-s", type=float, default=60.0)
     parser.add_argument("--quick", action="store_true", help="100 rollouts, 2 repeats")
+    parser.add_argument(
+        "--bodies", action="store_true", help="calls carry request and response bodies, as the proxy records them"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -271,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rollouts": args.rollouts,
             "turns": args.turns,
             "tokens_per_rollout": args.tokens,
+            "bodies": args.bodies,
             "llm_calls": calls,
             "tokens_read": tokens,
             "trajectory_rows": rows,
@@ -299,10 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"target agl total < 2 s for 1,000 rollouts: {'ok' if total < 2 * args.rollouts / 1000 else 'MISS'}"
     )
     compact = stages["compact: read + aggregate, alternated"]
+    every = stages["compact, all attributes: read + aggregate, alternated"]
     before = stages["whole: read + aggregate, alternated"]
     print(
-        f"read + aggregate: whole spans {before:.3f} s, compact {compact:.3f} s, whole / compact = "
-        f"{before / compact:.2f}; database {whole_bytes / 1e6:.1f} MB whole, {deltas_bytes / 1e6:.1f} MB with deltas"
+        f"read + aggregate: whole spans {before:.3f} s, compact (all attributes) {every:.3f} s, compact "
+        f"(the trainer's attributes) {compact:.3f} s, whole / compact = {before / compact:.2f}; "
+        f"database {whole_bytes / 1e6:.1f} MB whole, {deltas_bytes / 1e6:.1f} MB with deltas"
     )
     results["database_bytes"] = {"whole": whole_bytes, "deltas": deltas_bytes}
     if args.json:

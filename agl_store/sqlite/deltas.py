@@ -218,6 +218,11 @@ class Candidate:
     depth: int
     size: int
     """Roughly the memory the index holds for it: the stored span's size."""
+    reach: int = field(init=False)
+    """The most ids a prompt could share with its contexts (`best_parent` tries the longest first)."""
+
+    def __post_init__(self) -> None:
+        self.reach = (len(self.call.prompt or b"") + max(map(len, self.call.choices.values()), default=0)) // 4
 
 
 @dataclass
@@ -275,7 +280,11 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     best: tuple[int, int, int] | None = None
     chosen: Delta | None = None
     first = prompt[:4]
-    for candidate in candidates:
+    # Longest context first: once one shares more ids than the next could hold, the rest
+    # cannot win, and a conversation's latest call usually settles it alone.
+    for candidate in sorted(candidates, key=lambda c: -c.reach):
+        if best is not None and min(candidate.reach, len(prompt) // 4) < best[0]:
+            break
         theirs = candidate.call.prompt or b""
         shared, choice = (_shared_bytes(prompt, 0, theirs) if first and theirs.startswith(first) else 0), None
         if theirs and shared * 4 == len(theirs):  # the whole prompt: then how much of a choice
@@ -469,6 +478,59 @@ def compact(conn: sqlite3.Connection, rows: list[Row]) -> list[Row]:
     return out
 
 
+_TOP_LEVEL_SQL = (
+    "SELECT key, type, CASE WHEN key IN (SELECT value FROM json_each(?2)) THEN value END FROM json_each(?1)"
+)
+_LITERALS = {"true": b"true", "false": b"false", "null": b"null"}
+
+
+def _kept_json(conn: sqlite3.Connection, text: str, keys: bytes, wanted: frozenset[str]) -> bytes | None:
+    """The attributes JSON with only the `wanted` keys, cut by one pass of SQLite's parser
+    (the rest, the bodies, is parsed in C and never made a Python object); None when nothing
+    goes, or when a kept value is a float (SQLite would round it: the caller uses orjson)."""
+    parts: list[bytes] = []
+    dropped = rounded = False
+    for key, kind, value in conn.execute(_TOP_LEVEL_SQL, (text, keys)):
+        if key not in wanted:
+            dropped = True
+        elif kind in ("object", "array"):
+            parts.append(orjson.dumps(key) + b":" + value.encode())
+        elif kind == "text":
+            parts.append(orjson.dumps(key) + b":" + orjson.dumps(value))
+        elif kind == "integer":
+            parts.append(orjson.dumps(key) + b":" + str(value).encode())
+        elif kind in _LITERALS:
+            parts.append(orjson.dumps(key) + b":" + _LITERALS[kind])
+        else:
+            rounded = True
+    if not dropped:
+        return None
+    if rounded:
+        return orjson.dumps({key: value for key, value in orjson.loads(text).items() if key in wanted})
+    return b"{" + b",".join(parts) + b"}"
+
+
+def keep_attributes(conn: sqlite3.Connection, rows: list[Row], keys: frozenset[str]) -> list[Row]:
+    """`rows` with only the attribute keys in `keys` (and `agl.delta`); the token blob keeps
+    only the arrays of those keys, so what is left out is neither sent nor decoded."""
+    keys = keys | {call_span.DELTA}
+    listed = orjson.dumps(sorted(keys))
+    out: list[Row] = []
+    for row in rows:
+        text = row[_ATTRIBUTES]
+        text = text.decode() if isinstance(text, bytes) else text  # SQLite 3.45+ reads a blob as JSONB
+        kept = _kept_json(conn, text, listed, keys)
+        if kept is None:
+            out.append(row)
+            continue
+        blob = row[_TOKENS]
+        if blob is not None:
+            stored = Unpacked.of(b"", blob, {})
+            blob = _repacked({}, [entry for entry in stored.index if entry[0][0] in keys], stored.data).blob()
+        out.append((*row[:_ATTRIBUTES], kept, blob, *row[_TOKENS + 1 :]))
+    return out
+
+
 RECENT_SQL = (
     "SELECT pk, stamp FROM spans WHERE rollout_id = ? AND attempt_id = ? AND stamp IS NOT NULL ORDER BY pk DESC LIMIT ?"
 )
@@ -524,7 +586,8 @@ class DeltaWriter:
         is in (`remember`)."""
         if call_span.PROMPT_TOKEN_IDS not in attributes and call_span.REQUEST not in attributes:
             return (text, blob, None, None, None), None
-        call = call_of(Unpacked.of(text, blob, attributes))
+        given = Unpacked.of(text, blob, attributes)
+        call = call_of(given)
         if call is None:
             return (text, blob, None, None, None), None
         if key not in self.index.attempts:
@@ -542,7 +605,9 @@ class DeltaWriter:
                 continue
             if delta.depth < MAX_DEPTH:
                 depth = delta.depth
-                stored_text, tokens, info = encode_delta(Unpacked.of(text, blob), call, delta)
+                stored_text, tokens, info = encode_delta(
+                    Unpacked(orjson.loads(text), given.index, given.data), call, delta
+                )
                 stored = (stored_text, tokens, delta.base_pk, info)
             break
         # A new stamp per row (this process's random prefix, then a count): a row rolled back

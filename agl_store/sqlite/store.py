@@ -68,7 +68,7 @@ from .checks import (
     new_rollout,
     validate,
 )
-from .deltas import DeltaIndex, compact, materialise
+from .deltas import DeltaIndex, compact, keep_attributes, materialise
 from .paged import run_paged
 from .resources import get_resources, put_resources
 from .rollout_pages import read_rollout_page
@@ -470,7 +470,17 @@ class SQLiteStore(LightningStore):
         return await self.find_span_rows(query, span_from_row)
 
     async def find_span_rows(self, query: SpanQuery, decode: Callable[[Sequence[Any]], T]) -> Page[T]:
-        return await self._call(run_paged, select_spans(query), decode, compact if query.compact else materialise)
+        whole = compact if query.compact else materialise
+        if query.attributes is None:
+            return await self._call(run_paged, select_spans(query), decode, whole)
+        keys = frozenset(as_list(query.attributes, "attributes"))
+        if not all(isinstance(key, str) for key in keys):
+            raise InvalidInputError("attributes must be a list of attribute names (strings)")
+
+        def complete(conn: sqlite3.Connection, rows: list[Any]) -> list[Any]:
+            return keep_attributes(conn, whole(conn, rows), keys)
+
+        return await self._call(run_paged, select_spans(query), decode, complete)
 
     # --- resources -------------------------------------------------------------------------
 

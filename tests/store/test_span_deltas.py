@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agl_store import Span, call_span
+from agl_store.errors import InvalidInputError
 from agl_store.sqlite import SQLiteStore, retention
 from agl_store.sqlite.schema import MIGRATIONS, apply_migrations
 from agl_store.sqlite.transactions import Txn
@@ -305,3 +306,28 @@ async def test_a_compact_read_is_each_delta_and_its_parent(tmp_path: Path) -> No
         read = await whole.query_spans(*ids, compact=True)
         assert not any(call_span.DELTA in s.attributes for s in read)
         assert rebuilt(list(read)) == expected
+
+
+async def test_a_read_of_some_attributes_leaves_the_others_out(tmp_path: Path) -> None:
+    spans = conversation(random.Random(5), 8)
+    wanted = [call_span.PROMPT_TOKEN_IDS, call_span.CHOICES]
+    async with SQLiteStore(tmp_path / "agl.db") as store:
+        ids = await write(store, spans, random.Random(2))
+        whole = list(await store.query_spans(*ids))
+        compact = list(await store.query_spans(*ids, compact=True))
+        assert [s.attributes for s in await store.query_spans(*ids, attributes=wanted)] == [
+            {key: s.attributes[key] for key in wanted} for s in whole
+        ]
+        some = list(await store.query_spans(*ids, compact=True, attributes=wanted))
+        assert [s.attributes for s in some] == [
+            {key: value for key, value in s.attributes.items() if key in {*wanted, call_span.DELTA}} for s in compact
+        ]
+        assert any(call_span.DELTA in s.attributes for s in some)
+        reward = Span(rollout_id=ids[0], attempt_id=ids[1], name="agl.reward", attributes={"v": 0.1 + 0.2, "x": "y"})
+        await store.add_span(reward)  # a float SQLite would print rounded
+        assert (await store.query_spans(*ids, name="agl.reward", attributes=["v"]))[0].attributes == {"v": 0.1 + 0.2}
+        with pytest.raises(InvalidInputError, match="attributes"):
+            await store.query_spans(*ids, attributes=call_span.CHOICES)  # type: ignore[arg-type]
+    async with start_store_server(tmp_path / "agl.db") as client:
+        got = list(await client.query_spans(*ids, compact=True, attributes=wanted, name=call_span.NAME))
+        assert [s.attributes for s in got] == [s.attributes for s in some]

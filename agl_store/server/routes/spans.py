@@ -87,7 +87,7 @@ async def _query(request: Request, query: SpanQuery) -> Any:
 
 
 async def query_spans(request: Request) -> Any:
-    return await _query(request, validate_query(SpanQuery, request))
+    return await _query(request, validate_query(SpanQuery, request, list_fields=SpanQuery.list_fields))
 
 
 async def search_spans(request: Request) -> Any:
