@@ -100,8 +100,10 @@ def test_the_metrics_a_verl_user_looks_for(run: Run) -> None:
         assert metrics["actor/entropy"] > 0
         assert metrics["perf/throughput"] > 0 and metrics["perf/time_per_step"] > 0
         # verl's names carry GRPO's advantages; agl's per-rollout normalised ones have their own.
+        # verl divides by std + 1e-6, which moves |A| below 1/sqrt(2) by a factor d / (d + sqrt(2) * 1e-6) for
+        # a group whose two rewards differ by d: rel=1e-3 holds for every gap of 1.5e-3 or more.
         for key in ("critic/advantages/max", "critic/advantages/min"):
-            assert abs(metrics[key]) == pytest.approx(GRPO_ADVANTAGE, abs=1e-4) or metrics[key] == 0
+            assert abs(metrics[key]) == pytest.approx(GRPO_ADVANTAGE, rel=1e-3) or metrics[key] == 0
         assert "training/advantages_normalized/mean" in metrics
         assert metrics["rollout/n_dropped_spans_not_exported"] == 0
     validation = run.history[-1]
