@@ -31,6 +31,7 @@ TRAINER_ATTRIBUTES = (
     call_span.PROMPT_TOKEN_IDS,
     call_span.CHOICES,
     call_span.SAMPLING,
+    call_span.TOKEN_IDS_STATUS,
     REWARD_VALUE_ATTRIBUTE,
     AGL_03_PRIMARY_REWARD,
 )
@@ -43,6 +44,9 @@ SKIP_NO_PROMPT_IDS = "no_prompt_token_ids"
 """The span has no `agl.prompt_token_ids` (e.g. a provider that does not return token ids)."""
 SKIP_NO_RESPONSE_IDS = "no_response_token_ids"
 """A choice has no (or empty) `token_ids`: nothing was generated that could be trained."""
+SKIP_TOKEN_IDS_MISMATCH = "token_ids_mismatch"
+"""The proxy found more or fewer ids than the backend's usage counts (`agl.token_ids.status`
+`mismatch`): the ids may not be the tokens that were sampled."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,9 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
             skipped[SKIP_ERROR] += 1
             continue
         attributes = span.attributes
+        if attributes.get(call_span.TOKEN_IDS_STATUS) == "mismatch":
+            skipped[SKIP_TOKEN_IDS_MISMATCH] += 1
+            continue
         prompt_ids = prompts.prompt(span)
         if prompt_ids is None:
             skipped[SKIP_NO_PROMPT_IDS] += 1

@@ -9,6 +9,7 @@ from agl_train.traces import (
     SKIP_ERROR,
     SKIP_NO_PROMPT_IDS,
     SKIP_NO_RESPONSE_IDS,
+    SKIP_TOKEN_IDS_MISMATCH,
     calls_from_spans,
     final_reward,
     read_rollout,
@@ -44,6 +45,18 @@ def test_failed_calls_and_calls_without_token_ids_are_skipped_and_counted() -> N
 
     assert len(calls) == 1
     assert skipped == {SKIP_ERROR: 1, SKIP_NO_PROMPT_IDS: 1, SKIP_NO_RESPONSE_IDS: 2}
+
+
+def test_calls_whose_ids_disagree_with_the_backends_usage_are_skipped_and_counted() -> None:
+    mismatch = llm_call_span([1, 2], [3], sequence_id=2)
+    mismatch.attributes["agl.token_ids.status"] = "mismatch"
+    ok = llm_call_span([1, 2], [3], sequence_id=1)
+    ok.attributes["agl.token_ids.status"] = "ok"
+
+    calls, skipped = calls_from_spans([ok, mismatch])
+
+    assert [call.sequence_id for call in calls] == [1]
+    assert skipped == {SKIP_TOKEN_IDS_MISMATCH: 1}
 
 
 def test_each_choice_of_an_n_call_is_a_call_and_misaligned_logprobs_are_dropped() -> None:
