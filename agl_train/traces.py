@@ -148,11 +148,13 @@ class _DeltaPrompts:
         whole: Sequence[int] | None = None
         if reference is None:
             whole = _int_list(own)
-        else:
+        elif type(own) is array or isinstance(own, list):
             parent_id, choice, prefix = reference
             parent = self._spans.get(parent_id)
-            parent_prompt = self.prompt(parent) if parent is not None else None
-            if parent is not None and parent_prompt is not None and (type(own) is array or isinstance(own, list)):
+            if prefix == 0:
+                # Nothing shared but request messages: the parent may be a failed call without ids.
+                whole = _int_list(_joined([], [], 0, own))
+            elif parent is not None and (parent_prompt := self.prompt(parent)) is not None:
                 whole = _int_list(_joined(parent_prompt, _choice_ids(parent, choice), prefix, own))
         self._prompts[id(span)] = whole
         return whole
