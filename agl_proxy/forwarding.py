@@ -10,8 +10,9 @@ the call; after that they end the stream with an SSE error event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -117,20 +118,17 @@ class PassthroughBackend:
             headers=backend_headers(deployment, record.rollout_id, record.attempt_id),
             timeout=timeout,
         )
-        try:
+        with _backend_failures(deployment, "did not answer", "failed"):
             try:
-                response = await client.send(request, stream=True)
-            except httpx.RemoteProtocolError:
-                # A kept-alive connection the server had just closed: the request never ran.
-                response = await client.send(request, stream=True)
-        except httpx.ConnectError as exc:
-            raise RetryableBackendError(BackendFailedError(f"backend {label} refused the connection: {exc}")) from exc
-        except httpx.TimeoutException as exc:
-            raise BackendTimeoutError(f"backend {label} did not answer within {deployment.timeout_s:g} s") from exc
-        except httpx.TransportError as exc:
-            raise RetryableBackendError(
-                BackendFailedError(f"backend {label} failed: {type(exc).__name__}: {exc}")
-            ) from exc
+                try:
+                    response = await client.send(request, stream=True)
+                except httpx.RemoteProtocolError:
+                    # A kept-alive connection the server had just closed: the request never ran.
+                    response = await client.send(request, stream=True)
+            except httpx.ConnectError as exc:
+                raise RetryableBackendError(
+                    BackendFailedError(f"backend {label} refused the connection: {exc}")
+                ) from exc
         try:
             is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
             if is_stream and response.status_code < 300:
@@ -141,18 +139,24 @@ class PassthroughBackend:
             await response.aclose()
 
 
-async def _relay_body(response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send) -> None:
-    label = deployment.label
+@contextlib.contextmanager
+def _backend_failures(deployment: Deployment, timed_out: str, failed: str) -> Iterator[None]:
+    """Backend I/O errors as the proxy's: a timeout → `BackendTimeoutError` ("backend X
+    `timed_out` within N s"); a broken connection → a retryable `BackendFailedError`."""
     try:
-        data = await response.aread()
+        yield
     except httpx.TimeoutException as exc:
-        raise BackendTimeoutError(
-            f"backend {label} did not finish its answer within {deployment.timeout_s:g} s"
-        ) from exc
+        raise BackendTimeoutError(f"backend {deployment.label} {timed_out} within {deployment.timeout_s:g} s") from exc
     except httpx.TransportError as exc:
         raise RetryableBackendError(
-            BackendFailedError(f"backend {label} dropped the connection: {type(exc).__name__}: {exc}")
+            BackendFailedError(f"backend {deployment.label} {failed}: {type(exc).__name__}: {exc}")
         ) from exc
+
+
+async def _relay_body(response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send) -> None:
+    label = deployment.label
+    with _backend_failures(deployment, "did not finish its answer", "dropped the connection"):
+        data = await response.aread()
     status = response.status_code
     parsed = _json_object(data)
     if status >= 500:
@@ -197,16 +201,11 @@ async def _relay_stream(
     label = deployment.label
     chunks = response.aiter_raw()
     # Read the first chunk before answering, so a replica that fails at once can still be replaced.
-    try:
-        first = await chunks.__anext__()
-    except StopAsyncIteration:
-        first = b""
-    except httpx.TimeoutException as exc:
-        raise BackendTimeoutError(f"backend {label} sent no data within {deployment.timeout_s:g} s") from exc
-    except httpx.TransportError as exc:
-        raise RetryableBackendError(
-            BackendFailedError(f"backend {label} dropped the stream: {type(exc).__name__}: {exc}")
-        ) from exc
+    with _backend_failures(deployment, "sent no data", "dropped the stream"):
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = b""
     await send({"type": "http.response.start", "status": response.status_code, "headers": _response_headers(response)})
     error: ProxyError | None = None
     data = first

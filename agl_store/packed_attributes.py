@@ -142,16 +142,28 @@ def check_packed(skeleton: dict[str, Any], blob: bytes) -> None:
             raise ValueError(f"index entry {entry!r} reaches past the int32 data")
         if type(path) is not list or not path:
             raise ValueError(f"index entry {entry!r}: the path must be a non-empty list")
-        parent: Any = skeleton
-        for key in path:
-            if type(parent) is dict and type(key) is str and key in parent:
-                parent = parent[key]
-            elif type(parent) is list and type(key) is int and 0 <= key < len(parent):
-                parent = parent[key]
-            else:
-                raise ValueError(f"index path {path!r} is not in the attributes")
+        parent = value_at(skeleton, path)
+        if parent is NOT_FOUND:
+            raise ValueError(f"index path {path!r} is not in the attributes")
         if parent is not None:
             raise ValueError(f"index path {path!r} does not end at a null")
+
+
+NOT_FOUND: Any = object()
+"""What `value_at` returns for a path that is not in the value."""
+
+
+def value_at(root: Any, path: Sequence[Any]) -> Any:
+    """The value at `path` (dict keys and list indices) inside `root`, or `NOT_FOUND`."""
+    value = root
+    for key in path:
+        if type(value) is dict and type(key) is str and key in value:
+            value = value[key]
+        elif type(value) is list and type(key) is int and 0 <= key < len(value):
+            value = value[key]
+        else:
+            return NOT_FOUND
+    return value
 
 
 def _packable(values: Any, found: list[tuple[Path, Any]]) -> array[int] | None:

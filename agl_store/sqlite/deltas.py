@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from .. import call_span
-from ..packed_attributes import MIN_PACKED_LENGTH
+from ..packed_attributes import MIN_PACKED_LENGTH, NOT_FOUND, value_at
 
 RECENT_CALLS = 8
 """Calls per attempt the index remembers (each choice's context counts as one)."""
@@ -99,15 +99,8 @@ class Unpacked:
         entry = self.entry(path)
         if entry is not None:
             return self.data[entry[1] * 4 : (entry[1] + entry[2]) * 4]
-        value: Any = self.skeleton
-        for key in path:
-            if type(value) is dict and type(key) is str and key in value:
-                value = value[key]
-            elif type(value) is list and type(key) is int and 0 <= key < len(value):
-                value = value[key]
-            else:
-                return None
-        return int32_bytes(value)
+        value = value_at(self.skeleton, path)
+        return None if value is NOT_FOUND else int32_bytes(value)
 
     def choices(self) -> list[tuple[int, bytes]]:
         """(position, generated ids) of each choice with ids."""
