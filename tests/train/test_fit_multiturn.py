@@ -208,8 +208,10 @@ def test_per_rollout_mean_weighs_every_rollout_by_its_advantage_over_the_rows_of
         assert not batch.advantages[batch.response_mask == 0].any()  # nothing on inserted tokens or padding
         for rollout_id in set(batch.rollout_id.tolist()):
             rows = torch.from_numpy(batch.rollout_id == rollout_id)
-            total = float(batch.advantages[rows].abs().sum())
-            assert total == pytest.approx(abs(expected[rollout_id]) / n_rows, rel=1e-4, abs=1e-7), (step, rollout_id)
+            # Every token of a rollout carries A_r / (N * T_r): the sum over its tokens is A_r / N, sign
+            # included (a row trained against its rollout's reward would show here).
+            total = float(batch.advantages[rows].sum())
+            assert total == pytest.approx(expected[rollout_id] / n_rows, rel=1e-4, abs=1e-7), (step, rollout_id)
 
 
 def test_the_model_learns_the_multi_turn_task(trajectory: Recorded) -> None:
