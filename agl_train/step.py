@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from agl_store.base import LightningStore
+from agl_store.span_wire import collector_paused
 
 from ._verl import DataProto, compute_advantage
 from .aggregate import Aggregation, aggregate
@@ -90,16 +91,23 @@ async def read_succeeded(
     store: LightningStore, groups: Sequence[Group], reward_fillna_value: float, *, in_flight: int = READS_IN_FLIGHT
 ) -> list[RolloutTrace]:
     """The traces of the succeeded rollouts of `groups`, in group order, each under its group's uid
-    (`in_flight` reads at a time)."""
+    (`in_flight` reads at a time).
+
+    The garbage collector is paused while the batch is read (`span_wire.collector_paused`):
+    every span, call and trace read survives until the step ends, so each collection the
+    read's allocations would start walks, in vain, what was read before (and the trainer's
+    heap). One collection after the read sees the batch once.
+    """
     slots = asyncio.Semaphore(in_flight)
 
     async def read(rollout_id: str, uid: str) -> RolloutTrace:
         async with slots:
             return await read_rollout(store, rollout_id, uid=uid, reward_fillna_value=reward_fillna_value)
 
-    return list(
-        await asyncio.gather(*(read(rollout_id, group.uid) for group in groups for rollout_id in group.succeeded()))
-    )
+    with collector_paused():
+        return list(
+            await asyncio.gather(*(read(rollout_id, group.uid) for group in groups for rollout_id in group.succeeded()))
+        )
 
 
 async def rollout_step(

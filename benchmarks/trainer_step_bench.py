@@ -29,7 +29,9 @@ before deltas) and read the way the trainer read it then: `whole: read (HTTP)` a
 aggregate`, with arrays and 8 reads in flight as above; `whole spans from deltas: read (HTTP)` is
 a reader of whole spans on the deltas store (the server rebuilds each call). The summary line
 compares read + aggregate, whole / compact, measured alternately within each repeat (the
-`alternated` lines), as the two stores' other lines run at different moments. The trainer
+`alternated` lines), as the two stores' other lines run at different moments; in wall seconds,
+and in CPU seconds of the reading process and the server together (`CPU (client + server)`,
+from `/proc`: on a shared machine the wall figures move by several times, the CPU ones least). The trainer
 reads only the attributes it needs (`agl_train.traces.TRAINER_ATTRIBUTES`); `compact, all
 attributes` is the compact read of every attribute, as the trainer read before (and `before:
 read` reads that way too).
@@ -51,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import statistics
@@ -259,37 +262,47 @@ READS = {"whole": WholeSpans, "compact, all attributes": AllAttributes, "compact
 """How the trainer read a rollout: before deltas, with compact reads of every attribute, today."""
 
 
-async def read_and_aggregate(url: str, groups: Sequence[Group], how: str) -> float:
-    """Seconds to read `groups` (`READS[how]`) and build their trajectory rows."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used so far (Linux `/proc`)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def read_and_aggregate(url: str, server_pid: int, groups: Sequence[Group], how: str) -> tuple[float, float]:
+    """Seconds to read `groups` (`READS[how]`) and build their trajectory rows: wall, and the
+    CPU of this process and of the server (`server_pid`) together."""
     async with LightningStoreClient(url, retries=0, timeout=600.0, token_arrays=True) as client:
         store: Any = READS[how](client)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time() + cpu_seconds(server_pid)
         traces = await read_succeeded(store, groups, 0.0)
         aggregate(traces, "trajectory", LIMITS)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() + cpu_seconds(server_pid) - cpu
 
 
 async def compare(
-    urls: tuple[str, str], groups: tuple[Sequence[Group], Sequence[Group]], repeats: int
+    servers: tuple[tuple[str, int], tuple[str, int]], groups: tuple[Sequence[Group], Sequence[Group]], repeats: int
 ) -> dict[str, float]:
     """Read + aggregate of whole spans (the store without deltas) and of compact spans (the
     store with deltas; every attribute, and the trainer's own), alternated within each repeat
-    after one untimed round, so that a load that comes and goes on a shared machine falls on all."""
-    times: dict[str, list[float]] = {how: [] for how in READS}
+    after one untimed round, so that a load that comes and goes on a shared machine falls on all.
+    Wall seconds and CPU seconds (client + server): on a shared machine the CPU moves less."""
+    times: dict[str, list[tuple[float, float]]] = {how: [] for how in READS}
     for repeat in range(repeats + 1):
         for how in READS:
-            url, group = (urls[0], groups[0]) if how == "whole" else (urls[1], groups[1])
-            seconds = await read_and_aggregate(url, group, how)
+            (url, pid), group = (servers[0], groups[0]) if how == "whole" else (servers[1], groups[1])
+            seconds = await read_and_aggregate(url, pid, group, how)
             if repeat:
                 times[how].append(seconds)
-    return {f"{how}: read + aggregate, alternated": statistics.median(times[how]) for how in READS}
+    wall = {f"{how}: read + aggregate, alternated": statistics.median(t[0] for t in times[how]) for how in READS}
+    cpu = {f"{how}: CPU (client + server), alternated": statistics.median(t[1] for t in times[how]) for how in READS}
+    return {**wall, **cpu}
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     whole_db, db_path = workdir / "whole.db", workdir / "agl.db"
     with (
-        agl_server(f"sqlite:///{whole_db}?deltas=off", workdir / "whole-server.log") as (whole_url, _),  # type: ignore[arg-type]
-        agl_server(db_path, workdir / "server.log") as (url, _),
+        agl_server(f"sqlite:///{whole_db}?deltas=off", workdir / "whole-server.log") as (whole_url, whole_pid),  # type: ignore[arg-type]
+        agl_server(db_path, workdir / "server.log") as (url, pid),
     ):
         async with LightningStoreClient(whole_url, retries=0, timeout=600.0) as client:
             log(f"writing {args.rollouts} rollouts × {args.turns} calls × ~{args.tokens} tokens to {whole_url} (whole)")
@@ -301,7 +314,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         stages = await measure(url, db_path, groups, args.repeats)
         stages.update(await measure_whole(url, groups, args.repeats, "whole spans from deltas: "))
         stages.update(await measure_whole(whole_url, whole_groups, args.repeats, "whole: "))
-        stages.update(await compare((whole_url, url), (whole_groups, groups), args.repeats))
+        stages.update(await compare(((whole_url, whole_pid), (url, pid)), (whole_groups, groups), args.repeats))
     stages["_whole_db_bytes"] = float(whole_db.stat().st_size)
     stages["_deltas_db_bytes"] = float(db_path.stat().st_size)
     return stages
@@ -376,6 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"read + aggregate: whole spans {before:.3f} s, compact (all attributes) {every:.3f} s, compact "
         f"(the trainer's attributes) {compact:.3f} s, whole / compact = {before / compact:.2f}; "
         f"database {whole_bytes / 1e6:.1f} MB whole, {deltas_bytes / 1e6:.1f} MB with deltas"
+    )
+    compact_cpu = stages["compact: CPU (client + server), alternated"]
+    before_cpu = stages["whole: CPU (client + server), alternated"]
+    print(
+        f"CPU of read + aggregate (client + server): whole spans {before_cpu:.3f} s, compact (the trainer's "
+        f"attributes) {compact_cpu:.3f} s, whole / compact = {before_cpu / compact_cpu:.2f}"
     )
     results["database_bytes"] = {"whole": whole_bytes, "deltas": deltas_bytes}
     if args.json:

@@ -3,6 +3,8 @@ per-rollout normalisation (the whole step with rollouts: test_rollout_step.py)."
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import random
 from dataclasses import replace
 
@@ -100,6 +102,42 @@ async def test_reads_in_flight_keep_the_groups_order(tmp_path) -> None:
     assert [t.rollout_id for t in traces] == [rid for group in groups for rid in group.rollout_ids]
     assert [t.uid for t in traces] == ["g0"] * 3 + ["g1"] * 3 + ["g2"] * 3
     assert [t.reward for t in traces] == [g + k / 10 for g in range(3) for k in range(3)]
+
+
+class _CollectorWatch:
+    """A store whose reads record whether the garbage collector runs; `fail` makes one raise."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.fail, self.enabled = fail, []
+
+    async def query_spans(self, rollout_id, *args, **kwargs):
+        await asyncio.sleep(0)
+        self.enabled.append(gc.isenabled())
+        if rollout_id == self.fail:
+            raise RuntimeError("read failed")
+        return [reward(1.0, rollout_id=rollout_id, attempt_id="at-1")]
+
+
+@pytest.mark.parametrize("fail", [None, "ro-2"])
+async def test_the_collector_is_paused_during_the_batch_read_and_back_after(fail) -> None:
+    ids = [f"ro-{i}" for i in range(4)]
+    groups = [Group(uid="g", input={}, rollout_ids=ids, outcomes=dict.fromkeys(ids, "succeeded"))]
+    store = _CollectorWatch(fail)
+    assert gc.isenabled()
+    if fail is None:
+        traces = await read_succeeded(store, groups, 0.0, in_flight=2)
+        assert [t.reward for t in traces] == [1.0] * 4
+    else:
+        with pytest.raises(RuntimeError, match="read failed"):
+            await read_succeeded(store, groups, 0.0, in_flight=2)
+    assert store.enabled and not any(store.enabled)
+    assert gc.isenabled()
+    gc.disable()  # paused by the caller: left paused
+    try:
+        await read_succeeded(_CollectorWatch(), groups, 0.0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 16}
