@@ -15,8 +15,9 @@ call (`base_pk`) and the rest:
 The parent is always a call already stored in the same attempt: one whose context shares
 the longest prefix with the new prompt, found in a bounded in-memory index of each attempt's
 recent calls (`DeltaIndex`: their ids and messages, compared as memory) and checked against
-the stored row's unique `stamp` before use, so an index that missed a rollback, a deletion
-or another process's writes picks a worse parent at worst, never a wrong one. Every other
+the stored row's unique `stamp` before a delta that names it goes in (by the insert itself
+for one span, in one query for a batch), so an index that missed a rollback, a deletion or
+another process's writes picks a worse parent at worst, never a wrong one. Every other
 attribute is stored as it came.
 
 Readers see whole spans: `materialise` rebuilds each row from its chain of parents, read
@@ -80,8 +81,8 @@ class Unpacked:
 
     @classmethod
     def of(cls, text: bytes | str, blob: bytes | None, attributes: dict[str, Any] | None = None) -> Unpacked:
-        """The stored pair split; `attributes` (the span's, whole or its skeleton) stands in
-        for parsing `text` where only the call's parts are read, not rewritten."""
+        """The stored pair split; `attributes`, the skeleton `text` is the JSON of, stands in
+        for parsing `text` (it is read and copied, never changed)."""
         skeleton = orjson.loads(text) if attributes is None else attributes
         if blob is None:
             return cls(skeleton, [], b"")
@@ -552,17 +553,29 @@ def _load_recent(conn: sqlite3.Connection, key: tuple[str, str]) -> list[Candida
 
 class DeltaWriter:
     """Turns call rows into deltas inside one write transaction, and remembers the calls it
-    stored for the next ones (`DeltaIndex`)."""
+    stored for the next ones (`DeltaIndex`).
 
-    def __init__(self, conn: sqlite3.Connection, index: DeltaIndex) -> None:
+    With `check`, a parent from the index is checked against its row before use; without,
+    the parents are only collected (`unchecked`) and the caller checks them all at once
+    (`forget_stale`) before inserting, or in the insert itself.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, index: DeltaIndex, *, check: bool = True) -> None:
         self.conn = conn
         self.index = index
+        self.check = check
         self.pending: dict[int, bytes] = {}  # pk -> stamp of rows this write inserts
+        self.unchecked: dict[int, tuple[tuple[str, str], bytes]] = {}  # parent pk -> (attempt, stamp)
+        self.remembered: list[tuple[tuple[str, str], int]] = []
 
     def _valid(self, key: tuple[str, str], delta: Delta) -> bool:
         """Whether the parent's row is still the one the index saw (not rolled back, deleted,
-        or replaced by another row at its pk)."""
+        or replaced by another row at its pk); without `check`, a parent not of this write
+        is taken as valid and collected in `unchecked`."""
         stamp = self.pending.get(delta.base_pk)
+        if stamp is None and not self.check:
+            self.unchecked[delta.base_pk] = (key, delta.stamp)
+            return True
         if stamp is None:
             row = self.conn.execute(
                 "SELECT stamp FROM spans WHERE pk = ? AND rollout_id = ? AND attempt_id = ?", (delta.base_pk, *key)
@@ -570,16 +583,41 @@ class DeltaWriter:
             stamp = row[0] if row is not None else None
         return stamp == delta.stamp
 
+    def forget_stale(self) -> bool:
+        """Check the `unchecked` parents in one query; whether any had changed (those are
+        forgotten by the index: the rows encoded since must be encoded again)."""
+        if not self.unchecked:
+            return False
+        found = {
+            pk: (rollout_id, attempt_id, stamp)
+            for pk, rollout_id, attempt_id, stamp in self.conn.execute(
+                "SELECT pk, rollout_id, attempt_id, stamp FROM spans WHERE pk IN (SELECT value FROM json_each(?))",
+                (orjson.dumps(list(self.unchecked)),),
+            )
+        }
+        stale = False
+        for pk, (key, stamp) in self.unchecked.items():
+            if found.get(pk) != (*key, stamp):
+                self.index.forget(key, pk)
+                stale = True
+        return stale
+
+    def forget_remembered(self) -> None:
+        """The rows this writer remembered did not go in: the index forgets them."""
+        for key, pk in self.remembered:
+            self.index.forget(key, pk)
+        self.remembered.clear()
+
     def encode(
-        self, key: tuple[str, str], attributes: dict[str, Any], text: bytes | str, blob: bytes | None, pk: int | None
+        self, key: tuple[str, str], skeleton: dict[str, Any], text: bytes | str, blob: bytes | None, pk: int | None
     ) -> tuple[tuple[Any, ...], Candidate | None]:
-        """(attributes, tokens, base_pk, delta, stamp) to store for a span row whose span had
-        `attributes` (whole, or the skeleton of a blob the client packed), and the call as the
-        index will know it: remembered now when `pk` is known, else by the caller once the row
-        is in (`remember`)."""
-        if call_span.PROMPT_TOKEN_IDS not in attributes and call_span.REQUEST not in attributes:
+        """(attributes, tokens, base_pk, delta, stamp) to store for a span row whose stored
+        pair is `text` (the JSON of `skeleton`, which is not changed) and `blob`, and the call
+        as the index will know it: remembered now when `pk` is known, else by the caller once
+        the row is in (`remember`)."""
+        if call_span.PROMPT_TOKEN_IDS not in skeleton and call_span.REQUEST not in skeleton:
             return (text, blob, None, None, None), None
-        given = Unpacked.of(text, blob, attributes)
+        given = Unpacked.of(text, blob, skeleton)
         call = call_of(given)
         if call is None:
             return (text, blob, None, None, None), None
@@ -598,9 +636,7 @@ class DeltaWriter:
                 continue
             if delta.depth < MAX_DEPTH:
                 depth = delta.depth
-                stored_text, tokens, info = encode_delta(
-                    Unpacked(orjson.loads(text), given.index, given.data), call, delta
-                )
+                stored_text, tokens, info = encode_delta(given, call, delta)
                 stored = (stored_text, tokens, delta.base_pk, info)
             break
         # A new stamp per row (this process's random prefix, then a count): a row rolled back
@@ -615,4 +651,5 @@ class DeltaWriter:
         """`candidate`'s row went in at `pk`: later calls (of this write too) may extend it."""
         candidate.pk = pk
         self.pending[pk] = candidate.stamp
+        self.remembered.append((key, pk))
         self.index.remember(key, [candidate])

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ..models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, RolloutConfig, Span, Worker
-from ..packed_attributes import pack_attributes, unpack_attributes
+from ..packed_attributes import pack_skeleton, unpack_attributes
 
 Migration = tuple[str, Sequence[str]]
 
@@ -353,12 +353,20 @@ def span_to_row(span: Span, sequence_id: int | None, packed: bytes | None = None
     `packed` is a token blob the client already made (`packed_attributes.pack_attributes`, checked by
     `packed_attributes.check_packed`): the span's attributes are then its skeleton and stored as is.
     """
+    return span_row_and_skeleton(span, sequence_id, packed)[0]
+
+
+def span_row_and_skeleton(
+    span: Span, sequence_id: int | None, packed: bytes | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`span_to_row`, and the attributes skeleton whose JSON its `attributes` column is (the
+    delta writer reads and rewrites it instead of parsing that JSON again)."""
     if packed is None:
-        attributes, tokens = pack_attributes(span.attributes)
+        skeleton, attributes, tokens = pack_skeleton(span.attributes)
     else:
-        attributes, tokens = orjson.dumps(span.attributes), packed
+        skeleton, attributes, tokens = span.attributes, orjson.dumps(span.attributes), packed
     rest = span.model_dump(exclude=SPAN_REST_EXCLUDE)  # type: ignore[arg-type]
-    return (
+    row = (
         span.rollout_id,
         span.attempt_id,
         sequence_id,
@@ -373,6 +381,7 @@ def span_to_row(span: Span, sequence_id: int | None, packed: bytes | None = None
         tokens,
         orjson.dumps(rest),
     )
+    return row, skeleton
 
 
 def worker_from_row(row: Sequence[Any]) -> Worker:
