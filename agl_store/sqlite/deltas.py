@@ -28,6 +28,7 @@ costs the same few queries at any turn.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import sqlite3
 import sys
@@ -159,9 +160,16 @@ class Call:
     prompt: bytes | None
     choices: dict[int, bytes]
     messages: list[Any] | None
+    _messages_json: bytes | None = field(default=None, repr=False, compare=False)
 
     def context(self, choice: int | None) -> bytes:
         return (self.prompt or b"") + (self.choices.get(choice, b"") if choice is not None else b"")
+
+    def messages_json(self) -> bytes:
+        """The messages' JSON, made once (the writer compares calls by it)."""
+        if self._messages_json is None:
+            self._messages_json = orjson.dumps(self.messages)
+        return self._messages_json
 
 
 def _shared_bytes(whole: bytes, start: int, part: bytes) -> int:
@@ -182,9 +190,20 @@ def _shared_bytes(whole: bytes, start: int, part: bytes) -> int:
     return low
 
 
-def _shared_messages(mine: list[Any] | None, theirs: list[Any] | None) -> int:
-    """How many leading messages are the same JSON in both lists."""
-    if not mine or not theirs or mine[0] != theirs[0]:
+def _shared_messages(call: Call, other: Call) -> int:
+    """How many leading messages are the same JSON in both calls."""
+    mine, theirs = call.messages, other.messages
+    if not mine or not theirs:
+        return 0
+    if len(theirs) <= len(mine):
+        # The usual case, a conversation going on: all of `theirs` is a prefix of `mine`.
+        # Then the JSON of `mine` starts with that of `theirs` but its "]", and the next
+        # byte ends a value: the first len(theirs) messages are the same JSON values.
+        mine_json, theirs_json = call.messages_json(), other.messages_json()
+        end = len(theirs_json) - 1
+        if mine_json[end : end + 1] in (b",", b"]") and mine_json.startswith(theirs_json[:end]):
+            return len(theirs)
+    if mine[0] != theirs[0]:
         return 0
     n = min(len(mine), len(theirs))
     if mine[:n] != theirs[:n]:
@@ -267,6 +286,9 @@ class DeltaIndex:
             known[:] = [candidate for candidate in known if candidate.pk != pk]
 
 
+_BY_REACH = operator.attrgetter("reach")
+
+
 def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     """The candidate sharing the longest prompt prefix (then the most messages) with `call`;
     None when none shares anything."""
@@ -276,7 +298,7 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     first = prompt[:4]
     # Longest context first: once one shares more ids than the next could hold, the rest
     # cannot win, and a conversation's latest call usually settles it alone.
-    for candidate in sorted(candidates, key=lambda c: -c.reach):
+    for candidate in sorted(candidates, key=_BY_REACH, reverse=True):
         if best is not None and min(candidate.reach, len(prompt) // 4) < best[0]:
             break
         theirs = candidate.call.prompt or b""
@@ -288,7 +310,7 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
                 if more > best_more:
                     choice, best_more = position, more
             shared += best_more
-        messages = _shared_messages(call.messages, candidate.call.messages)
+        messages = _shared_messages(call, candidate.call)
         score = (shared, messages, candidate.pk)
         if (shared or messages) and (best is None or score > best):
             best = score
@@ -642,7 +664,8 @@ class DeltaWriter:
         # A new stamp per row (this process's random prefix, then a count): a row rolled back
         # and another stored at its pk, by this process or another, differ.
         stamp = _STAMP_PREFIX + next(_STAMPS).to_bytes(8, "little")
-        candidate = Candidate(pk or 0, stamp, call, depth, len(text) + len(blob or b""))
+        size = len(text) + len(blob or b"") + len(call._messages_json or b"")
+        candidate = Candidate(pk or 0, stamp, call, depth, size)
         if pk is not None:
             self.remember(key, candidate, pk)
         return (*stored, stamp), candidate

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -415,3 +416,30 @@ async def test_duplicates_in_a_batch_of_calls_are_ignored_and_no_delta_names_the
     assert read[0] == read[1]
     assert [span["attributes"] for span in read[0]] == [span.attributes for span in spans[:7]]
     assert parents(path) == {"call-0": None, **{f"call-{i}": f"call-{i - 1}" for i in range(1, 7)}}
+
+
+async def test_messages_equal_in_python_but_not_as_json_are_not_shared() -> None:
+    """1, 1.0 and True are equal in Python, and so are dicts in another key order; as JSON
+    they differ, so a delta never takes such a message from its parent."""
+    prompt = list(range(1, 40))
+    first = [SYSTEM, {"role": "user", "content": "a", "n": 1, "x": {"p": 1, "q": 2}}]
+    variants = [
+        [SYSTEM, {"role": "user", "content": "a", "n": 1.0, "x": {"p": 1, "q": 2}}],
+        [SYSTEM, {"role": "user", "content": "a", "n": True, "x": {"p": 1, "q": 2}}],
+        [SYSTEM, {"role": "user", "content": "a", "n": 1, "x": {"q": 2, "p": 1}}],
+        [SYSTEM, {"content": "a", "role": "user", "n": 1, "x": {"p": 1, "q": 2}}],
+        [*first, {"role": "tool", "content": "r"}],  # extends `first`: shares both
+    ]
+    spans = [call("call-0", prompt, first, [[7] * 9])]
+    spans += [call(f"call-{i + 1}", prompt + [7] * 9 + [i], m, [[8] * 9]) for i, m in enumerate(variants)]
+    async with SQLiteStore(":memory:") as deltas, SQLiteStore(":memory:", deltas=False) as whole:
+        rng = random.Random(0)
+        written = [await write(store, spans, rng) for store in (deltas, whole)]
+        reads = [comparable(await store.query_spans(*ids)) for store, ids in zip((deltas, whole), written, strict=True)]
+        compact = {
+            s.span_id: s.attributes.get(call_span.DELTA) for s in await deltas.query_spans(*written[0], compact=True)
+        }
+    assert reads[0] == reads[1]
+    assert orjson.dumps([s["attributes"] for s in reads[0]]) == orjson.dumps([s.attributes for s in spans])
+    assert all(compact[f"call-{i}"]["messages"] < 2 for i in range(1, 5))  # never the changed message
+    assert compact["call-5"]["messages"] == 2
