@@ -43,17 +43,18 @@ def pack_attributes(attributes: dict[str, Any]) -> tuple[bytes, bytes | None]:
     InvalidInputError for attributes nested deeper than `bounds.MAX_JSON_DEPTH` (checked on
     this walk, which looks at every list anyway).
     """
-    _, text, blob = pack_skeleton(attributes)
-    return text, blob
+    skeleton, blob = pack_skeleton(attributes)
+    return orjson.dumps(skeleton), blob
 
 
-def pack_skeleton(attributes: dict[str, Any]) -> tuple[dict[str, Any], bytes, bytes | None]:
-    """`pack_attributes`, and the skeleton its text is the JSON of (`attributes` itself when
-    nothing was packed; else a copy of the containers on the packed paths, sharing the rest)."""
+def pack_skeleton(attributes: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
+    """`pack_attributes` but for the JSON text: the skeleton to dump (`attributes` itself
+    when nothing was packed; else a copy of the containers on the packed paths, sharing the
+    rest) and the blob."""
     found: list[Found] = []
     _find_int_lists(attributes, (), found, MAX_JSON_DEPTH - 1)
     if not found:
-        return attributes, orjson.dumps(attributes), None
+        return attributes, None
 
     parts: list[bytes] = []
     size = 0
@@ -69,7 +70,7 @@ def pack_skeleton(attributes: dict[str, Any]) -> tuple[dict[str, Any], bytes, by
             size += len(data) // 4
         index.append((path, *where))
     skeleton = _without(attributes, [path for path, _, _ in found])
-    return skeleton, orjson.dumps(skeleton), orjson.dumps(index) + b"\n" + b"".join(parts)
+    return skeleton, orjson.dumps(index) + b"\n" + b"".join(parts)
 
 
 def unpack_attributes(text: bytes, blob: bytes | None) -> dict[str, Any]:

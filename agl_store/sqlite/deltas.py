@@ -631,18 +631,27 @@ class DeltaWriter:
         self.remembered.clear()
 
     def encode(
-        self, key: tuple[str, str], skeleton: dict[str, Any], text: bytes | str, blob: bytes | None, pk: int | None
+        self,
+        key: tuple[str, str],
+        skeleton: dict[str, Any],
+        text: bytes | str,
+        blob: bytes | None,
+        pk: int | None,
+        messages_json: bytes | None = None,
     ) -> tuple[tuple[Any, ...], Candidate | None]:
         """(attributes, tokens, base_pk, delta, stamp) to store for a span row whose stored
         pair is `text` (the JSON of `skeleton`, which is not changed) and `blob`, and the call
         as the index will know it: remembered now when `pk` is known, else by the caller once
-        the row is in (`remember`)."""
+        the row is in (`remember`). `messages_json` is the JSON of the skeleton's request
+        messages, if made already."""
         if call_span.PROMPT_TOKEN_IDS not in skeleton and call_span.REQUEST not in skeleton:
             return (text, blob, None, None, None), None
         given = Unpacked.of(text, blob, skeleton)
         call = call_of(given)
         if call is None:
             return (text, blob, None, None, None), None
+        if call.messages is not None and messages_json is not None:
+            call._messages_json = messages_json  # of this very list: `Unpacked.messages` reads it from `skeleton`
         if key not in self.index.attempts:
             self.index.remember(key, _load_recent(self.conn, key))
         candidates = list(self.index.candidates(key))

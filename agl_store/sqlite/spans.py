@@ -27,15 +27,18 @@ UNATTRIBUTED_ROLLOUT_ID = ""
 
 
 class EncodedSpan:
-    """A validated span, its `SPAN_COLUMNS` row, and the attributes skeleton whose JSON the
-    row holds (`schema.span_row_and_skeleton`)."""
+    """A validated span, its `SPAN_COLUMNS` row, the attributes skeleton whose JSON the row
+    holds and the JSON of its request's messages (`schema.encode_span_row`)."""
 
-    __slots__ = ("span", "row", "skeleton")
+    __slots__ = ("span", "row", "skeleton", "messages_json")
 
-    def __init__(self, span: Span, row: tuple[Any, ...], skeleton: dict[str, Any]) -> None:
+    def __init__(
+        self, span: Span, row: tuple[Any, ...], skeleton: dict[str, Any], messages_json: bytes | None = None
+    ) -> None:
         self.span = span
         self.row = row
         self.skeleton = skeleton
+        self.messages_json = messages_json
 
 
 def _attempt_states(txn: Txn, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str, bool]]:
@@ -156,9 +159,9 @@ def add_spans(txn: Txn, encoded: list[EncodedSpan], deltas: DeltaIndex | None = 
     rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued, strict=False)]
 
     if deltas is not None and len(rows) == 1:
-        rows, keep = _one_as_delta(conn, deltas, encoded[0].skeleton, rows[0])
+        rows, keep = _one_as_delta(conn, deltas, encoded[0], rows[0])
     elif deltas is not None:
-        rows, keep = _many_as_deltas(conn, deltas, [e.skeleton for e in encoded], rows)
+        rows, keep = _many_as_deltas(conn, deltas, encoded, rows)
     elif len(rows) == 1:
         rows = [rows[0] + _NOT_DELTA]
         keep = [_insert_rows(conn, rows) == 1]
@@ -213,7 +216,7 @@ _INSERT_IF_PARENT = (
 
 
 def _one_as_delta(
-    conn: sqlite3.Connection, index: DeltaIndex, skeleton: dict[str, Any], row: tuple[Any, ...]
+    conn: sqlite3.Connection, index: DeltaIndex, given: EncodedSpan, row: tuple[Any, ...]
 ) -> tuple[list[tuple[Any, ...]], list[bool]]:
     """`_many_as_deltas` of one row, in one statement: the insert checks the parent's stamp
     (then no row is inserted: a duplicate, or a parent that changed, told apart only then)
@@ -221,7 +224,9 @@ def _one_as_delta(
     key = (row[0], row[1])
     writer = DeltaWriter(conn, index, check=False)
     while True:
-        (attributes, tokens, base_pk, delta, stamp), candidate = writer.encode(key, skeleton, row[10], row[11], None)
+        (attributes, tokens, base_pk, delta, stamp), candidate = writer.encode(
+            key, given.skeleton, row[10], row[11], None, given.messages_json
+        )
         full = (*row[:10], attributes, tokens, row[12], None, base_pk, delta, stamp)
         if not writer.unchecked:
             cursor = conn.execute(_INSERT_SPANS + _SPAN_ROW_SQL, full)
@@ -238,7 +243,7 @@ def _one_as_delta(
 
 
 def _many_as_deltas(
-    conn: sqlite3.Connection, index: DeltaIndex, skeletons: list[dict[str, Any]], rows: list[tuple[Any, ...]]
+    conn: sqlite3.Connection, index: DeltaIndex, encoded: list[EncodedSpan], rows: list[tuple[Any, ...]]
 ) -> tuple[list[tuple[Any, ...]], list[bool]]:
     """Insert the rows, calls as deltas where they can be; the rows with their pk, and which
     went in (duplicates are ignored).
@@ -250,7 +255,7 @@ def _many_as_deltas(
     """
     next_pk = conn.execute("SELECT coalesce(max(pk), 0) + 1 FROM spans").fetchone()[0]
     writer = DeltaWriter(conn, index, check=False)
-    out = _as_deltas(writer, skeletons, rows, [True] * len(rows), next_pk)
+    out = _as_deltas(writer, encoded, rows, [True] * len(rows), next_pk)
     if not writer.forget_stale():
         conn.execute("SAVEPOINT deltas")
         if _insert_rows(conn, out) == len(out):
@@ -260,14 +265,14 @@ def _many_as_deltas(
         conn.execute("RELEASE deltas")
     writer.forget_remembered()
     keep = _new_spans(conn, rows)
-    out = _as_deltas(DeltaWriter(conn, index), skeletons, rows, keep, next_pk)
+    out = _as_deltas(DeltaWriter(conn, index), encoded, rows, keep, next_pk)
     _insert_rows(conn, [row for row, ok in zip(out, keep, strict=True) if ok])
     return out, keep
 
 
 def _as_deltas(
     writer: DeltaWriter,
-    skeletons: list[dict[str, Any]],
+    encoded: list[EncodedSpan],
     rows: list[tuple[Any, ...]],
     keep: list[bool],
     next_pk: int,
@@ -275,12 +280,14 @@ def _as_deltas(
     """The rows with their pk assigned from `next_pk` and, for calls, stored as deltas where
     they can be."""
     out = []
-    for skeleton, row, ok in zip(skeletons, rows, keep, strict=True):
+    for given, row, ok in zip(encoded, rows, keep, strict=True):
         if not ok:
             out.append(row + _NOT_DELTA)
             continue
         key = (row[0], row[1])
-        (attributes, tokens, base_pk, delta, stamp), _ = writer.encode(key, skeleton, row[10], row[11], next_pk)
+        (attributes, tokens, base_pk, delta, stamp), _ = writer.encode(
+            key, given.skeleton, row[10], row[11], next_pk, given.messages_json
+        )
         out.append((*row[:10], attributes, tokens, row[12], next_pk, base_pk, delta, stamp))
         next_pk += 1
     return out
