@@ -14,6 +14,7 @@ arrays, not every value, and no in-band marker can collide with user data.
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from collections.abc import Sequence
@@ -29,8 +30,9 @@ MIN_PACKED_LENGTH = 8
 
 Path = tuple[str | int, ...]
 _CONTAINERS: frozenset[type] = frozenset({dict, list, tuple})
-_INT_ONLY = {int}
 _LITTLE_ENDIAN = sys.byteorder == "little"
+Found = tuple[Path, Any, tuple[bytes, bytes]]
+"""A packable list found: its path, the list, its JSON and its int32 bytes."""
 
 
 def pack_attributes(attributes: dict[str, Any]) -> tuple[bytes, bytes | None]:
@@ -41,27 +43,34 @@ def pack_attributes(attributes: dict[str, Any]) -> tuple[bytes, bytes | None]:
     InvalidInputError for attributes nested deeper than `bounds.MAX_JSON_DEPTH` (checked on
     this walk, which looks at every list anyway).
     """
-    found: list[tuple[Path, Any]] = []
+    skeleton, blob = pack_skeleton(attributes)
+    return orjson.dumps(skeleton), blob
+
+
+def pack_skeleton(attributes: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
+    """`pack_attributes` but for the JSON text: the skeleton to dump (`attributes` itself
+    when nothing was packed; else a copy of the containers on the packed paths, sharing the
+    rest) and the blob."""
+    found: list[Found] = []
     _find_int_lists(attributes, (), found, MAX_JSON_DEPTH - 1)
     if not found:
-        return orjson.dumps(attributes), None
+        return attributes, None
 
-    ints = array("i")
+    parts: list[bytes] = []
+    size = 0
     index: list[tuple[Path, int, int]] = []
     # One array named twice (the proxy's prompt ids: in the response and as `agl.*`) is
     # stored once. By content, not identity: validation upstream copies the lists.
-    placed: dict[bytes, tuple[int, int]] = {}  # int32 bytes -> (offset, count)
-    for path, (_, converted) in found:
-        key = converted.tobytes()
-        where = placed.get(key)
+    placed: dict[bytes, tuple[int, int]] = {}  # the list's JSON -> (offset, count)
+    for path, _, (text, data) in found:
+        where = placed.get(text)
         if where is None:
-            where = placed[key] = (len(ints), len(converted))
-            ints.extend(converted)
+            where = placed[text] = (size, len(data) // 4)
+            parts.append(data)
+            size += len(data) // 4
         index.append((path, *where))
-    if not _LITTLE_ENDIAN:
-        ints.byteswap()
-    skeleton = _without(attributes, [path for path, _ in found])
-    return orjson.dumps(skeleton), orjson.dumps(index) + b"\n" + ints.tobytes()
+    skeleton = _without(attributes, [path for path, _, _ in found])
+    return skeleton, orjson.dumps(index) + b"\n" + b"".join(parts)
 
 
 def unpack_attributes(text: bytes, blob: bytes | None) -> dict[str, Any]:
@@ -166,24 +175,40 @@ def value_at(root: Any, path: Sequence[Any]) -> Any:
     return value
 
 
-def _packable(values: Any, found: list[tuple[Path, Any]]) -> array[int] | None:
-    """`values` as an int32 array, or None when it must stay JSON."""
+_DIGITS = b"0123456789,-"
+
+
+def _packable(values: Any, found: list[Found]) -> tuple[bytes, bytes] | None:
+    """(JSON text, little-endian int32 bytes) of `values`, or None when it must stay JSON.
+
+    A list is packed when its JSON is only ints (digits, commas and minus signs between its
+    brackets: no bool, float, null, string or nested list) that fit int32, so its readers get
+    the same list of ints either way. orjson and struct do this in C, where a Python check
+    of each item's type took as long as both.
+    """
     if len(values) < MIN_PACKED_LENGTH or type(values[0]) is not int:
         return None
-    for _, (seen, converted) in found:  # the proxy names one id list twice: convert it once
+    for _, seen, (text, data) in found:  # the proxy names one id list twice: convert it once
         if seen is values:
-            return converted
-    if set(map(type, values)) != _INT_ONLY:
-        return None  # not only ints (bools are not ints here)
+            return text, data
     try:
-        return array("i", values)
-    except OverflowError:
+        text = orjson.dumps(values)
+    except TypeError:
+        return None  # not JSON (an int beyond 64 bits, an object): the whole dump says so
+    if text.translate(None, _DIGITS) != b"[]":
+        return None
+    for _, _, (seen_text, data) in found:  # an equal list: equal JSON, equal ints
+        if seen_text == text:
+            return text, data
+    try:
+        return text, struct.pack(f"<{len(values)}i", *values)
+    except struct.error:
         return None  # beyond int32: JSON keeps it exact
 
 
-def _find_int_lists(container: Any, path: Path, found: list[tuple[Path, Any]], room: int) -> None:
-    """Append (path, (list, int32 array)) for every packable list inside `container`, whose
-    children may nest `room` more levels."""
+def _find_int_lists(container: Any, path: Path, found: list[Found], room: int) -> None:
+    """Append (path, list, (JSON, int32 bytes)) for every packable list inside `container`,
+    whose children may nest `room` more levels."""
     items = container.items() if type(container) is dict else enumerate(container)
     for key, item in items:
         kind = type(item)
@@ -191,12 +216,15 @@ def _find_int_lists(container: Any, path: Path, found: list[tuple[Path, Any]], r
             if room == 0:
                 raise too_deep("attributes")
             if kind is dict:
-                _find_int_lists(item, (*path, key), found, room - 1)
+                # Only a container inside can hold a list (or be too deep): most chat
+                # messages hold none.
+                if not _CONTAINERS.isdisjoint(map(type, item.values())):
+                    _find_int_lists(item, (*path, key), found, room - 1)
                 continue
-            converted = _packable(item, found)
-            if converted is not None:
-                found.append(((*path, key), (item, converted)))
-            elif not _CONTAINERS.isdisjoint(set(map(type, item))):
+            packed = _packable(item, found)
+            if packed is not None:
+                found.append(((*path, key), item, packed))
+            elif not _CONTAINERS.isdisjoint(map(type, item)):
                 _find_int_lists(item, (*path, key), found, room - 1)
 
 

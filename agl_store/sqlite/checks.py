@@ -15,7 +15,7 @@ from ..errors import InvalidInputError, invalid_sort_by
 from ..models import NamedResources, Rollout, RolloutConfig, Span, new_id
 from ..transitions import check_rollout_mode
 from .queue import NewRollout
-from .schema import span_to_row
+from .schema import encode_span_row
 from .spans import EncodedSpan
 
 T = TypeVar("T")
@@ -136,10 +136,10 @@ def encode_span(span: Any, index: int, packed: bytes | None = None) -> EncodedSp
         raise InvalidInputError(f"spans[{index}].sequence_id must be >= 0, got {span.sequence_id!r}")
     if span.sequence_id is not None:
         check_integer(span.sequence_id, f"spans[{index}].sequence_id")
-    # Token-bearing attributes get their depth checked on the packing walk (span_to_row).
+    # Token-bearing attributes get their depth checked on the packing walk (encode_span_row).
     check_field_depths(span, f"spans[{index}]", skip="attributes" if packed is None else "")
     try:
-        return EncodedSpan(span, span_to_row(span, span.sequence_id, packed))
+        return EncodedSpan(span, *encode_span_row(span, span.sequence_id, packed))
     except TypeError as exc:
         raise InvalidInputError(f"spans[{index}] is not JSON: {exc}") from exc
     except InvalidInputError as exc:

@@ -15,8 +15,9 @@ call (`base_pk`) and the rest:
 The parent is always a call already stored in the same attempt: one whose context shares
 the longest prefix with the new prompt, found in a bounded in-memory index of each attempt's
 recent calls (`DeltaIndex`: their ids and messages, compared as memory) and checked against
-the stored row's unique `stamp` before use, so an index that missed a rollback, a deletion
-or another process's writes picks a worse parent at worst, never a wrong one. Every other
+the stored row's unique `stamp` before a delta that names it goes in (by the insert itself
+for one span, in one query for a batch), so an index that missed a rollback, a deletion or
+another process's writes picks a worse parent at worst, never a wrong one. Every other
 attribute is stored as it came.
 
 Readers see whole spans: `materialise` rebuilds each row from its chain of parents, read
@@ -27,6 +28,7 @@ costs the same few queries at any turn.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import sqlite3
 import sys
@@ -80,8 +82,8 @@ class Unpacked:
 
     @classmethod
     def of(cls, text: bytes | str, blob: bytes | None, attributes: dict[str, Any] | None = None) -> Unpacked:
-        """The stored pair split; `attributes` (the span's, whole or its skeleton) stands in
-        for parsing `text` where only the call's parts are read, not rewritten."""
+        """The stored pair split; `attributes`, the skeleton `text` is the JSON of, stands in
+        for parsing `text` (it is read and copied, never changed)."""
         skeleton = orjson.loads(text) if attributes is None else attributes
         if blob is None:
             return cls(skeleton, [], b"")
@@ -158,9 +160,16 @@ class Call:
     prompt: bytes | None
     choices: dict[int, bytes]
     messages: list[Any] | None
+    _messages_json: bytes | None = field(default=None, repr=False, compare=False)
 
     def context(self, choice: int | None) -> bytes:
         return (self.prompt or b"") + (self.choices.get(choice, b"") if choice is not None else b"")
+
+    def messages_json(self) -> bytes:
+        """The messages' JSON, made once (the writer compares calls by it)."""
+        if self._messages_json is None:
+            self._messages_json = orjson.dumps(self.messages)
+        return self._messages_json
 
 
 def _shared_bytes(whole: bytes, start: int, part: bytes) -> int:
@@ -181,9 +190,20 @@ def _shared_bytes(whole: bytes, start: int, part: bytes) -> int:
     return low
 
 
-def _shared_messages(mine: list[Any] | None, theirs: list[Any] | None) -> int:
-    """How many leading messages are the same JSON in both lists."""
-    if not mine or not theirs or mine[0] != theirs[0]:
+def _shared_messages(call: Call, other: Call) -> int:
+    """How many leading messages are the same JSON in both calls."""
+    mine, theirs = call.messages, other.messages
+    if not mine or not theirs:
+        return 0
+    if len(theirs) <= len(mine):
+        # The usual case, a conversation going on: all of `theirs` is a prefix of `mine`.
+        # Then the JSON of `mine` starts with that of `theirs` but its "]", and the next
+        # byte ends a value: the first len(theirs) messages are the same JSON values.
+        mine_json, theirs_json = call.messages_json(), other.messages_json()
+        end = len(theirs_json) - 1
+        if mine_json[end : end + 1] in (b",", b"]") and mine_json.startswith(theirs_json[:end]):
+            return len(theirs)
+    if mine[0] != theirs[0]:
         return 0
     n = min(len(mine), len(theirs))
     if mine[:n] != theirs[:n]:
@@ -266,6 +286,9 @@ class DeltaIndex:
             known[:] = [candidate for candidate in known if candidate.pk != pk]
 
 
+_BY_REACH = operator.attrgetter("reach")
+
+
 def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     """The candidate sharing the longest prompt prefix (then the most messages) with `call`;
     None when none shares anything."""
@@ -275,7 +298,7 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     first = prompt[:4]
     # Longest context first: once one shares more ids than the next could hold, the rest
     # cannot win, and a conversation's latest call usually settles it alone.
-    for candidate in sorted(candidates, key=lambda c: -c.reach):
+    for candidate in sorted(candidates, key=_BY_REACH, reverse=True):
         if best is not None and min(candidate.reach, len(prompt) // 4) < best[0]:
             break
         theirs = candidate.call.prompt or b""
@@ -287,7 +310,7 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
                 if more > best_more:
                     choice, best_more = position, more
             shared += best_more
-        messages = _shared_messages(call.messages, candidate.call.messages)
+        messages = _shared_messages(call, candidate.call)
         score = (shared, messages, candidate.pk)
         if (shared or messages) and (best is None or score > best):
             best = score
@@ -552,17 +575,29 @@ def _load_recent(conn: sqlite3.Connection, key: tuple[str, str]) -> list[Candida
 
 class DeltaWriter:
     """Turns call rows into deltas inside one write transaction, and remembers the calls it
-    stored for the next ones (`DeltaIndex`)."""
+    stored for the next ones (`DeltaIndex`).
 
-    def __init__(self, conn: sqlite3.Connection, index: DeltaIndex) -> None:
+    With `check`, a parent from the index is checked against its row before use; without,
+    the parents are only collected (`unchecked`) and the caller checks them all at once
+    (`forget_stale`) before inserting, or in the insert itself.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, index: DeltaIndex, *, check: bool = True) -> None:
         self.conn = conn
         self.index = index
+        self.check = check
         self.pending: dict[int, bytes] = {}  # pk -> stamp of rows this write inserts
+        self.unchecked: dict[int, tuple[tuple[str, str], bytes]] = {}  # parent pk -> (attempt, stamp)
+        self.remembered: list[tuple[tuple[str, str], int]] = []
 
     def _valid(self, key: tuple[str, str], delta: Delta) -> bool:
         """Whether the parent's row is still the one the index saw (not rolled back, deleted,
-        or replaced by another row at its pk)."""
+        or replaced by another row at its pk); without `check`, a parent not of this write
+        is taken as valid and collected in `unchecked`."""
         stamp = self.pending.get(delta.base_pk)
+        if stamp is None and not self.check:
+            self.unchecked[delta.base_pk] = (key, delta.stamp)
+            return True
         if stamp is None:
             row = self.conn.execute(
                 "SELECT stamp FROM spans WHERE pk = ? AND rollout_id = ? AND attempt_id = ?", (delta.base_pk, *key)
@@ -570,19 +605,53 @@ class DeltaWriter:
             stamp = row[0] if row is not None else None
         return stamp == delta.stamp
 
+    def forget_stale(self) -> bool:
+        """Check the `unchecked` parents in one query; whether any had changed (those are
+        forgotten by the index: the rows encoded since must be encoded again)."""
+        if not self.unchecked:
+            return False
+        found = {
+            pk: (rollout_id, attempt_id, stamp)
+            for pk, rollout_id, attempt_id, stamp in self.conn.execute(
+                "SELECT pk, rollout_id, attempt_id, stamp FROM spans WHERE pk IN (SELECT value FROM json_each(?))",
+                (orjson.dumps(list(self.unchecked)),),
+            )
+        }
+        stale = False
+        for pk, (key, stamp) in self.unchecked.items():
+            if found.get(pk) != (*key, stamp):
+                self.index.forget(key, pk)
+                stale = True
+        return stale
+
+    def forget_remembered(self) -> None:
+        """The rows this writer remembered did not go in: the index forgets them."""
+        for key, pk in self.remembered:
+            self.index.forget(key, pk)
+        self.remembered.clear()
+
     def encode(
-        self, key: tuple[str, str], attributes: dict[str, Any], text: bytes | str, blob: bytes | None, pk: int | None
+        self,
+        key: tuple[str, str],
+        skeleton: dict[str, Any],
+        text: bytes | str,
+        blob: bytes | None,
+        pk: int | None,
+        messages_json: bytes | None = None,
     ) -> tuple[tuple[Any, ...], Candidate | None]:
-        """(attributes, tokens, base_pk, delta, stamp) to store for a span row whose span had
-        `attributes` (whole, or the skeleton of a blob the client packed), and the call as the
-        index will know it: remembered now when `pk` is known, else by the caller once the row
-        is in (`remember`)."""
-        if call_span.PROMPT_TOKEN_IDS not in attributes and call_span.REQUEST not in attributes:
+        """(attributes, tokens, base_pk, delta, stamp) to store for a span row whose stored
+        pair is `text` (the JSON of `skeleton`, which is not changed) and `blob`, and the call
+        as the index will know it: remembered now when `pk` is known, else by the caller once
+        the row is in (`remember`). `messages_json` is the JSON of the skeleton's request
+        messages, if made already."""
+        if call_span.PROMPT_TOKEN_IDS not in skeleton and call_span.REQUEST not in skeleton:
             return (text, blob, None, None, None), None
-        given = Unpacked.of(text, blob, attributes)
+        given = Unpacked.of(text, blob, skeleton)
         call = call_of(given)
         if call is None:
             return (text, blob, None, None, None), None
+        if call.messages is not None and messages_json is not None:
+            call._messages_json = messages_json  # of this very list: `Unpacked.messages` reads it from `skeleton`
         if key not in self.index.attempts:
             self.index.remember(key, _load_recent(self.conn, key))
         candidates = list(self.index.candidates(key))
@@ -598,15 +667,14 @@ class DeltaWriter:
                 continue
             if delta.depth < MAX_DEPTH:
                 depth = delta.depth
-                stored_text, tokens, info = encode_delta(
-                    Unpacked(orjson.loads(text), given.index, given.data), call, delta
-                )
+                stored_text, tokens, info = encode_delta(given, call, delta)
                 stored = (stored_text, tokens, delta.base_pk, info)
             break
         # A new stamp per row (this process's random prefix, then a count): a row rolled back
         # and another stored at its pk, by this process or another, differ.
         stamp = _STAMP_PREFIX + next(_STAMPS).to_bytes(8, "little")
-        candidate = Candidate(pk or 0, stamp, call, depth, len(text) + len(blob or b""))
+        size = len(text) + len(blob or b"") + len(call._messages_json or b"")
+        candidate = Candidate(pk or 0, stamp, call, depth, size)
         if pk is not None:
             self.remember(key, candidate, pk)
         return (*stored, stamp), candidate
@@ -615,4 +683,5 @@ class DeltaWriter:
         """`candidate`'s row went in at `pk`: later calls (of this write too) may extend it."""
         candidate.pk = pk
         self.pending[pk] = candidate.stamp
+        self.remembered.append((key, pk))
         self.index.remember(key, [candidate])

@@ -15,8 +15,9 @@ from typing import Any
 
 import orjson
 
+from .. import call_span
 from ..models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout, RolloutConfig, Span, Worker
-from ..packed_attributes import pack_attributes, unpack_attributes
+from ..packed_attributes import pack_skeleton, unpack_attributes
 
 Migration = tuple[str, Sequence[str]]
 
@@ -353,12 +354,22 @@ def span_to_row(span: Span, sequence_id: int | None, packed: bytes | None = None
     `packed` is a token blob the client already made (`packed_attributes.pack_attributes`, checked by
     `packed_attributes.check_packed`): the span's attributes are then its skeleton and stored as is.
     """
+    return encode_span_row(span, sequence_id, packed)[0]
+
+
+def encode_span_row(
+    span: Span, sequence_id: int | None, packed: bytes | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any], bytes | None]:
+    """`span_to_row`, the attributes skeleton whose JSON its `attributes` column is, and the
+    JSON of the request's messages inside it (or None): the delta writer reads and rewrites
+    the skeleton and compares calls by their messages' JSON, made here once."""
     if packed is None:
-        attributes, tokens = pack_attributes(span.attributes)
+        skeleton, tokens = pack_skeleton(span.attributes)
     else:
-        attributes, tokens = orjson.dumps(span.attributes), packed
+        skeleton, tokens = span.attributes, packed
+    attributes, messages_json = _dumps_with_messages(skeleton)
     rest = span.model_dump(exclude=SPAN_REST_EXCLUDE)  # type: ignore[arg-type]
-    return (
+    row = (
         span.rollout_id,
         span.attempt_id,
         sequence_id,
@@ -373,6 +384,19 @@ def span_to_row(span: Span, sequence_id: int | None, packed: bytes | None = None
         tokens,
         orjson.dumps(rest),
     )
+    return row, skeleton, messages_json
+
+
+def _dumps_with_messages(skeleton: dict[str, Any]) -> tuple[bytes, bytes | None]:
+    """`orjson.dumps(skeleton)`, and the JSON of `agl.request`'s messages list in it: dumped
+    first and placed in the text as it is (an `orjson.Fragment`), so the same bytes."""
+    request = skeleton.get(call_span.REQUEST)
+    if type(request) is not dict or type(request.get("messages")) is not list:
+        return orjson.dumps(skeleton), None
+    messages = request["messages"]
+    messages_json = orjson.dumps(messages)
+    fragment = {**request, "messages": orjson.Fragment(messages_json)}
+    return orjson.dumps({**skeleton, call_span.REQUEST: fragment}), messages_json
 
 
 def worker_from_row(row: Sequence[Any]) -> Worker:

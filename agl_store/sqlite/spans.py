@@ -27,13 +27,18 @@ UNATTRIBUTED_ROLLOUT_ID = ""
 
 
 class EncodedSpan:
-    """A validated span and its `SPAN_COLUMNS` row."""
+    """A validated span, its `SPAN_COLUMNS` row, the attributes skeleton whose JSON the row
+    holds and the JSON of its request's messages (`schema.encode_span_row`)."""
 
-    __slots__ = ("span", "row")
+    __slots__ = ("span", "row", "skeleton", "messages_json")
 
-    def __init__(self, span: Span, row: tuple[Any, ...]) -> None:
+    def __init__(
+        self, span: Span, row: tuple[Any, ...], skeleton: dict[str, Any], messages_json: bytes | None = None
+    ) -> None:
         self.span = span
         self.row = row
+        self.skeleton = skeleton
+        self.messages_json = messages_json
 
 
 def _attempt_states(txn: Txn, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str, bool]]:
@@ -154,11 +159,9 @@ def add_spans(txn: Txn, encoded: list[EncodedSpan], deltas: DeltaIndex | None = 
     rows = [e.row if seq is None else e.row[:2] + (seq,) + e.row[3:] for e, seq in zip(encoded, issued, strict=False)]
 
     if deltas is not None and len(rows) == 1:
-        rows, keep = _one_as_delta(conn, deltas, encoded[0].span.attributes, rows[0])
+        rows, keep = _one_as_delta(conn, deltas, encoded[0], rows[0])
     elif deltas is not None:
-        keep = _new_spans(conn, rows)
-        rows = _as_deltas(conn, deltas, [e.span.attributes for e in encoded], rows, keep)
-        _insert_rows(conn, [row for row, ok in zip(rows, keep, strict=True) if ok])
+        rows, keep = _many_as_deltas(conn, deltas, encoded, rows)
     elif len(rows) == 1:
         rows = [rows[0] + _NOT_DELTA]
         keep = [_insert_rows(conn, rows) == 1]
@@ -203,39 +206,88 @@ def _new_spans(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[bo
     return keep
 
 
+_INSERT_IF_PARENT = (
+    _INSERT_SPANS.replace(" VALUES ", " ")
+    + "SELECT "
+    + ", ".join("?" * len(_INSERTED_COLUMNS.split(",")))
+    + " WHERE EXISTS (SELECT 1 FROM spans WHERE pk = ? AND rollout_id = ? AND attempt_id = ? AND stamp = ?)"
+)
+"""Inserts a span row only if its parent's row is the one the delta index saw."""
+
+
 def _one_as_delta(
-    conn: sqlite3.Connection, index: DeltaIndex, given: dict[str, Any], row: tuple[Any, ...]
+    conn: sqlite3.Connection, index: DeltaIndex, given: EncodedSpan, row: tuple[Any, ...]
 ) -> tuple[list[tuple[Any, ...]], list[bool]]:
-    """`_as_deltas` of one row, in one statement: its parent is a stored call, so the row may
-    be a duplicate (ignored) and takes its pk from the insert."""
-    writer = DeltaWriter(conn, index)
+    """`_many_as_deltas` of one row, in one statement: the insert checks the parent's stamp
+    (then no row is inserted: a duplicate, or a parent that changed, told apart only then)
+    and gives the row its pk."""
     key = (row[0], row[1])
-    (attributes, tokens, base_pk, delta, stamp), candidate = writer.encode(key, given, row[10], row[11], None)
-    full = (*row[:10], attributes, tokens, row[12], None, base_pk, delta, stamp)
-    cursor = conn.execute(_INSERT_SPANS + _SPAN_ROW_SQL, full)
+    writer = DeltaWriter(conn, index, check=False)
+    while True:
+        (attributes, tokens, base_pk, delta, stamp), candidate = writer.encode(
+            key, given.skeleton, row[10], row[11], None, given.messages_json
+        )
+        full = (*row[:10], attributes, tokens, row[12], None, base_pk, delta, stamp)
+        if not writer.unchecked:
+            cursor = conn.execute(_INSERT_SPANS + _SPAN_ROW_SQL, full)
+            break
+        [(parent, (_, parent_stamp))] = writer.unchecked.items()
+        cursor = conn.execute(_INSERT_IF_PARENT, (*full, parent, *key, parent_stamp))
+        if cursor.rowcount == 1 or not writer.forget_stale():
+            break  # inserted, or a duplicate span
+        writer = DeltaWriter(conn, index)  # this time each parent is checked before use
     inserted = cursor.rowcount == 1
     if inserted and candidate is not None and cursor.lastrowid is not None:
         writer.remember(key, candidate, cursor.lastrowid)
     return [full], [inserted]
 
 
+def _many_as_deltas(
+    conn: sqlite3.Connection, index: DeltaIndex, encoded: list[EncodedSpan], rows: list[tuple[Any, ...]]
+) -> tuple[list[tuple[Any, ...]], list[bool]]:
+    """Insert the rows, calls as deltas where they can be; the rows with their pk, and which
+    went in (duplicates are ignored).
+
+    First as if no row were a duplicate and no parent the index names had changed: the
+    parents are then checked in one query, the duplicates by the insert's count, undone if
+    there were any. Only then, one query per attempt finds the duplicates first and each
+    parent is checked before use.
+    """
+    next_pk = conn.execute("SELECT coalesce(max(pk), 0) + 1 FROM spans").fetchone()[0]
+    writer = DeltaWriter(conn, index, check=False)
+    out = _as_deltas(writer, encoded, rows, [True] * len(rows), next_pk)
+    if not writer.forget_stale():
+        conn.execute("SAVEPOINT deltas")
+        if _insert_rows(conn, out) == len(out):
+            conn.execute("RELEASE deltas")
+            return out, [True] * len(out)
+        conn.execute("ROLLBACK TO deltas")
+        conn.execute("RELEASE deltas")
+    writer.forget_remembered()
+    keep = _new_spans(conn, rows)
+    out = _as_deltas(DeltaWriter(conn, index), encoded, rows, keep, next_pk)
+    _insert_rows(conn, [row for row, ok in zip(out, keep, strict=True) if ok])
+    return out, keep
+
+
 def _as_deltas(
-    conn: sqlite3.Connection,
-    index: DeltaIndex,
-    span_attributes: list[dict[str, Any]],
+    writer: DeltaWriter,
+    encoded: list[EncodedSpan],
     rows: list[tuple[Any, ...]],
     keep: list[bool],
+    next_pk: int,
 ) -> list[tuple[Any, ...]]:
-    """The rows with their pk assigned and, for calls, stored as deltas where they can be."""
-    next_pk = conn.execute("SELECT coalesce(max(pk), 0) + 1 FROM spans").fetchone()[0]
-    writer = DeltaWriter(conn, index)
+    """The rows with their pk assigned from `next_pk` and, for calls, stored as deltas where
+    they can be."""
     out = []
-    for given, row, ok in zip(span_attributes, rows, keep, strict=True):
+    for given, row, ok in zip(encoded, rows, keep, strict=True):
         if not ok:
             out.append(row + _NOT_DELTA)
             continue
         key = (row[0], row[1])
-        (attributes, tokens, base_pk, delta, stamp), _ = writer.encode(key, given, row[10], row[11], next_pk)
+        (attributes, tokens, base_pk, delta, stamp), _ = writer.encode(
+            key, given.skeleton, row[10], row[11], next_pk, given.messages_json
+        )
         out.append((*row[:10], attributes, tokens, row[12], next_pk, base_pk, delta, stamp))
         next_pk += 1
     return out

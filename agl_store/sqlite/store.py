@@ -152,7 +152,7 @@ class SQLiteStore(LightningStore):
         self._readers: ReaderPool | None = None
         self._closed = False
         self._watchdog: asyncio.Task[None] | None = None
-        self._writes = WriteBatcher(self._run, self._wake_waiters)
+        self._writes = WriteBatcher(self._submit, self._wake_waiters)
         self._finished_event: asyncio.Event | None = None
         self._opened_at = time.time()
 
@@ -239,6 +239,13 @@ class SQLiteStore(LightningStore):
             return await self._writer.run(fn, *args)
         except sqlite3.Error as exc:
             raise store_error(exc) from exc
+
+    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], done: Callable[[Any, bool], None]) -> None:
+        """Queue `fn(conn, *args)` on the writer connection's thread; `done(outcome, failed)`
+        follows on the event loop (the write batcher's way in)."""
+        # Without the open check, as `_run`: accepted writes still go during close().
+        assert self._writer is not None
+        self._writer.submit(fn, args, done)
 
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(txn, *args)` as one transaction (batched with concurrent writes); returns once

@@ -10,6 +10,7 @@ offers no public call to run a function on its thread.)
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import sqlite3
 import threading
@@ -20,7 +21,9 @@ from ..errors import StoreClosedError
 
 T = TypeVar("T")
 
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Done = Callable[[Any, bool], None]
+"""Called on the event loop with (outcome, failed): the function's value, or what it raised."""
+_Job = tuple[asyncio.AbstractEventLoop, _Done, Callable[..., Any], tuple[Any, ...]]
 
 
 class ConnectionThread:
@@ -51,13 +54,13 @@ class ConnectionThread:
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
-            loop, future, fn, args = job
+            loop, done, fn, args = job
             try:
                 outcome, failed = fn(self._conn, *args), False
             except BaseException as exc:  # handed to the caller, whatever it is
                 outcome, failed = exc, True
             try:
-                loop.call_soon_threadsafe(_settle, future, outcome, failed)
+                loop.call_soon_threadsafe(done, outcome, failed)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
         if self._conn is not None:
@@ -65,12 +68,17 @@ class ConnectionThread:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(conn, *args)` on this connection's thread. Functions run one at a time, in call order."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self.submit(fn, args, functools.partial(_settle, future))
+        return await future
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], done: _Done) -> None:
+        """Queue `fn(conn, *args)` (after the functions already queued); `done(outcome, failed)`
+        is then called on the caller's event loop. No future or task of its own: for callers
+        that settle many futures at once (`writer.WriteBatcher`)."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((loop, future, fn, args))
-        return await future
+        self._jobs.put((asyncio.get_running_loop(), done, fn, args))
 
     async def close(self) -> None:
         """Close the connection after the functions already submitted. Idempotent."""

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -331,3 +332,114 @@ async def test_a_read_of_some_attributes_leaves_the_others_out(tmp_path: Path) -
     async with start_store_server(tmp_path / "agl.db") as client:
         got = list(await client.query_spans(*ids, compact=True, attributes=wanted, name=call_span.NAME))
         assert [s.attributes for s in got] == [s.attributes for s in some]
+
+
+def linear_conversation(rng: random.Random, turns: int) -> list[Span]:
+    """Calls each extending the last one's whole context: each is a delta of the one before."""
+    prompt = [rng.randrange(1, 50_000) for _ in range(60)]
+    messages: list[Any] = [SYSTEM, {"role": "user", "content": "task"}]
+    spans = []
+    for turn in range(turns):
+        response = [rng.randrange(1, 50_000) for _ in range(12)]
+        spans.append(call(f"call-{turn}", prompt, messages, [response]))
+        prompt = prompt + response + [rng.randrange(1, 50_000) for _ in range(9)]
+        messages = [*messages, {"role": "assistant", "content": f"answer {turn}"}, {"role": "tool", "content": "r"}]
+    return spans
+
+
+def parents(path: Path) -> dict[str, str | None]:
+    """Each stored span's parent span id (None when stored whole)."""
+    with sqlite3.connect(path) as conn:
+        return dict(
+            conn.execute("SELECT s.span_id, p.span_id FROM spans s LEFT JOIN spans p ON p.pk = s.base_pk").fetchall()
+        )
+
+
+@pytest.mark.parametrize("batched", [False, True])
+async def test_a_parent_whose_row_changed_under_the_index_is_not_used(tmp_path: Path, batched: bool) -> None:
+    """The writer's index remembers calls by pk; another process that replaced one's row (or
+    deleted it) leaves the index stale: its stamp check, in the insert of a single span or
+    in one query for a batch, keeps a delta from naming that row."""
+    path = tmp_path / "agl.db"
+    spans = linear_conversation(random.Random(21), 6)
+    other = linear_conversation(random.Random(22), 1)[0]  # another call, unrelated ids
+    async with SQLiteStore(path) as store:
+        attempted = await store.start_rollout({"q": 1})
+        ids = (attempted.rollout_id, attempted.attempt.attempt_id)
+        mine = [span.model_copy(update={"rollout_id": ids[0], "attempt_id": ids[1]}) for span in spans]
+        for span in mine[:3]:
+            await store.add_span(span)
+        assert parents(path) == {"call-0": None, "call-1": "call-0", "call-2": "call-1"}
+        with sqlite3.connect(path, isolation_level=None) as conn:
+            # call-2's row now holds another call (a new stamp); call-1's row is gone.
+            from agl_store.packed_attributes import pack_attributes
+
+            text, blob = pack_attributes(other.attributes)
+            conn.execute(
+                "UPDATE spans SET attributes = ?, tokens = ?, base_pk = NULL, delta = NULL, stamp = X'00' "
+                "WHERE span_id = 'call-2'",
+                (text, blob),
+            )
+            conn.execute("UPDATE spans SET span_id = 'gone' WHERE span_id = 'call-1'")
+            conn.execute("DELETE FROM spans WHERE span_id = 'gone'")
+        if batched:
+            await store.add_many_spans(mine[3:])
+        else:
+            for span in mine[3:]:
+                await store.add_span(span)
+        read = {s.span_id: s.attributes for s in await store.query_spans(*ids)}
+    assert read == {
+        "call-0": spans[0].attributes,
+        "call-2": other.attributes,
+        **{span.span_id: span.attributes for span in spans[3:]},
+    }
+    stored = parents(path)
+    assert stored["call-3"] in (None, "call-0")  # never the replaced row
+    assert stored["call-4"] == "call-3" and stored["call-5"] == "call-4"
+
+
+async def test_duplicates_in_a_batch_of_calls_are_ignored_and_no_delta_names_them(tmp_path: Path) -> None:
+    path = tmp_path / "agl.db"
+    spans = linear_conversation(random.Random(23), 8)
+    async with SQLiteStore(path) as store, SQLiteStore(":memory:", deltas=False) as whole:
+        read = []
+        for target in (store, whole):
+            attempted = await target.start_rollout({"q": 1})
+            ids = (attempted.rollout_id, attempted.attempt.attempt_id)
+            mine = [span.model_copy(update={"rollout_id": ids[0], "attempt_id": ids[1]}) for span in spans]
+            assert len(await target.add_many_spans(mine[:3])) == 3
+            # Two stored already, one twice in the batch (its copy differs: it is ignored).
+            changed = mine[5].model_copy(update={"attributes": {**mine[5].attributes, "x": 1}})
+            added = await target.add_many_spans([mine[1], mine[3], mine[2], mine[4], mine[5], changed, mine[6]])
+            assert [s.span_id for s in added] == ["call-3", "call-4", "call-5", "call-6"]
+            read.append(comparable(await target.query_spans(*ids)))
+    assert read[0] == read[1]
+    assert [span["attributes"] for span in read[0]] == [span.attributes for span in spans[:7]]
+    assert parents(path) == {"call-0": None, **{f"call-{i}": f"call-{i - 1}" for i in range(1, 7)}}
+
+
+async def test_messages_equal_in_python_but_not_as_json_are_not_shared() -> None:
+    """1, 1.0 and True are equal in Python, and so are dicts in another key order; as JSON
+    they differ, so a delta never takes such a message from its parent."""
+    prompt = list(range(1, 40))
+    first = [SYSTEM, {"role": "user", "content": "a", "n": 1, "x": {"p": 1, "q": 2}}]
+    variants = [
+        [SYSTEM, {"role": "user", "content": "a", "n": 1.0, "x": {"p": 1, "q": 2}}],
+        [SYSTEM, {"role": "user", "content": "a", "n": True, "x": {"p": 1, "q": 2}}],
+        [SYSTEM, {"role": "user", "content": "a", "n": 1, "x": {"q": 2, "p": 1}}],
+        [SYSTEM, {"content": "a", "role": "user", "n": 1, "x": {"p": 1, "q": 2}}],
+        [*first, {"role": "tool", "content": "r"}],  # extends `first`: shares both
+    ]
+    spans = [call("call-0", prompt, first, [[7] * 9])]
+    spans += [call(f"call-{i + 1}", prompt + [7] * 9 + [i], m, [[8] * 9]) for i, m in enumerate(variants)]
+    async with SQLiteStore(":memory:") as deltas, SQLiteStore(":memory:", deltas=False) as whole:
+        rng = random.Random(0)
+        written = [await write(store, spans, rng) for store in (deltas, whole)]
+        reads = [comparable(await store.query_spans(*ids)) for store, ids in zip((deltas, whole), written, strict=True)]
+        compact = {
+            s.span_id: s.attributes.get(call_span.DELTA) for s in await deltas.query_spans(*written[0], compact=True)
+        }
+    assert reads[0] == reads[1]
+    assert orjson.dumps([s["attributes"] for s in reads[0]]) == orjson.dumps([s.attributes for s in spans])
+    assert all(compact[f"call-{i}"]["messages"] < 2 for i in range(1, 5))  # never the changed message
+    assert compact["call-5"]["messages"] == 2

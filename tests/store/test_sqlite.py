@@ -10,13 +10,16 @@ import signal
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agl_store import LLM, ConflictError, InvalidInputError, RolloutConfig, Span, StoreClosedError
+from agl_store.errors import StoreError
 from agl_store.opening import open_store
 from agl_store.sqlite import SQLiteStore, retention, transactions
 from agl_store.sqlite.schema import MIGRATIONS, apply_migrations
+from agl_store.sqlite.writer import WriteBatcher
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -328,6 +331,39 @@ async def test_writes_accepted_before_close_are_committed(tmp_path: Path) -> Non
     assert all(isinstance(span, Span) for span in await asyncio.gather(*pending))
     async with SQLiteStore(path) as reopened:
         assert len(await reopened.query_spans(rollout.rollout_id)) == 20
+
+
+async def test_the_write_batcher_sends_one_batch_at_a_time_in_arrival_order() -> None:
+    """Writes that arrive while a batch is on the writer's thread go together as the next
+    one; a batch that failed as a whole fails each of its writes, and the next still goes;
+    a cancelled caller's write is settled without it; drain waits for all of them."""
+    sent: list[tuple[list[Any], Any]] = []
+    finished: list[bool] = []
+    batcher = WriteBatcher(lambda fn, args, done: sent.append((args[0], done)), lambda: finished.append(True))
+
+    def write(value: int) -> Any:
+        return asyncio.ensure_future(batcher.write(lambda txn: value))
+
+    first = write(1)
+    await asyncio.sleep(0)
+    later = [write(2), write(3), write(4)]
+    await asyncio.sleep(0)
+    assert [len(writes) for writes, _ in sent] == [1]
+    sent[0][1]([(True, "one", ())], False)
+    assert await first == "one"
+    assert [len(writes) for writes, _ in sent] == [1, 3]  # the three waiting, as one batch
+    later[1].cancel()
+    draining = asyncio.ensure_future(batcher.drain())
+    sent[1][1](sqlite3.OperationalError("disk I/O error"), True)  # nothing of it was committed
+    for task in (later[0], later[2]):
+        with pytest.raises(StoreError, match="disk I/O error"):
+            await task
+    assert draining.done() or await asyncio.wait_for(draining, 1) is None
+    last = write(5)
+    await asyncio.sleep(0)
+    sent[2][1]([(True, "five", ("ro-1",))], False)
+    assert await last == "five" and finished == [True]
+    await batcher.drain()
 
 
 # --- retention: bounded chunks, disk and WAL given back, reads and writes not held up ------------
