@@ -318,13 +318,14 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     return chosen
 
 
-def call_of(unpacked: Unpacked) -> Call | None:
-    """The call parts of a whole span's attributes; None for a span that is not a call."""
+def call_of(unpacked: Unpacked, messages_json: bytes | None = None) -> Call | None:
+    """The call parts of a whole span's attributes; None for a span that is not a call.
+    `messages_json`, when given, is the JSON of the request's messages in `unpacked`."""
     prompt = unpacked.ids(_PROMPT_PATH)
     messages = unpacked.messages()
     if prompt is None and messages is None:
         return None
-    return Call(prompt, dict(unpacked.choices()), messages)
+    return Call(prompt, dict(unpacked.choices()), messages, messages_json if messages is not None else None)
 
 
 def encode_delta(unpacked: Unpacked, call: Call, delta: Delta) -> tuple[bytes, bytes | None, bytes]:
@@ -647,11 +648,9 @@ class DeltaWriter:
         if call_span.PROMPT_TOKEN_IDS not in skeleton and call_span.REQUEST not in skeleton:
             return (text, blob, None, None, None), None
         given = Unpacked.of(text, blob, skeleton)
-        call = call_of(given)
+        call = call_of(given, messages_json)
         if call is None:
             return (text, blob, None, None, None), None
-        if call.messages is not None and messages_json is not None:
-            call._messages_json = messages_json  # of this very list: `Unpacked.messages` reads it from `skeleton`
         if key not in self.index.attempts:
             self.index.remember(key, _load_recent(self.conn, key))
         candidates = list(self.index.candidates(key))
