@@ -86,7 +86,7 @@ def test_the_check_reads_the_real_imports() -> None:
 
 
 def test_agl_train_imports_verl_only_through_its_verl_module() -> None:
-    # agl_train/_verl.py imports verl with its import-time warnings silenced, in one place.
+    # agl_train/verl_glue/_verl.py imports verl with its import-time warnings silenced, in one place.
     direct = [
         f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
         for path, line, module in imports("agl_train")

@@ -40,13 +40,13 @@ import torch
 from agl_store.base import LightningStore
 from agl_store.span_wire import collector_paused
 
+from ..core.aggregate import Aggregation, aggregate
+from ..core.prefix_break import Detokenizer
+from ..core.traces import RolloutTrace, read_rollout
+from ..runner.groups import Collected, Group, GroupTracker
+from ..runner.proxy_control import ProxyControl
 from ._verl import DataProto, compute_advantage
-from .aggregate import Aggregation, aggregate
 from .config import TrainSettings
-from .prefix_break import Detokenizer
-from .proxy_control import ProxyControl
-from .runner.groups import Collected, Group, GroupTracker
-from .traces import RolloutTrace, read_rollout
 from .verl_batch import (
     compute_rollout_level_advantage,
     normalize_batch_advantages,

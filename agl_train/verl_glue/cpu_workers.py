@@ -49,6 +49,7 @@ from typing import Any
 import httpx
 import torch
 
+from ..runner.proxy_control import server_root
 from ._verl import (
     EngineRegistry,
     FSDPEngineWithLMHead,
@@ -58,7 +59,6 @@ from ._verl import (
     Role,
     platform_manager,
 )
-from .proxy_control import server_root
 
 logger = logging.getLogger(__name__)
 
@@ -416,7 +416,7 @@ def run_ppo_on_cpu(
     server_addresses: Sequence[str],
     weights_dir: Path,
 ) -> Any:
-    """Train like `agl_train.entry.run_ppo`, in this process on the CPU, against the vLLM servers at
+    """Train like `agl_train.verl_glue.entry.run_ppo`, in this process on the CPU, against the vLLM servers at
     `server_addresses`; returns the trainer after `fit()` (its `actor_rollout_wg.model` is the
     trained model)."""
     from omegaconf import OmegaConf
