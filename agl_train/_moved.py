@@ -35,7 +35,14 @@ _PACKAGE_OF = {
     ),
 }
 MOVED = MappingProxyType(
-    {f"agl_train.{name}": f"agl_train.{package}.{name}" for package, names in _PACKAGE_OF.items() for name in names}
+    {
+        **{
+            f"agl_train.{name}": f"agl_train.{package}.{name}"
+            for package, names in _PACKAGE_OF.items()
+            for name in names
+        },
+        "agl_train.cpu_workers": "agl_train.verl_glue.cpu_workers (run_ppo_on_cpu: agl_train.verl_glue.cpu_run)",
+    }
 )
 
 

@@ -3,7 +3,7 @@
 Paths: backticked or linked text with a `/` that starts at a top-level folder of the repository
 (`agl_train/config.yaml`, `examples/calc_agent/`, `tests/train/test_fit_cpu.py::test_x`). Modules:
 dotted names under agl's packages, `examples`, `tests` or `benchmarks`
-(`agl_train.verl_glue.cpu_workers.run_ppo_on_cpu`,
+(`agl_train.verl_glue.cpu_run.run_ppo_on_cpu`,
 `examples.calc_agent.agent:CalcAgent`); the module must exist and define the names after it, read from its
 source without importing it (no torch or verl to load). Relative links: the file, and the heading an
 anchor names.
@@ -143,7 +143,7 @@ def test_the_checks_see_what_the_docs_cite() -> None:
     assert MODULE.match("examples.calc_agent.agent:CalcAgent") and MODULE.match(
         "agl_train.verl_glue.entry.run_ppo(config)"
     )
-    assert missing_module_part("agl_train.verl_glue.cpu_workers.run_ppo_on_cpu") is None
+    assert missing_module_part("agl_train.verl_glue.cpu_run.run_ppo_on_cpu") is None
     assert missing_module_part("agl_train.runner.dispatch.RolloutDispatcher.for_settings") is None
     assert missing_module_part("agl_train.nowhere") == "'nowhere' is not defined in agl_train/__init__.py"
     assert missing_module_part("agl_train.verl_glue.config.no_such_function") is not None

@@ -5,7 +5,7 @@
 
 What runs: a vLLM server (dev mode, for in-place weight reloads) on a copy of the test suite's
 tiny model, `agl proxy serve` with its embedded SQLite store, and `AglTrainer.fit()` with agents
-as local subprocesses. By default through `agl_train.verl_glue.cpu_workers.run_ppo_on_cpu` (verl's actor
+as local subprocesses. By default through `agl_train.verl_glue.cpu_run.run_ppo_on_cpu` (verl's actor
 update in this process); with `--ray`, through `agl_train.verl_glue.entry.run_ppo` on a local Ray cluster:
 verl's `RayWorkerGroup` of `--workers` processes, FSDP2 sharding the actor across them over gloo.
 One line per step; at the end the training curve goes to `--png`.
@@ -248,7 +248,8 @@ def train(
     import torch
 
     from agl_train.verl_glue.config import compose_config
-    from agl_train.verl_glue.cpu_workers import ExternalRollout, run_ppo_on_cpu
+    from agl_train.verl_glue.cpu_run import run_ppo_on_cpu
+    from agl_train.verl_glue.cpu_workers import ExternalRollout
     from agl_train.verl_glue.entry import run_ppo
 
     # A 345 K-parameter model gains nothing from a second thread, and OpenMP threads spinning

@@ -63,7 +63,7 @@ def fit(config_overrides: Sequence[str], out: Path, train_tasks: list[Any], val_
     import torch
 
     from agl_train.verl_glue.config import compose_config
-    from agl_train.verl_glue.cpu_workers import run_ppo_on_cpu
+    from agl_train.verl_glue.cpu_run import run_ppo_on_cpu
 
     torch.set_num_threads(1)  # as examples/lowercase_words: one thread is fastest next to vLLM and the agents
     out.mkdir(parents=True, exist_ok=True)

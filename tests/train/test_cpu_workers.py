@@ -19,7 +19,7 @@ def test_a_checkpoint_saved_by_verl_restores_the_actors_weights(tiny_model_path:
     from agl_train.verl_glue._verl import get_policy_loss_fn
     from agl_train.verl_glue.attention import flash_attn_installed
     from agl_train.verl_glue.config import compose_config
-    from agl_train.verl_glue.cpu_workers import LocalWorkerGroup
+    from agl_train.verl_glue.cpu_run import LocalWorkerGroup
     from agl_train.verl_glue.verl_loss import compute_policy_loss_per_rollout_mean
     from examples.lowercase_words.train import overrides
 
