@@ -1,11 +1,20 @@
 """agl_train: from token-level spans to verl training rows, advantages and losses.
 
+The layout is the architecture (docs/architecture.md), each subpackage importing only those
+before it:
+
+- `core`: spans to calls to rows, prefix breaks, the update cap (pure Python);
+- `algo`: advantages, the per-rollout loss, rows to tensors (torch, no verl);
+- `runner`: rollout execution, prompt groups, proxy control, retention (no torch, no verl);
+- `view`: the web view (builds rows with `core`; no torch, no verl);
+- `verl_glue`: the trainer on verl, the only subpackage that imports verl (through `_verl`).
+
 The package exports nothing: import names from the modules that define them. Importing the
 package is free, so `agl store serve` can load the web view (`agl_train.view`) through an
-entry point without paying for torch. torch is imported only by the modules that compute on
-tensors (`advantage`, `tensorize`, `loss`, `dataset`, `cpu_workers`) and verl only through
-`_verl` by its glue (`verl_batch`, `verl_loss`, `step`, `trainer`, `entry`, `workers`,
-`cpu_workers`). The pure-Python data
-path: `traces` (spans to calls), `aggregate` (calls to rows), `prefix_break`, `update_cap`.
-See docs/training.md.
+entry point without paying for torch. A module's old path from before this layout
+(`agl_train.entry`) fails with an ImportError naming its new one (`_moved`).
 """
+
+from . import _moved
+
+_moved.install()

@@ -10,7 +10,7 @@ with logprobs, as `docs/spans.md` spans. One rollout in eight re-renders its his
 turn 6 (the prefix breaks), as agents with a lossy chat template do. Stages, each timed
 on the same spans (median of `--repeats`):
 
-- `parse`: spans → LLM calls and reward (`agl_train.traces.trace_from_spans`);
+- `parse`: spans → LLM calls and reward (`agl_train.core.traces.trace_from_spans`);
 - `trajectory`: calls → merged rows (`aggregate(..., "trajectory")`);
 - baseline `naive merge`: the same merge written the obvious way, copying the whole
   context per call and comparing it by slicing (how agent-lightning 0.3's daemon does it);
@@ -39,9 +39,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agl_store.models import Span, reward_span
-from agl_train.aggregate import Limits, aggregate
-from agl_train.tensorize import rows_to_tensors
-from agl_train.traces import RolloutTrace, read_rollout, trace_from_spans
+from agl_train.algo.tensorize import rows_to_tensors
+from agl_train.core.aggregate import Limits, aggregate
+from agl_train.core.traces import RolloutTrace, read_rollout, trace_from_spans
 
 VOCAB = 150_000
 

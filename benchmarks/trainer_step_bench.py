@@ -32,7 +32,7 @@ compares read + aggregate, whole / compact, measured alternately within each rep
 `alternated` lines), as the two stores' other lines run at different moments; in wall seconds,
 and in CPU seconds of the reading process and the server together (`CPU (client + server)`,
 from `/proc`: on a shared machine the wall figures move by several times, the CPU ones least). The trainer
-reads only the attributes it needs (`agl_train.traces.TRAINER_ATTRIBUTES`); `compact, all
+reads only the attributes it needs (`agl_train.core.traces.TRAINER_ATTRIBUTES`); `compact, all
 attributes` is the compact read of every attribute, as the trainer read before (and `before:
 read` reads that way too).
 
@@ -74,10 +74,10 @@ from store_bench import agl_server  # noqa: E402
 from agl_store import Span, call_span  # noqa: E402
 from agl_store.client import LightningStoreClient  # noqa: E402
 from agl_store.sqlite import SQLiteStore  # noqa: E402
-from agl_train.aggregate import Limits, aggregate  # noqa: E402
+from agl_train.core.aggregate import Limits, aggregate  # noqa: E402
 from agl_train.runner.groups import Group  # noqa: E402
-from agl_train.step import read_succeeded  # noqa: E402
-from agl_train.verl_batch import to_data_proto  # noqa: E402
+from agl_train.verl_glue.step import read_succeeded  # noqa: E402
+from agl_train.verl_glue.verl_batch import to_data_proto  # noqa: E402
 
 LIMITS = Limits(max_prompt_length=2048, max_response_length=8192)
 """agl's default trajectory limits (`agentlightning.trace_aggregator` in agl_train/config.yaml)."""

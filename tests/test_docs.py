@@ -2,7 +2,8 @@
 
 Paths: backticked or linked text with a `/` that starts at a top-level folder of the repository
 (`agl_train/config.yaml`, `examples/calc_agent/`, `tests/train/test_fit_cpu.py::test_x`). Modules:
-dotted names under agl's packages, `examples`, `tests` or `benchmarks` (`agl_train.cpu_workers.run_ppo_on_cpu`,
+dotted names under agl's packages, `examples`, `tests` or `benchmarks`
+(`agl_train.verl_glue.cpu_run.run_ppo_on_cpu`,
 `examples.calc_agent.agent:CalcAgent`); the module must exist and define the names after it, read from its
 source without importing it (no torch or verl to load). Relative links: the file, and the heading an
 anchor names.
@@ -139,11 +140,13 @@ def test_every_path_and_module_the_doc_cites_exists(doc: Path) -> None:
 
 def test_the_checks_see_what_the_docs_cite() -> None:
     assert PATH.match("agl_train/config.yaml") and PATH.match("tests/train/test_fit_cpu.py::test_fit")
-    assert MODULE.match("examples.calc_agent.agent:CalcAgent") and MODULE.match("agl_train.entry.run_ppo(config)")
-    assert missing_module_part("agl_train.cpu_workers.run_ppo_on_cpu") is None
+    assert MODULE.match("examples.calc_agent.agent:CalcAgent") and MODULE.match(
+        "agl_train.verl_glue.entry.run_ppo(config)"
+    )
+    assert missing_module_part("agl_train.verl_glue.cpu_run.run_ppo_on_cpu") is None
     assert missing_module_part("agl_train.runner.dispatch.RolloutDispatcher.for_settings") is None
     assert missing_module_part("agl_train.nowhere") == "'nowhere' is not defined in agl_train/__init__.py"
-    assert missing_module_part("agl_train.config.no_such_function") is not None
+    assert missing_module_part("agl_train.verl_glue.config.no_such_function") is not None
     readme = REPO_ROOT / "benchmarks" / "README.md"
     assert link_problem(REPO_ROOT / "README.md", "benchmarks/README.md#figures") is None
     assert "figures" in anchors(readme) and "store_benchpy-2026-11-30" in anchors(readme)

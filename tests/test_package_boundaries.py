@@ -3,7 +3,9 @@
 `agl store serve` on the base install must not pay for the trainer's or the proxy's heavy
 dependencies, and no package imports one that depends on it: agl_store imports neither
 agl_proxy nor agl_train, agl_proxy does not import agl_train, and none of them imports the
-repository's examples, benchmarks or tests (an installed agl has none of those).
+repository's examples, benchmarks or tests (an installed agl has none of those). Within them,
+module by module: no import circle, and agl_train's subpackages import only the layers below
+their own (`TRAIN_LAYERS`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Set
 from pathlib import Path
+
+import pytest
+
+from agl_train._moved import MOVED, MovedModuleFinder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "litellm", "verl", "transformers")
@@ -22,6 +28,15 @@ FORBIDDEN = {
     "agl_proxy": ("agl_train", *CHECKOUT_ONLY),
     "agl_train": CHECKOUT_ONLY,
 }
+AGL_PACKAGES = tuple(FORBIDDEN)
+# agl_train's subpackages, lowest first: a module imports modules of its own subpackage or of a
+# lower layer, never of its layer's siblings or above. What each needs:
+#   core       spans to rows: the store's interface only
+#   algo       advantages, loss, tensors: core's rows (torch)
+#   runner     rollouts, groups, the proxy's control, retention: the store only
+#   view       the web view: core's rows, runner's outcome metadata and LLM resource name
+#   verl_glue  the trainer on verl: all of the above except the view
+TRAIN_LAYERS: tuple[tuple[str, ...], ...] = (("core",), ("algo",), ("runner",), ("view", "verl_glue"))
 
 
 def test_store_serve_imports_no_heavy_dependency(tmp_path: Path) -> None:
@@ -86,11 +101,145 @@ def test_the_check_reads_the_real_imports() -> None:
 
 
 def test_agl_train_imports_verl_only_through_its_verl_module() -> None:
-    # agl_train/_verl.py imports verl with its import-time warnings silenced, in one place.
+    # agl_train/verl_glue/_verl.py imports verl with its import-time warnings silenced, in one place.
     direct = [
         f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
         for path, line, module in imports("agl_train")
-        if module.split(".")[0] == "verl" and path.name != "_verl.py"
+        if module.split(".")[0] == "verl" and path.relative_to(REPO_ROOT).as_posix() != "agl_train/verl_glue/_verl.py"
     ]
     assert direct == []
     assert "verl.workers.engine_workers" in {module for _, _, module in imports("agl_train")}
+
+
+def test_the_training_core_imports_neither_torch_nor_verl() -> None:
+    heavy = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {module}"
+        for path, line, module in imports("agl_train/core")
+        if module.split(".")[0] in HEAVY
+    ]
+    assert heavy == []
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each module of `packages` → the modules of `packages` it imports: absolute and relative
+    imports, at the top or inside a function (a deferred import still makes a circle in the design;
+    deferring it only moves the failure from import time to call time), `TYPE_CHECKING` ones too.
+    `from package import name` counts as importing `package.name` where that is a module."""
+    paths = {module_name(path): path for package in packages for path in sorted((REPO_ROOT / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                package = here[: len(here) - node.level + 1] if node.level else []
+                base = ".".join([*package, *([node.module] if node.module else [])])
+                named = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base for alias in node.names]
+            else:
+                continue
+            for name in named:
+                while name and name not in paths:  # `agl_store.models.Span` → `agl_store.models`
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def find_cycle(graph: Mapping[str, Set[str]]) -> list[str] | None:
+    """One import circle of `graph` as [a, b, ..., a], or None (depth first, without recursion)."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path = [start]
+        pending = [iter(sorted(graph[start]))]
+        while pending:
+            target = next(pending[-1], None)
+            if target is None:
+                pending.pop()
+                done.add(path.pop())
+            elif target in path:
+                return [*path[path.index(target) :], target]
+            elif target in graph and target not in done:
+                path.append(target)
+                pending.append(iter(sorted(graph[target])))
+    return None
+
+
+def layer_of(module: str) -> int | None:
+    """The index in `TRAIN_LAYERS` of an agl_train module's subpackage; None for the package's own
+    modules (`agl_train`, `agl_train._moved`), which sit above every layer."""
+    parts = module.split(".")
+    for index, layer in enumerate(TRAIN_LAYERS):
+        if len(parts) > 1 and parts[1] in layer:
+            return index
+    return None
+
+
+def upward_imports(graph: Mapping[str, Set[str]]) -> list[str]:
+    """agl_train's imports that go to a sibling or higher layer, or to the package's own modules."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        for target in sorted(target for target in targets if target.split(".")[0] == "agl_train"):
+            if target.split(".")[1] == module.split(".")[1]:
+                continue  # within one subpackage
+            target_layer = layer_of(target)
+            if target_layer is None or target_layer >= layer:
+                found.append(f"{module} imports {target}")
+    return found
+
+
+def test_no_module_import_circle() -> None:
+    assert find_cycle(module_graph(AGL_PACKAGES)) is None
+
+
+def test_agl_train_layers_import_only_downward() -> None:
+    assert upward_imports(module_graph(("agl_train",))) == []
+
+
+def test_every_agl_train_module_lies_in_a_layer() -> None:
+    # A new module directly in agl_train/ would sit outside the layers the test above checks.
+    outside = {module for module in module_graph(("agl_train",)) if layer_of(module) is None}
+    assert outside == {"agl_train", "agl_train._moved"}
+
+
+def test_the_graph_checks_catch_a_planted_circle_and_upward_import() -> None:
+    graph = module_graph(AGL_PACKAGES)
+    assert "agl_train.runner.groups" in graph["agl_train.verl_glue.trainer"]  # a relative import, read
+    assert "agl_train.core.aggregate" in graph["agl_train.view.token_view"]  # `from ..core.aggregate`
+    assert "agl_store.models" in graph["agl_train.core.traces"]  # an absolute one
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"a"}}) == ["a", "a"]
+    planted = {
+        "agl_train.core.traces": {"agl_train.verl_glue.step"},
+        "agl_train.view.routes": {"agl_train.verl_glue.config", "agl_train.core.aggregate"},
+        "agl_train.verl_glue.step": {"agl_train.core.traces", "agl_train.runner.groups"},
+    }
+    assert upward_imports(planted) == [
+        "agl_train.core.traces imports agl_train.verl_glue.step",
+        "agl_train.view.routes imports agl_train.verl_glue.config",
+    ]
+    assert find_cycle(planted) == ["agl_train.core.traces", "agl_train.verl_glue.step", "agl_train.core.traces"]
+
+
+def test_an_old_module_path_names_its_new_one() -> None:
+    # The finder called directly: a checkout beside an editable install may find the old file elsewhere.
+    assert MOVED["agl_train.trainer"] == "agl_train.verl_glue.trainer"
+    with pytest.raises(ModuleNotFoundError, match=r"^agl_train\.entry moved to agl_train\.verl_glue\.entry: "):
+        MovedModuleFinder().find_spec("agl_train.entry", None)
+    assert MovedModuleFinder().find_spec("agl_train.core.traces", None) is None
+    new_paths = [REPO_ROOT / (new.split(" ")[0].replace(".", "/") + ".py") for new in MOVED.values()]
+    assert [path for path in new_paths if not path.is_file()] == []
+    assert any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path)  # `import agl_train` put it there

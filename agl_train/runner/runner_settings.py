@@ -1,6 +1,6 @@
 """The rollout-execution part of the trainer config (`agentlightning.*` in agl_train/config.yaml).
 
-The training data path reads its own settings (`agl_train.config.TrainSettings`); this is
+The training data path reads its own settings (`agl_train.verl_glue.config.TrainSettings`); this is
 what the trainer needs to run rollouts: where the gateway is, how to start an agent, how long
 to wait, how many prompt groups to keep in flight and how many rollouts to run at once.
 """

@@ -12,7 +12,7 @@ from typing import Any
 
 from agl_store.web.serving import serve_app
 
-from ..aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
+from ..core.aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
 from .routes import ViewSettings
 from .token_view import DEFAULT_LIMITS, TokenViewOptions
 

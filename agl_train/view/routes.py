@@ -25,7 +25,7 @@ from agl_store.models import ROLLOUT_MODES, ROLLOUT_STATUSES
 from agl_store.transitions import check_rollout_mode, check_rollout_status
 from agl_store.web.wire import endpoint, store_of
 
-from ..aggregate import AGGREGATORS, Limits
+from ..core.aggregate import AGGREGATORS, Limits
 from .steps import StepSummaries
 from .summaries import MAX_PAGE_SIZE, RolloutFilter, SummaryCache, list_rollouts, rollout_detail, span_detail
 from .token_view import TokenViewOptions, token_view

@@ -29,9 +29,9 @@ from agl_store import call_span
 from agl_store.base import LightningStore
 from agl_store.models import TERMINAL_ROLLOUT_STATUSES, AttemptedRollout, ResourcesUpdate, Rollout, Span
 
-from ..aggregate import get_aggregator
+from ..core.aggregate import get_aggregator
+from ..core.traces import trace_from_spans
 from ..runner.outcome import METADATA_KEY
-from ..traces import trace_from_spans
 from .summaries import SummaryCache
 from .token_view import TokenViewOptions
 

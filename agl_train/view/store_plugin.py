@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from agl_store.server import StorePages, StorePagesFactory
 
-from ..aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
+from ..core.aggregate import AGGREGATORS, LEVEL_TRAJECTORY, Limits
 from .routes import OPEN_PATHS, ViewRoutes, ViewSettings
 from .token_view import DEFAULT_LIMITS, TokenViewOptions
 

@@ -26,7 +26,7 @@ from agl_store.models import (
     Span,
 )
 
-from ..traces import final_reward
+from ..core.traces import final_reward
 
 MAX_PAGE_SIZE = 200
 """The most rollouts one list request returns: a page, never the store."""

@@ -24,9 +24,9 @@ from typing import Any
 
 from agl_store.base import LightningStore
 
-from ..aggregate import LEVEL_TRAJECTORY, Limits, Row, aggregate, get_aggregator
-from ..prefix_break import Detokenizer, PrefixBreak
-from ..traces import RolloutTrace, read_rollout
+from ..core.aggregate import LEVEL_TRAJECTORY, Limits, Row, aggregate, get_aggregator
+from ..core.prefix_break import Detokenizer, PrefixBreak
+from ..core.traces import RolloutTrace, read_rollout
 
 ROLE_PROMPT = "p"
 ROLE_GENERATED = "g"

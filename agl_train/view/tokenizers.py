@@ -21,7 +21,7 @@ import httpx
 from agl_store.base import LightningStore
 from agl_store.models import LLM, ResourcesUpdate
 
-from ..proxy_control import LLM_RESOURCE_NAME
+from ..runner.proxy_control import LLM_RESOURCE_NAME
 from .token_view import TokenDecoder, load_tokenizer
 
 logger = logging.getLogger(__name__)

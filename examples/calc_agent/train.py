@@ -17,8 +17,8 @@ sys.path.insert(0, str(REPO))  # so that `examples.calc_agent.agent` imports in 
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from agl_train.config import compose_config  # noqa: E402
-from agl_train.entry import run_ppo  # noqa: E402
+from agl_train.verl_glue.config import compose_config  # noqa: E402
+from agl_train.verl_glue.entry import run_ppo  # noqa: E402
 from examples.calc_agent.dataset import train_tasks, val_tasks  # noqa: E402
 
 

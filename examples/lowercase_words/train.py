@@ -5,8 +5,8 @@
 
 What runs: a vLLM server (dev mode, for in-place weight reloads) on a copy of the test suite's
 tiny model, `agl proxy serve` with its embedded SQLite store, and `AglTrainer.fit()` with agents
-as local subprocesses. By default through `agl_train.cpu_workers.run_ppo_on_cpu` (verl's actor
-update in this process); with `--ray`, through `agl_train.entry.run_ppo` on a local Ray cluster:
+as local subprocesses. By default through `agl_train.verl_glue.cpu_run.run_ppo_on_cpu` (verl's actor
+update in this process); with `--ray`, through `agl_train.verl_glue.entry.run_ppo` on a local Ray cluster:
 verl's `RayWorkerGroup` of `--workers` processes, FSDP2 sharding the actor across them over gloo.
 One line per step; at the end the training curve goes to `--png`.
 """
@@ -62,7 +62,7 @@ def overrides(
         "trainer.device=cpu",
         f"trainer.n_gpus_per_node={workers}",
         "trainer.nnodes=1",
-        "actor_rollout_ref.actor.strategy=fsdp2",  # FSDP1 cannot shard CPU tensors (agl_train/cpu_workers.py)
+        "actor_rollout_ref.actor.strategy=fsdp2",  # FSDP1 cannot shard CPU tensors (agl_train/verl_glue/cpu_workers.py)
         "actor_rollout_ref.ref.strategy=fsdp2",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={8 // workers}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={16 // workers}",
@@ -146,7 +146,7 @@ def _wait_for_listening(process: subprocess.Popen[bytes], log_path: Path) -> str
 class Run:
     """What a training run leaves: per-step metrics, validations outside a step, the store file, the
     trainer (None when it ran in a Ray actor), and what each of the actor's worker processes held
-    (`agl_train.entry.TrainedActor.param_numel`; one unsharded process without Ray)."""
+    (`agl_train.verl_glue.entry.TrainedActor.param_numel`; one unsharded process without Ray)."""
 
     history: list[dict[str, float]]
     validations: list[dict[str, float]]
@@ -247,9 +247,10 @@ def train(
     runs already; the caller shuts it down). `extra`: more config overrides."""
     import torch
 
-    from agl_train.config import compose_config
-    from agl_train.cpu_workers import ExternalRollout, run_ppo_on_cpu
-    from agl_train.entry import run_ppo
+    from agl_train.verl_glue.config import compose_config
+    from agl_train.verl_glue.cpu_run import run_ppo_on_cpu
+    from agl_train.verl_glue.cpu_workers import ExternalRollout
+    from agl_train.verl_glue.entry import run_ppo
 
     # A 345 K-parameter model gains nothing from a second thread, and OpenMP threads spinning
     # against vLLM and the agents for two cores made each update ~10x slower (measured).
@@ -294,7 +295,7 @@ def rewards_by_version(db_path: Path) -> dict[int, list[float]]:
     version (`agl.model_version`, the step) of their model call."""
     from agl_store import call_span
     from agl_store.sqlite import SQLiteStore
-    from agl_train.traces import final_reward
+    from agl_train.core.traces import final_reward
 
     async def read() -> dict[int, list[float]]:
         store = await SQLiteStore(str(db_path)).open()

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agl_train.verl_config import default_tool_call_parser, tool_call_cli_args
+from agl_train.verl_glue.verl_config import default_tool_call_parser, tool_call_cli_args
 
 from .tiny_model import DEFAULT_DIR, SERVED_MODEL_NAME, is_built
 

@@ -3,7 +3,7 @@
     python -m examples.word_lookup.train [--steps 16] [--level trajectory|transition] [--out DIR] [--png PATH]
 
 The same run as examples/lowercase_words (vLLM in dev mode, `agl proxy serve --logprobs`, agents
-as subprocesses, `AglTrainer.fit()` through `agl_train.cpu_workers.run_ppo_on_cpu`), with the
+as subprocesses, `AglTrainer.fit()` through `agl_train.verl_glue.cpu_run.run_ppo_on_cpu`), with the
 agent of `agent.py`: three model calls per rollout with the `lookup` tool offered in each, its
 results appended between them, rewarded on every turn. At the trajectory level (default) the
 calls of a rollout merge into one row, the inserted tool results and template glue masked out.
@@ -116,8 +116,8 @@ def train(
     replace the default tasks (4 per step)."""
     import torch
 
-    from agl_train.config import compose_config
-    from agl_train.cpu_workers import run_ppo_on_cpu
+    from agl_train.verl_glue.config import compose_config
+    from agl_train.verl_glue.cpu_run import run_ppo_on_cpu
 
     torch.set_num_threads(1)  # as the lowercase example: a second thread only waits on vLLM and the agents
     out.mkdir(parents=True, exist_ok=True)

@@ -128,9 +128,9 @@ def main() -> int:
 
     from omegaconf import OmegaConf
 
-    from agl_train._verl import need_critic, need_reference_policy, validate_config
-    from agl_train.config import compose_config
-    from agl_train.entry import check_inputs, run_ppo
+    from agl_train.verl_glue._verl import need_critic, need_reference_policy, validate_config
+    from agl_train.verl_glue.config import compose_config
+    from agl_train.verl_glue.entry import check_inputs, run_ppo
 
     Path(args.out).mkdir(parents=True, exist_ok=True)
     train, val = tasks(8 * (args.steps + 1)), tasks(4, offset=1000)

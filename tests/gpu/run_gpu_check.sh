@@ -18,7 +18,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP=True TOKENIZERS_PARALLELISM=false PYTHONPATH
 export VERL_FILE_LOGGER_ROOT="$OUT"   # the default `file` logger writes $OUT/agl-gpu-check/<run>.jsonl
 
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU visible'; print('gpu:', torch.cuda.get_device_name(0))"
-"$PY" -c "from agl_train.attention import flash_attn_installed as f; print('attention:', 'flash_attention_2' if f() else 'sdpa')"
+"$PY" -c "from agl_train.verl_glue.attention import flash_attn_installed as f; print('attention:', 'flash_attention_2' if f() else 'sdpa')"
 MODEL=$("$PY" -c "from examples.tiny_vllm.tiny_model import build, DEFAULT_DIR; print(build(DEFAULT_DIR))")
 PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 

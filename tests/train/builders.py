@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agl_store.models import Span, reward_span
-from agl_train.aggregate import Limits
-from agl_train.config import TrainSettings
-from agl_train.traces import LLMCall, RolloutTrace
+from agl_train.core.aggregate import Limits
+from agl_train.core.traces import LLMCall, RolloutTrace
+from agl_train.verl_glue.config import TrainSettings
 
 
 def llm_call_span(

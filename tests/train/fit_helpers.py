@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agl_train.traces import RolloutTrace
+    from agl_train.core.traces import RolloutTrace
 
 
 def llm_calls_by_version(db_path: Path) -> dict[str, int]:
@@ -35,8 +35,8 @@ def traces_by_step(db_path: Path) -> dict[int, list[RolloutTrace]]:
     (`traces.read_rollout`, under their group's uid), by the weight version (step) of their calls."""
     from agl_store import call_span
     from agl_store.sqlite import SQLiteStore
+    from agl_train.core.traces import read_rollout
     from agl_train.runner.groups import UID_KEY
-    from agl_train.traces import read_rollout
 
     async def read() -> dict[int, list[RolloutTrace]]:
         store = await SQLiteStore(str(db_path)).open()

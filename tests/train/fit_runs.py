@@ -62,8 +62,8 @@ def fit(config_overrides: Sequence[str], out: Path, train_tasks: list[Any], val_
     """`run_ppo_on_cpu` in this process; the metrics of each step come back from verl's file logger."""
     import torch
 
-    from agl_train.config import compose_config
-    from agl_train.cpu_workers import run_ppo_on_cpu
+    from agl_train.verl_glue.config import compose_config
+    from agl_train.verl_glue.cpu_run import run_ppo_on_cpu
 
     torch.set_num_threads(1)  # as examples/lowercase_words: one thread is fastest next to vLLM and the agents
     out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agl_train.advantage import broadcast_to_rows, index_rollouts, rollout_scalars
+from agl_train.algo.advantage import broadcast_to_rows, index_rollouts, rollout_scalars
 
 
 def test_each_rollout_is_represented_by_its_first_row() -> None:

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_train.aggregate import (
+from agl_train.algo.tensorize import rows_to_tensors
+from agl_train.core.aggregate import (
     METRIC_DROPPED_MARKED,
     METRIC_TRUNCATED,
     Limits,
@@ -20,8 +21,7 @@ from agl_train.aggregate import (
     trajectory_rows,
     transition_rows,
 )
-from agl_train.tensorize import rows_to_tensors
-from agl_train.traces import LLMCall
+from agl_train.core.traces import LLMCall
 
 from .builders import call, trace
 

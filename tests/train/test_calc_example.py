@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from agl_train.entry import check_inputs
+from agl_train.verl_glue.entry import check_inputs
 from examples.calc_agent.agent import CalcAgent, tool_result
 from examples.calc_agent.calculator import calculate, final_number
 from examples.calc_agent.dataset import train_tasks, val_tasks

@@ -10,8 +10,8 @@ from agl_store import call_span, reward_span
 from agl_store.client import LightningStoreClient
 from agl_store.models import TraceStatus
 from agl_store.sqlite import SQLiteStore
-from agl_train.aggregate import Limits, aggregate
-from agl_train.traces import read_rollout, trace_from_spans
+from agl_train.core.aggregate import Limits, aggregate
+from agl_train.core.traces import read_rollout, trace_from_spans
 
 from ..store.http_server import StoreServerProcess
 from ..store.test_span_deltas import call, conversation, write

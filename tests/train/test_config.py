@@ -6,9 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from agl_store.sqlite import SQLiteStore
-from agl_train.aggregate import Limits
-from agl_train.config import compose_config, settings_from_config
+from agl_train.core.aggregate import Limits
 from agl_train.runner.runner_settings import RunnerSettings
+from agl_train.verl_glue.config import compose_config, settings_from_config
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_settings_that_cannot_run_are_refused(changes, message) -> None:
 
 
 def test_the_defaults_pass_agls_checks(config) -> None:
-    from agl_train.config import trainer_settings
+    from agl_train.verl_glue.config import trainer_settings
 
     settings, _ = trainer_settings(config)
     assert settings.per_rollout_mean
@@ -131,14 +131,14 @@ def test_the_defaults_pass_agls_checks(config) -> None:
     ],
 )
 def test_verl_keys_agl_would_not_honour_are_refused_with_the_key_to_set(override, message) -> None:
-    from agl_train.config import trainer_settings
+    from agl_train.verl_glue.config import trainer_settings
 
     with pytest.raises(ValueError, match=message):
         trainer_settings(compose_config([override]))
 
 
 def test_a_gae_config_without_agls_overlay_is_refused_too() -> None:
-    from agl_train.verl_config import check_verl_config
+    from agl_train.verl_glue.verl_config import check_verl_config
 
     with pytest.raises(ValueError, match="algorithm.adv_estimator=gae"):
         check_verl_config({"algorithm": {"adv_estimator": "gae"}})
@@ -146,10 +146,10 @@ def test_a_gae_config_without_agls_overlay_is_refused_too() -> None:
 
 
 def test_without_flash_attn_the_actor_defaults_to_sdpa_with_one_message(caplog) -> None:
-    from agl_train.attention import ATTN_KEY, resolve_attn_implementation
+    from agl_train.verl_glue.attention import ATTN_KEY, resolve_attn_implementation
 
     config = compose_config()
-    with caplog.at_level("WARNING", logger="agl_train.attention"):
+    with caplog.at_level("WARNING", logger="agl_train.verl_glue.attention"):
         assert resolve_attn_implementation(config, flash_attn=False) == "sdpa"
         assert resolve_attn_implementation(config, flash_attn=False) == "sdpa"  # resolved: no second message
     assert config.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
@@ -157,7 +157,7 @@ def test_without_flash_attn_the_actor_defaults_to_sdpa_with_one_message(caplog) 
 
 
 def test_with_flash_attn_the_actor_uses_it_and_explicit_choices_stay() -> None:
-    from agl_train.attention import resolve_attn_implementation
+    from agl_train.verl_glue.attention import resolve_attn_implementation
 
     assert resolve_attn_implementation(compose_config(), flash_attn=True) == "flash_attention_2"
     eager = compose_config(["actor_rollout_ref.model.override_config.attn_implementation=eager"])
@@ -165,7 +165,7 @@ def test_with_flash_attn_the_actor_uses_it_and_explicit_choices_stay() -> None:
 
 
 def test_flash_attention_asked_for_without_flash_attn_names_the_key() -> None:
-    from agl_train.attention import resolve_attn_implementation
+    from agl_train.verl_glue.attention import resolve_attn_implementation
 
     config = compose_config(["actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2"])
     with pytest.raises(ValueError, match=r"override_config.attn_implementation=flash_attention_2 needs the flash-attn"):
@@ -173,7 +173,7 @@ def test_flash_attention_asked_for_without_flash_attn_names_the_key() -> None:
 
 
 def test_verl_reads_the_resolved_attention_from_the_model_config(config, tiny_model_path) -> None:
-    from agl_train.attention import resolve_attn_implementation
+    from agl_train.verl_glue.attention import resolve_attn_implementation
 
     resolved = compose_config([f"actor_rollout_ref.model.path={tiny_model_path}"])
     resolve_attn_implementation(resolved, flash_attn=False)
@@ -188,7 +188,7 @@ def test_the_default_logger_runs_offline_and_writes_a_local_file(config, tmp_pat
 
     from verl.utils.tracking import Tracking
 
-    from agl_train._verl import DataProto  # noqa: F401  (imports verl with its import-time warnings silenced)
+    from agl_train.verl_glue._verl import DataProto  # noqa: F401  (imports verl with its import-time warnings silenced)
 
     monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path))
     tracking = Tracking("agl-test", "defaults", default_backend=list(config.trainer.logger))

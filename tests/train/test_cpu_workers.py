@@ -16,11 +16,11 @@ def test_a_checkpoint_saved_by_verl_restores_the_actors_weights(tiny_model_path:
     from omegaconf import OmegaConf
     from safetensors.torch import load_file
 
-    from agl_train._verl import get_policy_loss_fn
-    from agl_train.attention import flash_attn_installed
-    from agl_train.config import compose_config
-    from agl_train.cpu_workers import LocalWorkerGroup
-    from agl_train.verl_loss import compute_policy_loss_per_rollout_mean
+    from agl_train.verl_glue._verl import get_policy_loss_fn
+    from agl_train.verl_glue.attention import flash_attn_installed
+    from agl_train.verl_glue.config import compose_config
+    from agl_train.verl_glue.cpu_run import LocalWorkerGroup
+    from agl_train.verl_glue.verl_loss import compute_policy_loss_per_rollout_mean
     from examples.lowercase_words.train import overrides
 
     config = compose_config(overrides(tiny_model_path, "http://127.0.0.1:9", steps=2, out=tmp_path))

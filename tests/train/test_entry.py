@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agl_train.config import compose_config
-from agl_train.dataset import InMemoryDataset, check_dataset, collate_inputs
-from agl_train.entry import ray_init_kwargs, run_ppo
+from agl_train.verl_glue.config import compose_config
+from agl_train.verl_glue.dataset import InMemoryDataset, check_dataset, collate_inputs
+from agl_train.verl_glue.entry import ray_init_kwargs, run_ppo
 
 TASKS = [{"question": "1+1", "answer": "2"}, {"question": "2*3", "answer": "6"}, {"question": "9-4", "answer": "5"}]
 
@@ -74,5 +74,7 @@ def test_ray_starts_with_verl_runtime_env(config) -> None:
 def test_on_the_cpu_ray_gets_a_cpu_per_worker_and_the_vllm_servers_must_be_given() -> None:
     cpu = compose_config(["data.train_batch_size=2", "trainer.device=cpu", "trainer.n_gpus_per_node=2"])
     assert ray_init_kwargs(cpu)["num_cpus"] == 3  # two workers and the trainer's actor
-    with pytest.raises(ValueError, match=r"trainer.device=cpu: .*rollout=agl_train.cpu_workers.ExternalRollout"):
+    with pytest.raises(
+        ValueError, match=r"trainer.device=cpu: .*rollout=agl_train.verl_glue.cpu_workers.ExternalRollout"
+    ):
         run_ppo(cpu, TASKS, TASKS)

@@ -1,7 +1,7 @@
 """`AglTrainer.fit()` end to end on the CPU, a few steps of the lowercase-words task
 (examples/lowercase_words): the real SQLite store and `agl proxy serve`, the tiny vLLM (its own,
 in dev mode), agents as subprocesses through the local runner, and verl's own actor update in
-this process (`agl_train.cpu_workers`). One run serves every test of the module."""
+this process (`agl_train.verl_glue.cpu_workers`). One run serves every test of the module."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class _NotFound(BaseHTTPRequestHandler):
 
 
 def test_a_vllm_without_dev_mode_is_refused_with_what_to_set(run: Run, tmp_path: Path) -> None:
-    from agl_train.cpu_workers import DiskWeightSync, ExternalReplicas
+    from agl_train.verl_glue.cpu_workers import DiskWeightSync, ExternalReplicas
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

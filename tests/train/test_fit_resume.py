@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agl_train.trainer import CARRIED_FILE
+from agl_train.verl_glue.trainer import CARRIED_FILE
 from examples.lowercase_words.train import running_proxy
 
 from .fit_runs import BATCH, IN_FLIGHT, N, async_overrides, start_fit, unique_tasks

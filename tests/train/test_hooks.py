@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agl_train.hooks import load_hooks, run_batch_hook, run_startup_hooks
+from agl_train.verl_glue.hooks import load_hooks, run_batch_hook, run_startup_hooks
 
 
 def test_on_startup_runs(monkeypatch) -> None:

@@ -132,7 +132,7 @@ async def test_past_the_timeout_the_agent_and_its_children_are_killed_and_the_ro
 
 
 async def test_the_trainer_asks_a_replica_for_the_name_it_serves(vllm_server) -> None:
-    from agl_train.proxy_control import served_model_name
+    from agl_train.runner.proxy_control import served_model_name
 
     address = vllm_server.base_url.removeprefix("http://").removesuffix("/v1")
     assert await served_model_name(address) == vllm_server.model

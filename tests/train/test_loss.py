@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_train.loss import clipped_policy_losses, normalize_advantages_by_rollout, per_rollout_mean_loss
+from agl_train.algo.loss import clipped_policy_losses, normalize_advantages_by_rollout, per_rollout_mean_loss
 
 
 def test_each_row_is_divided_by_its_rollouts_tokens_times_the_row_count() -> None:

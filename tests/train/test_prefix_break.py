@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agl_train.prefix_break import classify_break, diagnose_break, first_divergence
+from agl_train.core.prefix_break import classify_break, diagnose_break, first_divergence
 
 
 def test_first_divergence_is_the_first_differing_index_or_the_shorter_length() -> None:

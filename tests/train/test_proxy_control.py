@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from agl_proxy.proxy import LLMProxy
-from agl_train.proxy_control import ProxyControl, ProxyControlError, vllm_model_list
+from agl_train.runner.proxy_control import ProxyControl, ProxyControlError, vllm_model_list
 
 
 @pytest.fixture

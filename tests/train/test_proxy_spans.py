@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from agl_store.models import reward_span
-from agl_train.aggregate import Limits, aggregate
-from agl_train.traces import read_rollout
+from agl_train.core.aggregate import Limits, aggregate
+from agl_train.core.traces import read_rollout
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pytest
 
 from agl_store.models import LLM
 from agl_store.sqlite import SQLiteStore
-from agl_train.retention import delete_old_rollouts, keep_steps_of
 from agl_train.runner.groups import Group
+from agl_train.runner.retention import delete_old_rollouts, keep_steps_of
 
 
 async def test_rollouts_of_older_steps_are_deleted_except_carried_groups(tmp_path: Path) -> None:

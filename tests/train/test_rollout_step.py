@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from agl_store.models import RolloutConfig
-from agl_train.aggregate import Limits
-from agl_train.config import TrainSettings
-from agl_train.proxy_control import ProxyControl
+from agl_train.core.aggregate import Limits
 from agl_train.runner.dispatch import RolloutDispatcher
 from agl_train.runner.groups import GroupTracker
 from agl_train.runner.local import LocalRunner
-from agl_train.step import rollout_step
+from agl_train.runner.proxy_control import ProxyControl
+from agl_train.verl_glue.config import TrainSettings
+from agl_train.verl_glue.step import rollout_step
 
 from . import builders
 from .conftest import REPO_ROOT

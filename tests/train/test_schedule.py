@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agl_train.schedule import StepSchedule
+from agl_train.verl_glue.schedule import StepSchedule
 
 
 def schedule(**changes) -> StepSchedule:

@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 
 from agl_store import SQLiteStore
+from agl_train.core.traces import LLMCall
 from agl_train.runner.groups import Group, GroupTracker
-from agl_train.step import (
+from agl_train.verl_glue.step import (
     build_batch,
     mark_rollouts_dropped,
     off_sampling,
@@ -20,7 +21,6 @@ from agl_train.step import (
     read_succeeded,
     rollout_step,
 )
-from agl_train.traces import LLMCall
 
 from .builders import call, llm_call_span, reward, trace
 from .builders import train_settings as settings
@@ -187,7 +187,7 @@ async def test_a_step_whose_spans_are_not_all_written_trains_none_of_them(tmp_pa
         for rid in group.rollout_ids:
             await store.update_rollout(rid, status="succeeded")
 
-        with caplog.at_level("WARNING", logger="agl_train.step"):
+        with caplog.at_level("WARNING", logger="agl_train.verl_glue.step"):
             step = await rollout_step(
                 store,
                 tracker,

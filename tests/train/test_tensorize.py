@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agl_train.aggregate import Limits, Row
-from agl_train.tensorize import rows_to_non_tensors, rows_to_tensors
+from agl_train.algo.tensorize import rows_to_non_tensors, rows_to_tensors
+from agl_train.core.aggregate import Limits, Row
 
 PAD = 0
 LIMITS = Limits(max_prompt_length=4, max_response_length=5)

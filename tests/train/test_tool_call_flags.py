@@ -15,7 +15,7 @@ import httpx
 import pytest
 from omegaconf import OmegaConf
 
-from agl_train.config import compose_config, trainer_settings
+from agl_train.verl_glue.config import compose_config, trainer_settings
 from examples.tiny_vllm.vllm_server import vllm_command
 from tests.support.conversations import messages, tools
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agl_store.models import Span
-from agl_train.traces import (
+from agl_train.core.traces import (
     SKIP_ERROR,
     SKIP_NO_PROMPT_IDS,
     SKIP_NO_RESPONSE_IDS,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agl_train.config import compose_config
-from agl_train.dataset import InMemoryDataset, collate_inputs
-from agl_train.trainer import AglTrainer  # before any verl import: it imports verl with its import warnings silenced
+from agl_train.verl_glue.config import compose_config
+from agl_train.verl_glue.dataset import InMemoryDataset, collate_inputs
+from agl_train.verl_glue.trainer import (
+    AglTrainer,  # before any verl import: it imports verl with its import warnings silenced
+)
 
 # torchdata's StatefulDataLoader (built by verl's constructor) warns about its own use of a
 # deprecated torch call; that is library noise, not something this test checks.
@@ -78,7 +80,7 @@ def test_the_constructor_refuses_a_critic_config_before_verl_builds_anything(tok
 
 
 def test_the_attention_is_left_to_the_workers(tokenizer) -> None:
-    # Each worker resolves `auto` where it loads the model (agl_train.workers.AglWorker), not the driver.
+    # Each worker resolves `auto` where it loads the model (agl_train.verl_glue.workers.AglWorker), not the driver.
     trainer = build(tokenizer, [])
     assert trainer.config.actor_rollout_ref.model.override_config.attn_implementation == "auto"
 
@@ -129,8 +131,8 @@ def update_batch(tokenizer):
     """Four rows of different lengths, two groups, as the step's data path hands them to the update."""
     import random
 
-    from agl_train.aggregate import Limits
-    from agl_train.step import build_batch, prepare_update
+    from agl_train.core.aggregate import Limits
+    from agl_train.verl_glue.step import build_batch, prepare_update
 
     from .builders import call, trace, train_settings
 
@@ -184,9 +186,9 @@ def test_rollout_data_dir_gets_each_steps_rows(tokenizer, tmp_path) -> None:
 def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(tokenizer, monkeypatch) -> None:
     from verl import DataProto
 
-    import agl_train.trainer as trainer_module
+    import agl_train.verl_glue.trainer as trainer_module
     from agl_train.runner.groups import Collected
-    from agl_train.step import StepData
+    from agl_train.verl_glue.step import StepData
 
     calls = []
     trainer = build(tokenizer, ["trainer.balance_batch=false"])
@@ -308,7 +310,7 @@ async def test_groups_left_in_flight_by_the_last_step_are_cancelled_and_reported
         groups = await trainer._tracker.submit([{"question": "late"}])
         trainer._pending = [{"question": "never submitted"}]
 
-        with caplog.at_level("WARNING", logger="agl_train.trainer"):
+        with caplog.at_level("WARNING", logger="agl_train.verl_glue.trainer"):
             metrics = await trainer._cancel_leftovers()
 
         assert metrics == {"rollout/n_groups_cancelled_at_end": 1.0, "rollout/n_prompts_not_trained": 1.0}

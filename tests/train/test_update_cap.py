@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_train.update_cap import (
+from agl_train.core.update_cap import (
     METRIC_DROPPED_RANDOM,
     METRIC_DROPPED_SAME_REWARD,
     cap_updates,

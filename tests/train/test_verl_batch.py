@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_train._verl import DataProto, compute_advantage
-from agl_train.aggregate import Limits, Row
-from agl_train.verl_batch import (
+from agl_train.core.aggregate import Limits, Row
+from agl_train.verl_glue._verl import DataProto, compute_advantage
+from agl_train.verl_glue.verl_batch import (
     compute_rollout_level_advantage,
     normalize_batch_advantages,
     select_update_batch,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agl_train._verl import core_algos, get_policy_loss_fn
-from agl_train.loss import normalize_advantages_by_rollout
-from agl_train.verl_loss import compute_policy_loss_per_rollout_mean, register_per_rollout_loss
+from agl_train.algo.loss import normalize_advantages_by_rollout
+from agl_train.verl_glue._verl import core_algos, get_policy_loss_fn
+from agl_train.verl_glue.verl_loss import compute_policy_loss_per_rollout_mean, register_per_rollout_loss
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from typing import Any
 
 from agl_store.base import LightningStore
 from agl_store.models import ProxyLLM, Span, reward_span
-from agl_train.aggregate import Limits
-from agl_train.proxy_control import LLM_RESOURCE_NAME
+from agl_train.core.aggregate import Limits
+from agl_train.runner.proxy_control import LLM_RESOURCE_NAME
 
 Encode = Callable[[str], list[int]]
 

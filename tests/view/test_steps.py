@@ -10,7 +10,7 @@ import pytest
 
 from agl_store.models import LLM
 from agl_store.server import create_app
-from agl_train.proxy_control import LLM_RESOURCE_NAME
+from agl_train.runner.proxy_control import LLM_RESOURCE_NAME
 from tests.proxy.helpers import serve
 
 from .rollouts import CALLS, llm_call_span, publish, write_rollout, write_two_steps

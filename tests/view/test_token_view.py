@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agl_store.models import reward_span
-from agl_train.aggregate import Limits
-from agl_train.traces import trace_from_spans
+from agl_train.core.aggregate import Limits
+from agl_train.core.traces import trace_from_spans
 from agl_train.view.token_view import TokenViewOptions, token_view, token_view_of_trace
 
 from .rollouts import OBSERVATION, known_calls, known_limits, llm_call_span, write_known_rollout

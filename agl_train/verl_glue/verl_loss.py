@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from ..algo.loss import LOSS_MODE, per_rollout_mean_loss
 from ._verl import core_algos, register_policy_loss
-from .loss import LOSS_MODE, per_rollout_mean_loss
 
 
 def compute_policy_loss_per_rollout_mean(

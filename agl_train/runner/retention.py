@@ -17,7 +17,7 @@ from typing import Any
 from agl_store.base import LightningStore
 from agl_store.models import TERMINAL_ROLLOUT_STATUSES
 
-from .runner.groups import Group, GroupTracker
+from .groups import Group, GroupTracker
 
 logger = logging.getLogger(__name__)
 

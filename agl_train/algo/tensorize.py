@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .aggregate import Limits, Row
+from ..core.aggregate import Limits, Row
 
 _NUMPY_TYPES = {"i": np.int32, "b": np.int8}
 

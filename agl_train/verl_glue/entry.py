@@ -1,8 +1,8 @@
 """The training entry point: `run_ppo(config, train_dataset, val_dataset)` (docs/trainer.md).
 
 ```python
-from agl_train.entry import run_ppo
-from agl_train.config import compose_config
+from agl_train.verl_glue.entry import run_ppo
+from agl_train.verl_glue.config import compose_config
 
 config = compose_config(["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
                          "agentlightning.local.agent_class=examples.calc_agent.agent:CalcAgent",
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from ..runner.runner_settings import advertise_gateway, ray_cluster
 from .config import trainer_settings
 from .dataset import check_dataset
-from .runner.runner_settings import advertise_gateway, ray_cluster
 
 if TYPE_CHECKING:
     from .cpu_workers import ExternalRollout
@@ -106,7 +106,7 @@ def run_ppo(
     if is_cpu(config) and rollout is None:
         raise ValueError(
             f"{CPU_DEVICE_KEY}=cpu: verl cannot start its vLLM servers on the CPU; start vLLM (dev mode) "
-            "and pass run_ppo(..., rollout=agl_train.cpu_workers.ExternalRollout(addresses, weights_dir))"
+            "and pass run_ppo(..., rollout=agl_train.verl_glue.cpu_workers.ExternalRollout(addresses, weights_dir))"
         )
     import ray
 
@@ -194,7 +194,7 @@ def make_task_runner() -> Any:
 
 
 def main() -> None:
-    """`python -m agl_train.entry [hydra overrides] data.train_files=tasks.jsonl data.val_files=val.jsonl`:
+    """`python -m agl_train.verl_glue.entry [hydra overrides] data.train_files=tasks.jsonl data.val_files=val.jsonl`:
     the datasets as JSON-lines files of tasks (one JSON object per line)."""
     import json
 

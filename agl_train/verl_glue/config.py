@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .aggregate import Limits, get_aggregator, limits_for_level
-from .loss import LOSS_MODE
-from .runner.runner_settings import (
+from ..algo.loss import LOSS_MODE
+from ..core.aggregate import Limits, get_aggregator, limits_for_level
+from ..runner.runner_settings import (
     RunnerSettings,
     actor_cluster_nodes,
     check_async_batch,

@@ -18,8 +18,8 @@ Two ways to run, both with verl's own `ActorRolloutRefWorker` code (`workers.Agl
 - distributed: `entry.run_ppo(config, train, val, rollout=ExternalRollout(addresses, weights_dir))`
   with `trainer.device=cpu` and `trainer.n_gpus_per_node=N`: a local Ray cluster, verl's
   `RayWorkerGroup` of N worker processes in a CPU resource pool, FSDP sharding the actor across them.
-- one process: `run_ppo_on_cpu(config, train, val, addresses, weights_dir)`: the worker built in this
-  process (`LocalWorkerGroup`, world size 1, the model unwrapped), no Ray. It starts in seconds
+- one process: `cpu_run.run_ppo_on_cpu(config, train, val, addresses, weights_dir)`: the worker built in
+  this process (`cpu_run.LocalWorkerGroup`, world size 1, the model unwrapped), no Ray. It starts in seconds
   instead of the half minute or more of a Ray cluster and its worker processes, which the CI's
   learning test (tests/train/test_fit_cpu.py, 16 steps) would pay on two cores.
 
@@ -49,16 +49,15 @@ from typing import Any
 import httpx
 import torch
 
+from ..runner.proxy_control import server_root
 from ._verl import (
     EngineRegistry,
     FSDPEngineWithLMHead,
     PlatformBase,
     RayResourcePool,
     ResourcePoolManager,
-    Role,
     platform_manager,
 )
-from .proxy_control import server_root
 
 logger = logging.getLogger(__name__)
 
@@ -257,50 +256,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class LocalWorkerGroup:
-    """Stands in for verl's `RayWorkerGroup`: the same `ActorRolloutRefWorker`, built in this
-    process (world size 1), called directly instead of through Ray's dispatch and collect."""
-
-    def __init__(self, actor_rollout_ref_config: Any, role: str) -> None:
-        from .workers import AglWorker
-
-        cpu_precision(actor_rollout_ref_config)
-        self.worker = AglWorker(actor_rollout_ref_config, role=role, device="cpu")
-        self.worker.init_model()
-        self.world_size = 1
-        # verl's trainer caches each role's data-parallel ranks here (`_get_dp_size`, used by `balance_batch`).
-        self._dispatch_info: dict[str, list[int]] = {}
-
-    def _query_dispatch_info(self, role: str) -> list[int]:
-        """The data-parallel rank of each worker: one worker, rank 0."""
-        return [0]
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The trained HF model (the actor's, or the reference's for a `ref` group)."""
-        training_worker = self.worker.actor if self.worker.actor is not None else self.worker.ref
-        return training_worker.engine.module
-
-    def compute_log_prob(self, data: Any) -> Any:
-        return self.worker.compute_log_prob(data)
-
-    def compute_ref_log_prob(self, data: Any) -> Any:
-        return self.worker.compute_ref_log_prob(data)
-
-    def update_actor(self, data: Any) -> Any:
-        return self.worker.update_actor(data)
-
-    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        self.worker.save_checkpoint(*args, **kwargs)
-
-    def load_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        self.worker.load_checkpoint(*args, **kwargs)
-
-    def save_rollout_weights(self, directory: str) -> None:
-        """The actor's weights to `directory/model.safetensors` (`AglWorker.save_rollout_weights`)."""
-        self.worker.save_rollout_weights(directory)
-
-
 class Replica:
     """One vLLM server, as the trainer sees a verl rollout replica (`server_address`)."""
 
@@ -396,53 +351,6 @@ class CpuResourcePoolManager(ResourcePoolManager):
             )
 
 
-def init_cpu_workers(trainer: Any, server_addresses: Sequence[str], weights_dir: Path) -> None:
-    """What `RayPPOTrainer.init_workers()` sets up, in this process on the CPU: the actor (and the
-    reference policy when the config needs one) as local workers, the vLLM servers at
-    `server_addresses` as the rollout replicas, and the weight sync to them through `weights_dir`."""
-    use_cpu()
-    actor = LocalWorkerGroup(trainer.config.actor_rollout_ref, role="actor")
-    trainer.actor_rollout_wg = actor
-    if trainer.use_reference_policy:
-        trainer.ref_policy_wg = LocalWorkerGroup(trainer.config.actor_rollout_ref, role="ref")
-    trainer.llm_server_manager = ExternalReplicas(server_addresses)
-    trainer.checkpoint_manager = DiskWeightSync(actor, trainer.llm_server_manager, weights_dir)
-
-
-def run_ppo_on_cpu(
-    config: Any,
-    train_dataset: Sequence[Any],
-    val_dataset: Sequence[Any],
-    server_addresses: Sequence[str],
-    weights_dir: Path,
-) -> Any:
-    """Train like `agl_train.entry.run_ppo`, in this process on the CPU, against the vLLM servers at
-    `server_addresses`; returns the trainer after `fit()` (its `actor_rollout_wg.model` is the
-    trained model)."""
-    from omegaconf import OmegaConf
-
-    from .entry import build_trainer, check_inputs
-    from .verl_loss import register_per_rollout_loss
-
-    train, val = check_inputs(config, train_dataset, val_dataset)
-    register_per_rollout_loss()
-    config = config.copy()
-    OmegaConf.resolve(config)
-    trainer = build_trainer(
-        config,
-        train,
-        val,
-        # Only read by verl's constructor here: init_cpu_workers builds the workers itself.
-        role_worker_mapping={Role.ActorRollout: LocalWorkerGroup},
-        resource_pool_manager=ResourcePoolManager(
-            resource_pool_spec={"global_pool": [1]}, mapping={Role.ActorRollout: "global_pool"}
-        ),
-    )
-    init_cpu_workers(trainer, server_addresses, weights_dir)
-    trainer.fit()
-    return trainer
-
-
 __all__ = [
     "CPU_PRECISION",
     "CpuEngine",
@@ -451,10 +359,7 @@ __all__ = [
     "DiskWeightSync",
     "ExternalReplicas",
     "ExternalRollout",
-    "LocalWorkerGroup",
     "Replica",
-    "init_cpu_workers",
     "cpu_precision",
-    "run_ppo_on_cpu",
     "use_cpu",
 ]

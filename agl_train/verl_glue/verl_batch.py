@@ -19,12 +19,12 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from ..algo.advantage import broadcast_to_rows, index_rollouts, rollout_scalars
+from ..algo.loss import normalize_advantages_by_rollout
+from ..algo.tensorize import rows_to_non_tensors, rows_to_tensors
+from ..core.aggregate import METRIC_DROPPED_MARKED, Limits, Row
+from ..core.update_cap import cap_updates
 from ._verl import DataProto, compute_advantage
-from .advantage import broadcast_to_rows, index_rollouts, rollout_scalars
-from .aggregate import METRIC_DROPPED_MARKED, Limits, Row
-from .loss import normalize_advantages_by_rollout
-from .tensorize import rows_to_non_tensors, rows_to_tensors
-from .update_cap import cap_updates
 
 
 def to_data_proto(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> DataProto:

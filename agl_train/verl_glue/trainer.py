@@ -24,6 +24,12 @@ import numpy as np
 from agl_store.base import LightningStore
 from agl_store.models import RolloutConfig
 
+from ..runner.dispatch import WORKER_ID, RolloutDispatcher
+from ..runner.factory import make_runner
+from ..runner.groups import Group, GroupTracker
+from ..runner.loop_thread import LoopThread
+from ..runner.proxy_control import ProxyControl, pause_for_update, publish_replicas
+from ..runner.retention import after_checkpoint
 from ._verl import (
     DataProto,
     RayPPOTrainer,
@@ -39,12 +45,6 @@ from ._verl import (
 from .config import trainer_settings
 from .dataset import INPUT_KEY
 from .hooks import run_batch_hook, run_startup_hooks
-from .proxy_control import ProxyControl, pause_for_update, publish_replicas
-from .retention import after_checkpoint
-from .runner.dispatch import WORKER_ID, RolloutDispatcher
-from .runner.factory import make_runner
-from .runner.groups import Group, GroupTracker
-from .runner.loop_thread import LoopThread
 from .schedule import StepPlan, StepSchedule
 from .step import WAIT_GRACE_S, StepData, read_succeeded, rollout_step
 from .workers import check_worker_config, init_worker_groups

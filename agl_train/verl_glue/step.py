@@ -40,13 +40,13 @@ import torch
 from agl_store.base import LightningStore
 from agl_store.span_wire import collector_paused
 
+from ..core.aggregate import Aggregation, aggregate
+from ..core.prefix_break import Detokenizer
+from ..core.traces import RolloutTrace, read_rollout
+from ..runner.groups import Collected, Group, GroupTracker
+from ..runner.proxy_control import ProxyControl
 from ._verl import DataProto, compute_advantage
-from .aggregate import Aggregation, aggregate
 from .config import TrainSettings
-from .prefix_break import Detokenizer
-from .proxy_control import ProxyControl
-from .runner.groups import Collected, Group, GroupTracker
-from .traces import RolloutTrace, read_rollout
 from .verl_batch import (
     compute_rollout_level_advantage,
     normalize_batch_advantages,
@@ -143,51 +143,16 @@ async def rollout_step(
     `compute_advantage_kwargs` go to verl's `compute_advantage` (e.g. `norm_adv_by_std_in_grpo`).
     """
     started = time.monotonic()
-    if inputs:
-        await tracker.submit(inputs, resources_id=resources_id)
-    count = groups_to_train if groups_to_train is not None else len(inputs)
-    collected = await tracker.collect(count, timeout_s=rollout_timeout_s + WAIT_GRACE_S)
-    metrics = dict(collected.metrics)
-    if groups_to_train is None and tracker.in_flight:
-        abandoned = await tracker.abandon()
-        metrics["rollout/n_timed_out"] += abandoned["timeout"]
-        metrics["rollout/n_abandoned"] = float(abandoned["timeout"])
-    groups = collected.groups
-    metrics["rollout/n_dropped_spans_not_exported"] = 0.0
-    if proxy is not None and not await proxy.wait_spans_exported(timeout_s=span_export_wait_s):
-        # The buffer is the proxy's, not a rollout's: any of the step's rollouts may miss spans.
-        dropped = sum(len(group.succeeded()) for group in groups)
-        logger.warning(
-            "the proxy had not written all its spans after %g s: the %d rollouts of this step are dropped "
-            "(a partial trace would be trained as if it were the whole rollout)",
-            span_export_wait_s,
-            dropped,
-        )
-        metrics["rollout/n_dropped_spans_not_exported"] = float(dropped)
-        groups = []
-
+    timeout_s = rollout_timeout_s + WAIT_GRACE_S
+    collected, metrics = await _collect(tracker, inputs, groups_to_train, resources_id, timeout_s)
+    groups, dropped = await _groups_with_spans_exported(collected.groups, proxy, span_export_wait_s)
+    metrics.update(dropped)
     traces = await read_succeeded(store, groups, settings.reward_fillna_value)
     data, aggregation = build_batch(traces, settings, pad_token_id, tokenizer)
     metrics.update({key: float(value) for key, value in aggregation.metrics.items()})
     if sampling is not None:
-        off = off_sampling(traces, sampling)
-        metrics["rollout/n_calls_off_sampling"] = float(sum(off.values()))
-        metrics["training/n_rows_off_sampling"] = 0.0
-        if off:
-            logger.warning(
-                "%d calls of %d rollouts did not run with the sampling the actor assumes (%s): their rows are "
-                "not trained",
-                sum(off.values()),
-                len(off),
-                dict(sampling),
-            )
-            if data is not None:
-                metrics["training/n_rows_off_sampling"] = float(mark_rollouts_dropped(data, set(off)))
-    if traces:
-        rewards = [trace.reward for trace in traces]
-        metrics["rollout/reward_mean"] = float(np.mean(rewards))
-        metrics["rollout/reward_max"] = float(np.max(rewards))
-        metrics["rollout/reward_min"] = float(np.min(rewards))
+        metrics.update(_drop_off_sampling(traces, data, sampling))
+    metrics.update(_reward_metrics(traces))
     if data is not None:
         data.batch["token_level_rewards"] = data.batch["token_level_scores"]
         data, cap_metrics = prepare_update(
@@ -197,6 +162,74 @@ async def rollout_step(
     metrics.update(_token_metrics(data))
     metrics["timing_s/agl_rollout_step"] = time.monotonic() - started
     return StepData(data=data if data is not None and len(data) > 0 else None, metrics=metrics, collected=collected)
+
+
+async def _collect(
+    tracker: GroupTracker,
+    inputs: Sequence[Any],
+    groups_to_train: int | None,
+    resources_id: str | None,
+    timeout_s: float,
+) -> tuple[Collected, dict[str, float]]:
+    """Enqueue `inputs` as new groups, wait up to `timeout_s` for `groups_to_train` groups (default:
+    as many as were submitted), and count how the rollouts ended. Without async rollout
+    (`groups_to_train` None) the groups still in flight then are cancelled as timed out."""
+    if inputs:
+        await tracker.submit(inputs, resources_id=resources_id)
+    count = groups_to_train if groups_to_train is not None else len(inputs)
+    collected = await tracker.collect(count, timeout_s=timeout_s)
+    metrics = dict(collected.metrics)
+    if groups_to_train is None and tracker.in_flight:
+        abandoned = await tracker.abandon()
+        metrics["rollout/n_timed_out"] += abandoned["timeout"]
+        metrics["rollout/n_abandoned"] = float(abandoned["timeout"])
+    return collected, metrics
+
+
+async def _groups_with_spans_exported(
+    groups: list[Group], proxy: ProxyControl | None, wait_s: float
+) -> tuple[list[Group], dict[str, float]]:
+    """`groups`, or none of them when `proxy` has not written its span buffer within `wait_s`."""
+    if proxy is None or await proxy.wait_spans_exported(timeout_s=wait_s):
+        return groups, {"rollout/n_dropped_spans_not_exported": 0.0}
+    # The buffer is the proxy's, not a rollout's: any of the step's rollouts may miss spans.
+    dropped = sum(len(group.succeeded()) for group in groups)
+    logger.warning(
+        "the proxy had not written all its spans after %g s: the %d rollouts of this step are dropped "
+        "(a partial trace would be trained as if it were the whole rollout)",
+        wait_s,
+        dropped,
+    )
+    return [], {"rollout/n_dropped_spans_not_exported": float(dropped)}
+
+
+def _drop_off_sampling(
+    traces: Sequence[RolloutTrace], data: DataProto | None, sampling: Mapping[str, Any]
+) -> dict[str, float]:
+    """Mark for dropping the rows of rollouts with a call that did not run with `sampling`."""
+    off = off_sampling(traces, sampling)
+    metrics = {"rollout/n_calls_off_sampling": float(sum(off.values())), "training/n_rows_off_sampling": 0.0}
+    if off:
+        logger.warning(
+            "%d calls of %d rollouts did not run with the sampling the actor assumes (%s): their rows are not trained",
+            sum(off.values()),
+            len(off),
+            dict(sampling),
+        )
+        if data is not None:
+            metrics["training/n_rows_off_sampling"] = float(mark_rollouts_dropped(data, set(off)))
+    return metrics
+
+
+def _reward_metrics(traces: Sequence[RolloutTrace]) -> dict[str, float]:
+    if not traces:
+        return {}
+    rewards = [trace.reward for trace in traces]
+    return {
+        "rollout/reward_mean": float(np.mean(rewards)),
+        "rollout/reward_max": float(np.max(rewards)),
+        "rollout/reward_min": float(np.min(rewards)),
+    }
 
 
 def off_sampling(traces: Sequence[RolloutTrace], sampling: Mapping[str, Any]) -> dict[str, int]:

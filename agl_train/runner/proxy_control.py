@@ -19,7 +19,7 @@ import httpx
 from agl_store.base import LightningStore
 from agl_store.models import ProxyLLM
 
-from .runner.runner_settings import GATEWAY_TIMEOUT_S
+from .runner_settings import GATEWAY_TIMEOUT_S
 
 LLM_RESOURCE_NAME = "main_llm"
 """The proxy's name in each resource set the trainer publishes."""
