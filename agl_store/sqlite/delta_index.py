@@ -36,19 +36,21 @@ def _shared_bytes(whole: bytes, start: int, part: bytes) -> int:
     return low
 
 
-def _shared_messages(call: Call, other: Call) -> int:
-    """How many leading messages are the same JSON in both calls."""
-    mine, theirs = call.messages, other.messages
-    if not mine or not theirs:
+def _shared_messages(call: Call, other: Candidate) -> int:
+    """How many leading messages are the same JSON in `call` and a remembered call."""
+    mine, count = call.messages, other.message_count
+    if not mine or not count or other.messages_json is None:
         return 0
-    if len(theirs) <= len(mine):
+    theirs_json = other.messages_json
+    if count <= len(mine):
         # The usual case, a conversation going on: all of `theirs` is a prefix of `mine`.
         # Then the JSON of `mine` starts with that of `theirs` but its "]", and the next
-        # byte ends a value: the first len(theirs) messages are the same JSON values.
-        mine_json, theirs_json = call.messages_json(), other.messages_json()
+        # byte ends a value: the first `count` messages are the same JSON values.
+        mine_json = call.messages_json()
         end = len(theirs_json) - 1
         if mine_json[end : end + 1] in (b",", b"]") and mine_json.startswith(theirs_json[:end]):
-            return len(theirs)
+            return count
+    theirs = orjson.loads(theirs_json)  # the index keeps JSON, never a caller's objects
     if mine[0] != theirs[0]:
         return 0
     n = min(len(mine), len(theirs))
@@ -69,26 +71,42 @@ def _shared_messages(call: Call, other: Call) -> int:
 
 @dataclass
 class Candidate:
-    """A stored call the index remembers, with its row's `stamp` and its depth of deltas."""
+    """A stored call the index remembers, with its row's `stamp` and its depth of deltas.
+
+    It holds bytes only (ids, and the messages as JSON): a call's messages are often the
+    caller's own list, which an agent loop goes on appending to after the call is stored.
+    """
 
     pk: int
     stamp: bytes
-    call: Call
+    prompt: bytes | None
+    choices: dict[int, bytes]
+    messages_json: bytes | None
+    message_count: int
     depth: int
-    size: int
-    """Roughly the memory the index holds for it: the stored span's size."""
+    size: int = field(init=False)
+    """The bytes the index holds for it."""
     reach: int = field(init=False)
     """The most ids a prompt could share with its contexts (`best_parent` tries the longest first)."""
 
     def __post_init__(self) -> None:
-        self.reach = (len(self.call.prompt or b"") + max(map(len, self.call.choices.values()), default=0)) // 4
+        prompt = len(self.prompt or b"")
+        self.size = prompt + sum(map(len, self.choices.values())) + len(self.messages_json or b"")
+        self.reach = (prompt + max(map(len, self.choices.values()), default=0)) // 4
+
+    @classmethod
+    def of(cls, pk: int, stamp: bytes, call: Call, depth: int) -> Candidate:
+        if call.messages is None:
+            return cls(pk, stamp, call.prompt, call.choices, None, 0, depth)
+        return cls(pk, stamp, call.prompt, call.choices, call.messages_json(), len(call.messages), depth)
 
 
 @dataclass
 class DeltaIndex:
-    """Recent calls of recently written attempts, whole, for finding a new call's parent.
+    """Recent calls of recently written attempts, their whole ids and messages, for finding a
+    new call's parent.
 
-    Lives in the writer's thread; a cache only (see the module docstring), bounded by
+    Lives in the writer's thread; a cache only (see `deltas.py`), bounded by
     `RECENT_CALLS` per attempt and `max_bytes` in all (least recently written attempts go).
     """
 
@@ -109,9 +127,7 @@ class DeltaIndex:
         self.attempts.move_to_end(key)
         known.extend(new)
         del known[:-RECENT_CALLS]
-        size = sum(candidate.size for candidate in known)
-        self.total += size - self.sizes.get(key, 0)
-        self.sizes[key] = size
+        self._measure(key, known)
         while (self.total > self.max_bytes or len(self.attempts) > MAX_ATTEMPTS) and len(self.attempts) > 1:
             evicted, _ = self.attempts.popitem(last=False)
             self.total -= self.sizes.pop(evicted, 0)
@@ -120,6 +136,13 @@ class DeltaIndex:
         known = self.attempts.get(key)
         if known is not None:
             known[:] = [candidate for candidate in known if candidate.pk != pk]
+            self._measure(key, known)
+
+    def _measure(self, key: tuple[str, str], known: list[Candidate]) -> None:
+        """`total` and `sizes` after `key`'s calls changed to `known`."""
+        size = sum(candidate.size for candidate in known)
+        self.total += size - self.sizes.get(key, 0)
+        self.sizes[key] = size
 
 
 _BY_REACH = operator.attrgetter("reach")
@@ -137,16 +160,16 @@ def best_parent(call: Call, candidates: Sequence[Candidate]) -> Delta | None:
     for candidate in sorted(candidates, key=_BY_REACH, reverse=True):
         if best is not None and min(candidate.reach, len(prompt) // 4) < best[0]:
             break
-        theirs = candidate.call.prompt or b""
+        theirs = candidate.prompt or b""
         shared, choice = (_shared_bytes(prompt, 0, theirs) if first and theirs.startswith(first) else 0), None
         if theirs and shared * 4 == len(theirs):  # the whole prompt: then how much of a choice
             best_more = 0
-            for position, ids in candidate.call.choices.items():
+            for position, ids in candidate.choices.items():
                 more = _shared_bytes(prompt, len(theirs), ids)
                 if more > best_more:
                     choice, best_more = position, more
             shared += best_more
-        messages = _shared_messages(call, candidate.call)
+        messages = _shared_messages(call, candidate)
         score = (shared, messages, candidate.pk)
         if (shared or messages) and (best is None or score > best):
             best = score

@@ -70,8 +70,7 @@ def _load_recent(conn: sqlite3.Connection, key: tuple[str, str]) -> list[Candida
         call = call_of(Unpacked.of(row[ATTRIBUTES], row[TOKENS]))
         if call is not None:
             depth = orjson.loads(row[DELTA])["depth"] if row[DELTA] is not None else 0
-            size = len(row[ATTRIBUTES]) + len(row[TOKENS] or b"")
-            found.append(Candidate(row[PK], stamps[row[PK]], call, depth, size))
+            found.append(Candidate.of(row[PK], stamps[row[PK]], call, depth))
     return found
 
 
@@ -173,8 +172,7 @@ class DeltaWriter:
         # A new stamp per row (this process's random prefix, then a count): a row rolled back
         # and another stored at its pk, by this process or another, differ.
         stamp = _STAMP_PREFIX + next(_STAMPS).to_bytes(8, "little")
-        size = len(text) + len(blob or b"") + len(call._messages_json or b"")
-        candidate = Candidate(pk or 0, stamp, call, depth, size)
+        candidate = Candidate.of(pk or 0, stamp, call, depth)
         if pk is not None:
             self.remember(key, candidate, pk)
         return (*stored, stamp), candidate
