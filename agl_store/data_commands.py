@@ -146,7 +146,7 @@ async def store_stats(store: LightningStore) -> dict[str, Any]:
     for status, count in sorted(stats.get("rollouts_by_status", {}).items()):
         modes = {}
         for mode in get_args(RolloutMode):
-            found = (await store.query_rollouts(status_in=[status], mode=mode, limit=0)).total
+            found = (await store.query_rollouts(status_in=[status], mode=mode, limit=1)).total
             if found:
                 modes[mode] = found
         if count - sum(modes.values()):
@@ -332,7 +332,7 @@ async def _expire(store: LightningStore, args: argparse.Namespace) -> int:
     rollouts = await expirable(store, args)
     spans = 0
     for rollout in rollouts:
-        spans += (await store.query_spans(rollout.rollout_id, limit=0)).total
+        spans += (await store.query_spans(rollout.rollout_id, limit=1)).total
     stats = await store.statistics()
     share = None
     if stats.database_bytes is not None and stats.total_spans:

@@ -17,7 +17,7 @@ from agl_store import cli
 from agl_store.models import LLM, Span, reward_span
 from agl_store.sqlite import SQLiteStore
 
-from .http_server import REPO_ROOT
+from .http_server import REPO_ROOT, StoreServerProcess
 from .test_span_deltas import linear_conversation
 
 TURNS = 3
@@ -54,14 +54,14 @@ def store_file(tmp_path: Path) -> tuple[Path, dict[str, list[str]]]:
     return path, asyncio.run(make_store(path))
 
 
-def agl(*args: str) -> subprocess.CompletedProcess[str]:
+def agl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The `agl` command, as a user runs it."""
     return subprocess.run(
         [sys.executable, "-m", "agl_store.cli", *args],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", **(env or {})},
         timeout=120,
     )
 
@@ -188,3 +188,23 @@ def test_bad_arguments_are_a_clear_error_and_exit_2(
     assert done.returncode == 2
     assert message in done.stderr
     assert span_rows(path) == before
+
+
+async def test_stats_and_a_dry_run_of_a_served_store_with_a_key(store_file: tuple[Path, dict[str, list[str]]]) -> None:
+    path, made = store_file
+    server = StoreServerProcess(path, key="secret")
+    await server.start()
+    try:
+        env = {"AGL_STORE_KEY": "secret"}
+        stats = json.loads(
+            (await asyncio.to_thread(agl, "store", "stats", "--db", server.url, "--json", env=env)).stdout
+        )
+        dry = await asyncio.to_thread(
+            agl, "store", "expire", "--db", server.url, "--before-step", "2", "--dry-run", env=env
+        )
+        refused = await asyncio.to_thread(agl, "store", "stats", "--db", server.url)  # no key
+    finally:
+        await server.stop()
+    assert stats["total_spans"] == span_rows(path) and stats["total_rollouts"] == 8
+    assert {line.split()[0] for line in dry.stdout.splitlines()[1:]} == set(made["step1"])
+    assert refused.returncode == 2 and "missing bearer key" in refused.stderr
