@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, requires
 from typing import Any
 
+from .data_commands import add_data_commands
 from .errors import StoreError
 from .opening import db_url
 from .server import DEFAULT_MAX_BODY_BYTES, PAGE_SETTING_HELP, create_app, parse_page_settings
@@ -40,7 +41,7 @@ STORE_KEY = KeyOption("--key", "AGL_STORE_KEY", "require 'Authorization: Bearer 
 
 
 def add_store_commands(subparsers: Any) -> None:
-    """Add `agl store serve` to the top-level subparsers."""
+    """Add `agl store serve`, `stats`, `export` and `expire` to the top-level subparsers."""
     store = subparsers.add_parser("store", help="the LightningStore (rollouts, spans, resources)")
     commands = store.add_subparsers(dest="store_command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="serve a store over HTTP")
@@ -51,6 +52,7 @@ def add_store_commands(subparsers: Any) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     serve.add_argument("--page-setting", action="append", default=[], metavar="NAME.KEY=VALUE", help=PAGE_SETTING_HELP)
     serve.set_defaults(run=_serve)
+    add_data_commands(commands)
 
 
 def _plugins() -> dict[str, EntryPoint]:

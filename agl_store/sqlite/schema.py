@@ -270,7 +270,7 @@ SPAN_COLUMNS = (
     "status_code, attributes, tokens, rest"
 )
 STORED_SPAN_COLUMNS = SPAN_COLUMNS + ", pk, base_pk, delta"
-"""What span reads select: `SPAN_COLUMNS`, then what `deltas.materialise` needs."""
+"""What span reads select: `SPAN_COLUMNS`, then what `delta_reads.materialise` needs."""
 WORKER_COLUMNS = (
     "worker_id, status, heartbeat_stats, last_heartbeat_time, last_dequeue_time, last_busy_time, "
     "last_idle_time, current_rollout_id, current_attempt_id"

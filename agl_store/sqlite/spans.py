@@ -14,7 +14,8 @@ from ..bounds import MAX_INTEGER
 from ..errors import ConflictError, NotFoundError
 from ..models import LATEST_ATTEMPT, Span
 from .attempts import resolve_attempt_id
-from .deltas import DeltaIndex, DeltaWriter
+from .delta_index import DeltaIndex
+from .deltas import DeltaWriter
 from .rollouts import move_rollout, rollout_columns
 from .schema import SPAN_COLUMNS
 from .transactions import Txn, fetchone

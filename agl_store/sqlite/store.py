@@ -68,7 +68,8 @@ from .checks import (
     new_rollout,
     validate,
 )
-from .deltas import DeltaIndex, compact, keep_attributes, materialise
+from .delta_index import DeltaIndex
+from .delta_reads import compact, keep_attributes, materialise
 from .paged import run_paged
 from .resources import get_resources, put_resources
 from .rollout_pages import read_rollout_page

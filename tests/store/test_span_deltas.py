@@ -443,3 +443,27 @@ async def test_messages_equal_in_python_but_not_as_json_are_not_shared() -> None
     assert orjson.dumps([s["attributes"] for s in reads[0]]) == orjson.dumps([s.attributes for s in spans])
     assert all(compact[f"call-{i}"]["messages"] < 2 for i in range(1, 5))  # never the changed message
     assert compact["call-5"]["messages"] == 2
+
+
+async def test_a_writer_that_extends_the_messages_list_it_passed_reads_back_what_it_wrote(tmp_path: Path) -> None:
+    """An agent loop appends to one messages list and passes it to every call: the store keeps
+    what each call held when it was written, never the list as it grew since."""
+    rng = random.Random(31)
+    messages: list[Any] = [SYSTEM, {"role": "user", "content": "task"}]
+    prompt = [rng.randrange(1, 50_000) for _ in range(60)]
+    written = []
+    async with SQLiteStore(tmp_path / "agl.db") as store:
+        attempted = await store.start_rollout({"q": 1})
+        ids = {"rollout_id": attempted.rollout_id, "attempt_id": attempted.attempt.attempt_id}
+        for turn in range(4):
+            response = [rng.randrange(1, 50_000) for _ in range(12)]
+            span = call(f"call-{turn}", prompt, messages, [response]).model_copy(update=ids)
+            await store.add_span(span)
+            written.append(orjson.loads(orjson.dumps(span.attributes)))
+            messages.append({"role": "assistant", "content": f"answer {turn}"})
+            messages.append({"role": "tool", "content": "r"})
+            prompt = prompt + response + [rng.randrange(1, 50_000) for _ in range(9)]
+        read = [s.attributes for s in await store.query_spans(*ids.values())]
+    assert [len(a[call_span.REQUEST]["messages"]) for a in read] == [2, 4, 6, 8]
+    assert read == written
+    assert stored_as_deltas(tmp_path / "agl.db") == 3
