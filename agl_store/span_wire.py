@@ -152,7 +152,7 @@ def collector_paused() -> Iterator[None]:
     ones that follow cost more than the decoding itself: measured 6 -> 21 ms per 100-span
     page with a million live objects around. After the block, one collection sees them.
     The collector is the process's: a block that awaits (the trainer's batch read,
-    `agl_train.step.read_succeeded`) pauses it for the other tasks and threads meanwhile too;
+    `agl_train.verl_glue.step.read_succeeded`) pauses it for the other tasks and threads meanwhile too;
     objects freed by reference counting still go at once, only cycles wait for the end.
     """
     paused = gc.isenabled()

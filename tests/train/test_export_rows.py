@@ -6,32 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import tomllib
-from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agl_store import cli, exporters, reward_span
+from agl_store import cli, reward_span
 from agl_store.sqlite import SQLiteStore
-from agl_train.aggregate import Limits, aggregate
-from agl_train.traces import trace_from_spans
+from agl_train.core.aggregate import Limits, aggregate
+from agl_train.core.traces import trace_from_spans
 
-from ..store.http_server import REPO_ROOT
 from ..store.test_span_deltas import conversation, write
 
 UNLIMITED = Limits(max_prompt_length=2**31 - 1, max_response_length=2**31 - 1)
-
-
-@pytest.fixture(autouse=True)
-def declared_exporters(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The `agl.exporters` entry points as pyproject.toml declares them (an installed checkout
-    lists them itself; this one's install may predate them)."""
-    declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
-    name = exporters.EXPORTERS_ENTRY_POINT_GROUP
-    found = [EntryPoint(entry, value, name) for entry, value in declared[name].items()]
-    monkeypatch.setattr(exporters, "entry_points", lambda group: found if group == name else [])
 
 
 async def make_store(path: Path) -> dict[str, Any]:
