@@ -5,7 +5,7 @@ A 3-call tool agent (the unmodified OpenAI SDK, temperature 1, tools offered) ru
 (`examples/tiny_vllm/real_vocab.py`). Its calls are read back as the trainer reads them (`read_rollout`), and
 for every pair of consecutive calls the benchmark checks what trajectory rows need: the later prompt starts
 with exactly the earlier prompt + its generated ids. It prints kept pairs / all pairs, the rows per rollout, the
-breaks by cause (`agl_train.prefix_break`), and, when the spans carry `agl.chain`, the calls by how their prompt
+breaks by cause (`agl_train.core.prefix_break`), and, when the spans carry `agl.chain`, the calls by how their prompt
 was made. The random model answers noise, so the agent always goes on for 3 calls: after a tool call it returns
 a tool result, after text it asks again.
 
@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agl_store import call_span  # noqa: E402
-from agl_train.aggregate import Limits, aggregate  # noqa: E402
-from agl_train.traces import read_rollout  # noqa: E402
+from agl_train.core.aggregate import Limits, aggregate  # noqa: E402
+from agl_train.core.traces import read_rollout  # noqa: E402
 from examples.tiny_vllm.vllm_server import free_port, running_vllm_server  # noqa: E402
 
 TOOLS = [

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from agl_store.sqlite import SQLiteStore
-from agl_train.aggregate import Limits, aggregate, trajectory_rows
-from agl_train.call_graph import call_graph, check_superseded
-from agl_train.traces import read_rollout, trace_from_spans
+from agl_train.core.aggregate import Limits, aggregate, trajectory_rows
+from agl_train.core.call_graph import call_graph, check_superseded
+from agl_train.core.traces import read_rollout, trace_from_spans
 
 from .builders import llm_call_span, reward
 

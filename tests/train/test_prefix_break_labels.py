@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agl_train.prefix_break import classify_break
+from agl_train.core.prefix_break import classify_break
 
 QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
 FOLLOW_UP = {"role": "user", "content": "And tomorrow?"}
