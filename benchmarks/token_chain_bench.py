@@ -5,9 +5,9 @@ A 3-call tool agent (the unmodified OpenAI SDK, temperature 1, tools offered) ru
 (`examples/tiny_vllm/real_vocab.py`). Its calls are read back as the trainer reads them (`read_rollout`), and
 for every pair of consecutive calls the benchmark checks what trajectory rows need: the later prompt starts
 with exactly the earlier prompt + its generated ids. It prints kept pairs / all pairs, the rows per rollout, the
-breaks by cause (`agl_train.core.prefix_break`), and, when the spans carry `agl.chain`, the calls by how their prompt
-was made. The random model answers noise, so the agent always goes on for 3 calls: after a tool call it returns
-a tool result, after text it asks again.
+breaks by cause (`agl_train.core.prefix_break`), and the calls by how the proxy made their prompt (`agl.chain`;
+`unchained` before it recorded that). The random model answers noise, so the agent always goes on for 3 calls:
+after a tool call it returns a tool result, after text it asks again.
 
     .venv/bin/python benchmarks/token_chain_bench.py                        # starts vLLM (about 2 min)
     .venv/bin/python benchmarks/token_chain_bench.py --vllm http://127.0.0.1:PORT/v1   # a vLLM on the model
@@ -117,30 +117,26 @@ async def measure(url: str, model: str, rollouts: int, max_tokens: int, tokenize
         await asyncio.to_thread(run_agent, f"{url}/rollout/{rid}/attempt/{aid}/v1", model, max_tokens)
         started.append(rid)
     traces = []
-    chains: Counter[str] = Counter()
     for rid in started:
         for _ in range(200):  # the proxy exports spans in the background
-            spans = await store.query_spans(rid, "latest", name=call_span.NAME)
-            if len(spans) >= CALLS_PER_ROLLOUT:
+            if len(await store.query_spans(rid, "latest", name=call_span.NAME)) >= CALLS_PER_ROLLOUT:
                 break
             await asyncio.sleep(0.05)
-        for span in spans:
-            chain = span.attributes.get("agl.chain")
-            if isinstance(chain, dict):
-                chains[f"{chain.get('prompt')}/{chain.get('cause')}" if chain.get("cause") else chain["prompt"]] += 1
         traces.append(await read_rollout(store, rid))
     await store.close()
     wide = Limits(max_prompt_length=1 << 20, max_response_length=1 << 20)
     result = aggregate(traces, "trajectory", wide, tokenizer)
     pairs = sum(max(len(trace.calls) - 1, 0) for trace in traces)
-    rows = [sum(row.rollout_id == trace.rollout_id for row in result.rows) for trace in traces]
+    by_prefix = "training/n_llm_calls/"
     return {
         "pairs": pairs,
         "kept": pairs - len(result.breaks),
-        "rows_per_rollout": {"mean": sum(rows) / len(rows), "max": max(rows)},
+        "rows_per_rollout": {
+            "mean": result.metrics["training/rows_per_rollout/mean"],
+            "max": result.metrics["training/rows_per_rollout/max"],
+        },
         "breaks": dict(Counter(b.kind for b in result.breaks)),
-        "chain": dict(chains),
-        "calls": sum(len(trace.calls) for trace in traces),
+        "calls_by_chain": {k.removeprefix(by_prefix): v for k, v in result.metrics.items() if k.startswith(by_prefix)},
     }
 
 

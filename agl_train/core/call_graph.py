@@ -96,6 +96,11 @@ def continues(call: LLMCall, previous: LLMCall) -> bool:
     return extends(call.prompt_ids, previous.prompt_ids, previous.response_ids)
 
 
+def _same_prompt(call: LLMCall, other: LLMCall) -> bool:
+    """Whether the two calls sent the same prompt ids (what a retry reuses)."""
+    return len(call.prompt_ids) == len(other.prompt_ids) and extends(call.prompt_ids, other.prompt_ids, ())
+
+
 def _groups(nodes: Sequence[_Node]) -> list[list[_Node]]:
     """The nodes of one span together (the choices of an n > 1 call); a call without a span id alone."""
     groups: list[list[_Node]] = []
@@ -143,12 +148,7 @@ class _Linker:
                 return parent, False
         elif chain is not None and chain.prompt == CHAIN_RETRY:
             replaced = self.by_span.get(chain.parent or "")
-            replaced_prompt = replaced[0].call.prompt_ids if replaced else ()
-            if (
-                replaced
-                and len(node.call.prompt_ids) == len(replaced_prompt)
-                and extends(node.call.prompt_ids, replaced_prompt, ())
-            ):
+            if replaced and _same_prompt(node.call, replaced[0].call):
                 for sibling in replaced:
                     sibling.superseded = True
                 return self.parent[replaced[0].index], False

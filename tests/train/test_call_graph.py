@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agl_store.sqlite import SQLiteStore
 from agl_train.core.aggregate import Limits, aggregate, trajectory_rows
@@ -173,3 +175,26 @@ async def test_the_chain_is_read_back_from_a_store(tmp_path: Path) -> None:
     assert [call.chain.prompt if call.chain else None for call in trace.calls] == ["rendered", "bridged", "bridged"]
     rows, _ = trajectory_rows(trace, WIDE)
     assert [row.n_calls for row in rows] == [3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=-1, max_value=30), min_size=1, max_size=12))
+def test_every_sampled_token_of_any_call_tree_is_trained_exactly_once(parents: list[int]) -> None:
+    # Call i continues call parents[i] (taken modulo i; -1 or the first call: a new root, branched).
+    spans, contexts, children = [], [], set()
+    for i, choice in enumerate(parents):
+        response = [10 * i + 1, 10 * i + 2]
+        if i == 0 or choice < 0:
+            prompt, chain = [1000 + i], (FIRST if i == 0 else {"prompt": "branched", "cause": "history_edited"})
+        else:
+            parent = choice % i
+            children.add(parent)
+            prompt = contexts[parent] + [5000 + i]
+            chain = {"prompt": "bridged", "parent": f"s{parent}", "choice": 0}
+        spans.append(llm_call_span(prompt, response, sequence_id=i + 1, span_id=f"s{i}", chain=chain))
+        contexts.append(prompt + response)
+    rows, _ = rows_of(*spans)
+
+    assert sorted(trained_tokens(rows)) == sorted(t for i in range(len(parents)) for t in (10 * i + 1, 10 * i + 2))
+    leaves = [contexts[i] for i in range(len(parents)) if i not in children]
+    assert sorted(list(row.prompt_ids) + list(row.response_ids) for row in rows) == sorted(leaves)
