@@ -2,7 +2,8 @@
 
 The ids below are published: transformers' Qwen2 tokenizer integration test
 (tests/models/qwen2/test_tokenization_qwen2.py, `Qwen/Qwen-tokenizer`, padding dropped) and the special-token
-example of Qwen2.5's model card. If the conversion in examples/tiny_vllm/real_vocab.py drifts, these fail first.
+case of the Qwen2 tokenizer test in alibaba/rtp-llm. If the conversion in examples/tiny_vllm/real_vocab.py
+drifts, these fail first.
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ Two flavours, each its own directory:
 - ``qwen3`` (``.cache/tiny-qwen3-real``, served as ``tiny-qwen3-real``): Qwen3's 26 added tokens (``<think>``,
   ``</think>``, ``<tool_response>``, ``</tool_response>`` on top) and Qwen3's chat template, which drops every
   earlier ``<think>`` block at a new user turn: the reasoning case. vLLM's ``--reasoning-parser qwen3`` needs
-  the ``<think>`` tokens this flavour has.
+  the ``<think>`` tokens this flavour has; served with it, a history's ``reasoning_content`` renders as a
+  ``<think>`` block until the next user turn, and the random model's whole answer comes back as ``reasoning``
+  (it never samples ``</think>``)::
+
+      running_vllm_server(build_real_vocab_model(QWEN3), log_path=..., served_model_name=QWEN3.served_model_name,
+                          extra_args=("--enable-scale-out", "--reasoning-parser", "qwen3"))
 
 Usage: ``python -m examples.tiny_vllm.real_vocab [--flavour qwen3] OUTDIR`` (idempotent, like ``tiny_model``).
 """
