@@ -58,3 +58,9 @@ fi
 log "building the tiny model (cached in .cache/tiny-qwen2)"
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
     "$VENV/bin/python" -m examples.tiny_vllm.tiny_model .cache/tiny-qwen2
+
+log "building the real-vocabulary tiny models (Qwen2.5's vocabulary; cached in .cache/tiny-qwen2-real, .cache/tiny-qwen3-real)"
+for flavour in qwen2.5 qwen3; do
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+        "$VENV/bin/python" -m examples.tiny_vllm.real_vocab --flavour "$flavour"
+done

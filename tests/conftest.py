@@ -34,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses the vLLM server, so ``-m "not vllm"`` deselects it even if the mark was forgotten."""
     for item in items:
-        if "vllm_server" in getattr(item, "fixturenames", ()):
+        if {"vllm_server", "real_vllm_server"}.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.vllm)
 
 
@@ -80,3 +80,46 @@ def _announce(config: pytest.Config, line: str) -> None:
     with capture.global_and_fixture_disabled():
         reporter.write("\n")  # -q progress dots do not end their line
         reporter.write_line(line)
+
+
+# The real-vocabulary model (examples/tiny_vllm/real_vocab.py): Qwen2.5's 151,643 BPE ranks and chat template, for
+# tests where re-tokenization matters. Its vLLM takes prompts as token ids too (--enable-scale-out).
+EXTERNAL_REAL_VLLM_ENV = "AGL_TEST_REAL_VLLM_BASE_URL"  # like EXTERNAL_VLLM_ENV, for `real_vllm_server`
+REAL_VLLM_ARGS = ("--enable-scale-out",)
+
+
+@pytest.fixture(scope="session")
+def real_vocab_model_path() -> Path:
+    """Directory of the real-vocabulary tiny model (built on first use, cached under .cache/tiny-qwen2-real)."""
+    from examples.tiny_vllm.vllm_server import build_real_vocab_model
+
+    return build_real_vocab_model()
+
+
+@pytest.fixture(scope="session")
+def real_vllm_server(
+    request: pytest.FixtureRequest, real_vocab_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VLLMServer]:
+    """One vLLM on the real-vocabulary model for the whole session (hermes tool calls, token-in endpoints)."""
+    from examples.tiny_vllm.real_vocab import QWEN2_5
+
+    served = QWEN2_5.served_model_name
+    external = os.environ.get(EXTERNAL_REAL_VLLM_ENV)
+    if external:
+        _announce(request.config, f"[vllm] using the real-vocabulary vLLM at {external} ({EXTERNAL_REAL_VLLM_ENV})")
+        yield external_vllm_server(external, real_vocab_model_path, served)
+        return
+    log_path = tmp_path_factory.mktemp("real-vllm") / "vllm.log"
+    with running_vllm_server(
+        real_vocab_model_path, log_path=log_path, served_model_name=served, extra_args=REAL_VLLM_ARGS
+    ) as server:
+        _announce(request.config, f"[vllm] real-vocabulary vLLM: {served} at {server.base_url} (log: {log_path})")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(real_vocab_model_path: Path) -> Any:
+    """The real-vocabulary model's tokenizer: Qwen2.5's ids, special tokens and chat template."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(real_vocab_model_path)

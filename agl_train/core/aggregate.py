@@ -5,10 +5,12 @@ Two levels, chosen by `agentlightning.trace_aggregator.level`:
 - `transition`: every call is its own row: prompt = the call's prompt ids, response = its
   generated ids (all `response_mask` 1). Limits: verl's `data.max_prompt_length` /
   `data.max_response_length`.
-- `trajectory` (default): consecutive calls merge while the next call's prompt starts with
-  exactly the previous prompt + response ids. The tokens added in between (tool
-  observations, the chat template's turn markers) join the response with `response_mask` 0
-  and logprob 0; generated tokens have mask 1. When the prefix breaks a new row starts and a
+- `trajectory` (default): one row per root-to-leaf path of the attempt's call graph
+  (`call_graph`: the proxy's `agl.chain` says which call's context a prompt continues; calls
+  without it continue the previous call while its prompt starts with exactly the previous
+  prompt + response ids). The tokens added in between (tool observations, the chat template's
+  turn markers) join the response with `response_mask` 0 and logprob 0; generated tokens have
+  mask 1, in one row only when several paths share them. Where a call starts a new root a
   `PrefixBreak` record says why. Limits: `trajectory_max_prompt_length` /
   `trajectory_max_response_length`.
 
@@ -23,10 +25,12 @@ import logging
 from array import array
 from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
-from .prefix_break import Detokenizer, PrefixBreak, diagnose_break
+from .call_graph import CHAIN_BRANCHED, CHAIN_RENDERED, DEFAULT_SUPERSEDED, Path, call_graph, check_superseded
+from .prefix_break import Detokenizer, PrefixBreak
 from .traces import LLMCall, RolloutTrace
 
 logger = logging.getLogger(__name__)
@@ -138,34 +142,6 @@ def apply_limits(row: Row, limits: Limits) -> Row:
     )
 
 
-def _equal(a: Sequence[int], b: Sequence[int]) -> bool:
-    # Lists and arrays never compare equal to each other; a store read mixes them only for
-    # arrays too short to be packed (< 8 ids), so the element-wise path stays short.
-    if type(a) is type(b):
-        return a == b
-    return len(a) == len(b) and all(x == y for x, y in zip(a, b, strict=False))
-
-
-def extends(prompt_ids: Sequence[int], previous_prompt: Sequence[int], previous_response: Sequence[int]) -> bool:
-    """Whether `prompt_ids` starts with exactly `previous_prompt + previous_response`."""
-    p, r = len(previous_prompt), len(previous_response)
-    if len(prompt_ids) < p + r:
-        return False
-    # Compare from the end of the previous context first: a re-rendered prompt usually
-    # differs near the last turn, so mismatches are found sooner. Arrays compare as memory.
-    return _equal(prompt_ids[p : p + r], previous_response) and _equal(prompt_ids[:p], previous_prompt)
-
-
-def _continues(call: LLMCall, previous: LLMCall) -> bool:
-    """Whether the store says `call` extends `previous`'s whole context (a compact read's
-    `LLMCall.extends`): then `extends` holds without comparing the ids."""
-    return call.extends is not None and call.extends == (
-        previous.span_id,
-        previous.choice_position,
-        len(previous.prompt_ids) + len(previous.response_ids),
-    )
-
-
 def transition_rows(
     trace: RolloutTrace, limits: Limits, tokenizer: Detokenizer | None = None
 ) -> tuple[list[Row], list[PrefixBreak]]:
@@ -177,12 +153,12 @@ class _Segment:
     """A trajectory row being built: the merged calls so far, as growing token lists (or
     `array`s, see `Row`)."""
 
-    def __init__(self, turn_index: int, call: LLMCall) -> None:
+    def __init__(self, turn_index: int, call: LLMCall, trained: bool = True) -> None:
         self.turn_index = turn_index
         self.as_array = _keeps_arrays(call)
         self.prompt_ids = _copy_ids(call.prompt_ids, self.as_array)
         self.response_ids = _copy_ids(call.response_ids, self.as_array)
-        self.response_mask = _mask(1, len(call.response_ids), self.as_array)
+        self.response_mask = _mask(int(trained), len(call.response_ids), self.as_array)
         self.logprobs: list[float] | None = list(call.logprobs) if call.logprobs is not None else None
         self.n_calls = 1
         self.last_call = call
@@ -190,7 +166,9 @@ class _Segment:
     def context_length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
-    def merge(self, call: LLMCall) -> None:
+    def merge(self, call: LLMCall, trained: bool = True) -> None:
+        """Append `call` (its prompt extends this context): its new prompt tokens at mask 0, its
+        sampled tokens at mask 1 when `trained` (0 when another row trains them)."""
         inserted, added = call.prompt_ids[self.context_length() :], call.response_ids
         if self.as_array:
             try:
@@ -205,7 +183,7 @@ class _Segment:
         self.response_ids.extend(inserted)
         self.response_mask.extend(_mask(0, len(inserted), self.as_array))
         self.response_ids.extend(added)
-        self.response_mask.extend(_mask(1, len(added), self.as_array))
+        self.response_mask.extend(_mask(int(trained), len(added), self.as_array))
         if self.logprobs is not None and call.logprobs is not None:
             self.logprobs += [0.0] * len(inserted)
             self.logprobs += call.logprobs
@@ -228,42 +206,34 @@ class _Segment:
         )
 
 
-def trajectory_rows(
-    trace: RolloutTrace, limits: Limits, tokenizer: Detokenizer | None = None
-) -> tuple[list[Row], list[PrefixBreak]]:
-    """Merge consecutive calls whose prompts extend the previous context; `(rows, breaks)`.
+def _path_row(trace: RolloutTrace, path: Path) -> Row:
+    first, *rest = path.steps
+    segment = _Segment(first.call, trace.calls[first.call], first.trained)
+    for step in rest:
+        segment.merge(trace.calls[step.call], step.trained)
+    return segment.to_row(trace)
 
-    The merge test uses the previous *call's* prompt + response (not the merged row's), which
-    is the same thing while merging: a merged row's prompt + response is exactly the last
-    call's prompt + response. The choices of one call with n > 1 each start a row (without a
-    break record); the next call can only extend the last of them.
+
+def trajectory_rows(
+    trace: RolloutTrace,
+    limits: Limits,
+    tokenizer: Detokenizer | None = None,
+    *,
+    superseded: str = DEFAULT_SUPERSEDED,
+) -> tuple[list[Row], list[PrefixBreak]]:
+    """One row per root-to-leaf path of the attempt's call graph (`call_graph`); `(rows, breaks)`.
+
+    Calls whose spans have no `agl.chain` link as before it: a call continues the previous one
+    when its prompt starts with exactly the previous prompt + response, else it starts a row
+    (with a `PrefixBreak` record). The choices of one call with n > 1 each start a row (without
+    a break record); such a follow-up can only extend the last of them. A sampled token on
+    several paths is trained (mask 1) in one row only; `superseded` (`drop` or `mask`) says what
+    happens to the paths through a call a retry replaced.
     """
-    rows: list[Row] = []
-    breaks: list[PrefixBreak] = []
-    segment: _Segment | None = None
-    for turn_index, call in enumerate(trace.calls):
-        if segment is None:
-            segment = _Segment(turn_index, call)
-            continue
-        previous = segment.last_call
-        if _continues(call, previous) or extends(call.prompt_ids, previous.prompt_ids, previous.response_ids):
-            segment.merge(call)
-            continue
-        if call.span_id and call.span_id == previous.span_id:
-            # Another choice of the same n > 1 call: a sibling, not a broken prefix.
-            rows.append(apply_limits(segment.to_row(trace), limits))
-            segment = _Segment(turn_index, call)
-            continue
-        record = diagnose_break(
-            trace.rollout_id, turn_index, previous.prompt_ids, previous.response_ids, call.prompt_ids, tokenizer
-        )
+    graph = call_graph(trace, tokenizer, superseded)
+    for record in graph.breaks:
         logger.debug("trajectory split: %s", record.describe())
-        breaks.append(record)
-        rows.append(apply_limits(segment.to_row(trace), limits))
-        segment = _Segment(turn_index, call)
-    if segment is not None:
-        rows.append(apply_limits(segment.to_row(trace), limits))
-    return rows, breaks
+    return [apply_limits(_path_row(trace, path), limits) for path in graph.paths], graph.breaks
 
 
 RowBuilder = Callable[[RolloutTrace, Limits, Detokenizer | None], tuple[list[Row], list[PrefixBreak]]]
@@ -282,32 +252,59 @@ def get_aggregator(level: str) -> RowBuilder:
         raise ValueError(f"unknown trace_aggregator level {level!r}; valid levels: {sorted(AGGREGATORS)}") from None
 
 
+CHAIN_KINDS = ("bridged", "retry", CHAIN_BRANCHED, CHAIN_RENDERED, "unchained")
+"""The `training/n_llm_calls/<kind>` counts: how each call's prompt was made (`agl.chain`), `unchained` without it."""
+
+
+def _count_chains(trace: RolloutTrace, counts: dict[str, int]) -> None:
+    """Add the trace's calls (one per span, not per choice) to `counts` by `agl.chain` kind and cause."""
+    for call in trace.calls:
+        if call.choice_position:
+            continue
+        chain = call.chain
+        kind = chain.prompt if chain is not None else "unchained"
+        counts[kind] = counts.get(kind, 0) + 1
+        if chain is not None and chain.cause and kind in (CHAIN_BRANCHED, CHAIN_RENDERED):
+            key = f"{kind}/{chain.cause}"
+            counts[key] = counts.get(key, 0) + 1
+
+
 def aggregate(
     traces: Iterable[RolloutTrace],
     level: str,
     limits: Limits,
     tokenizer: Detokenizer | None = None,
+    *,
+    superseded: str = DEFAULT_SUPERSEDED,
 ) -> Aggregation:
     """Turn rollouts into training rows at `level`, with the metrics of what was dropped or cut.
 
-    Metrics: `training/n_sample_dropped/marked` (rows whose prompt is over the limit),
-    `training/n_truncated_sample` (rows whose response was truncated), plus
+    `superseded` (`agentlightning.trace_aggregator.superseded`) applies at the trajectory level:
+    see `trajectory_rows`. Metrics: `training/n_sample_dropped/marked` (rows whose prompt is over
+    the limit), `training/n_truncated_sample` (rows whose response was truncated), plus
     `training/n_rows`, `training/n_rollouts`, `training/n_rollouts_without_rows`,
-    `training/n_rollouts_without_reward`, `training/n_prefix_breaks` and
-    `training/n_llm_calls_skipped/<reason>`.
+    `training/n_rollouts_without_reward`, `training/n_prefix_breaks`,
+    `training/n_llm_calls_skipped/<reason>`, `training/rows_per_rollout/{mean,max}` and
+    `training/n_llm_calls/<kind>` for the `CHAIN_KINDS` (and `branched/<cause>`,
+    `rendered/<cause>`: how the proxy made the prompts).
     """
-    build = get_aggregator(level)
+    build: RowBuilder = get_aggregator(level)
+    if level == LEVEL_TRAJECTORY:
+        build = partial(trajectory_rows, superseded=check_superseded(superseded))
     rows: list[Row] = []
     breaks: list[PrefixBreak] = []
-    n_rollouts = n_without_rows = n_without_reward = 0
+    n_rollouts = n_without_rows = n_without_reward = most_rows = 0
     skipped: dict[str, int] = {}
+    chains = dict.fromkeys(CHAIN_KINDS, 0)
     for trace in traces:
         n_rollouts += 1
         n_without_reward += not trace.has_reward
         for reason, count in trace.skipped.items():
             skipped[reason] = skipped.get(reason, 0) + count
+        _count_chains(trace, chains)
         trace_rows, trace_breaks = build(trace, limits, tokenizer)
         n_without_rows += not trace_rows
+        most_rows = max(most_rows, len(trace_rows))
         rows += trace_rows
         breaks += trace_breaks
     metrics: dict[str, float] = {
@@ -318,9 +315,13 @@ def aggregate(
         "training/n_rollouts_without_rows": n_without_rows,
         "training/n_rollouts_without_reward": n_without_reward,
         "training/n_prefix_breaks": len(breaks),
+        "training/rows_per_rollout/mean": len(rows) / n_rollouts if n_rollouts else 0.0,
+        "training/rows_per_rollout/max": most_rows,
     }
     for reason, count in sorted(skipped.items()):
         metrics[f"training/n_llm_calls_skipped/{reason}"] = count
+    for kind, count in chains.items():
+        metrics[f"training/n_llm_calls/{kind}"] = count
     return Aggregation(rows=rows, breaks=breaks, metrics=metrics)
 
 

@@ -11,12 +11,17 @@ The causes worth telling apart:
 - `retokenized`: the agent sent the previous response back as text and the server
   tokenized it differently (same text, other ids), so the divergence lies inside the
   previous response.
+  A response whose bytes are not valid UTF-8 (a token cut a character in two) counts here
+  too: its text cannot come back as the same bytes, let alone the same ids.
+- `stop_token`: everything matched up to the previous response's last token, a special token
+  that came back as another one: the model stopped with a stop token other than the one the
+  template closes turns with (`<|endoftext|>` re-rendered as `<|im_end|>`).
 - `truncation`: the agent shortened its history: the new prompt is a prefix of the old
   context, or shorter than the previous prompt.
 - `other`: none of these (e.g. nothing shared at all: another conversation).
 
 With a tokenizer the classification looks at text and special tokens; without one it uses
-the divergence position alone.
+the divergence position alone (and never says `stop_token`: it cannot tell special tokens).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from typing import Protocol
 
 KIND_TEMPLATE = "template"
 KIND_RETOKENIZED = "retokenized"
+KIND_STOP_TOKEN = "stop_token"
 KIND_TRUNCATION = "truncation"
 KIND_OTHER = "other"
-BREAK_KINDS = (KIND_TEMPLATE, KIND_RETOKENIZED, KIND_TRUNCATION, KIND_OTHER)
+BREAK_KINDS = (KIND_TEMPLATE, KIND_RETOKENIZED, KIND_STOP_TOKEN, KIND_TRUNCATION, KIND_OTHER)
 
 _WINDOW = 8
 """Tokens shown on each side of the divergence in a break record: enough to spot a pattern."""
@@ -72,6 +78,24 @@ class PrefixBreak:
         )
 
 
+def _equal(a: Sequence[int], b: Sequence[int]) -> bool:
+    # Lists and arrays never compare equal to each other; a store read mixes them only for
+    # arrays too short to be packed (< 8 ids), so the element-wise path stays short.
+    if type(a) is type(b):
+        return a == b
+    return len(a) == len(b) and all(x == y for x, y in zip(a, b, strict=False))
+
+
+def extends(prompt_ids: Sequence[int], previous_prompt: Sequence[int], previous_response: Sequence[int]) -> bool:
+    """Whether `prompt_ids` starts with exactly `previous_prompt + previous_response` (no break)."""
+    p, r = len(previous_prompt), len(previous_response)
+    if len(prompt_ids) < p + r:
+        return False
+    # Compare from the end of the previous context first: a re-rendered prompt usually
+    # differs near the last turn, so mismatches are found sooner. Arrays compare as memory.
+    return _equal(prompt_ids[p : p + r], previous_response) and _equal(prompt_ids[:p], previous_prompt)
+
+
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     """The first index where `a` and `b` differ; the shorter length if one is a prefix of the other."""
     n = min(len(a), len(b))
@@ -103,12 +127,20 @@ def _classify(
         # Shorter than what the model already saw: the agent dropped part of its history.
         return KIND_TRUNCATION
     if tokenizer is not None:
-        return _classify_with_tokenizer(context, prompt, tokenizer)
+        return _classify_with_tokenizer(context, k, previous_prompt_length, prompt, tokenizer)
     return KIND_RETOKENIZED if k >= previous_prompt_length else KIND_TEMPLATE
 
 
-def _classify_with_tokenizer(context: list[int], prompt: Sequence[int], tokenizer: Detokenizer) -> str:
+def _classify_with_tokenizer(
+    context: list[int], k: int, previous_prompt_length: int, prompt: Sequence[int], tokenizer: Detokenizer
+) -> str:
     special = set(tokenizer.all_special_ids)
+    if k == len(context) - 1 >= previous_prompt_length and context[k] in special and prompt[k] in special:
+        return KIND_STOP_TOKEN
+    if k >= previous_prompt_length and "\ufffd" in tokenizer.decode(context[previous_prompt_length:]):
+        # Bytes that are not UTF-8 became U+FFFD in the text the agent got back (or were held back
+        # as an unfinished character): the same text cannot give the same ids.
+        return KIND_RETOKENIZED
     context_specials = [t for t in context if t in special]
     prompt_specials = [t for t in prompt if t in special][: len(context_specials)]
     if context_specials != prompt_specials:

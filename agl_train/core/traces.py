@@ -32,6 +32,7 @@ TRAINER_ATTRIBUTES = (
     call_span.CHOICES,
     call_span.SAMPLING,
     call_span.TOKEN_IDS_STATUS,
+    call_span.CHAIN,
     REWARD_VALUE_ATTRIBUTE,
     AGL_03_PRIMARY_REWARD,
 )
@@ -47,6 +48,33 @@ SKIP_NO_RESPONSE_IDS = "no_response_token_ids"
 SKIP_TOKEN_IDS_MISMATCH = "token_ids_mismatch"
 """The proxy found more or fewer ids than the backend's usage counts (`agl.token_ids.status`
 `mismatch`): the ids may not be the tokens that were sampled."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """How the proxy made the call's prompt (`agl.chain`, a `call_span.CallChain`; see `call_graph`)."""
+
+    prompt: str
+    """`bridged`, `retry`, `branched` or `rendered`."""
+    parent: str | None = None
+    """The span id of the call this one continues (bridged, retry) or branched from."""
+    choice: int | None = None
+    """Which of the parent's choices (its `index`) a bridged call continues."""
+    cause: str | None = None
+    """Why a branched or rendered call was rendered whole (`first_call`, `history_edited`, ...)."""
+
+
+def chain_of(value: Any) -> Chain | None:
+    """The `Chain` an `agl.chain` attribute holds; None when absent or not shaped like one."""
+    if not isinstance(value, dict) or not isinstance(prompt := value.get("prompt"), str):
+        return None
+    parent, choice, cause = value.get("parent"), value.get("choice"), value.get("cause")
+    return Chain(
+        prompt=prompt,
+        parent=parent if isinstance(parent, str) else None,
+        choice=choice if isinstance(choice, int) and not isinstance(choice, bool) else None,
+        cause=cause if isinstance(cause, str) else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -73,6 +101,8 @@ class LLMCall:
     context's first n ids begin this prompt; the rest of the prompt is new."""
     sampling: Mapping[str, Any] | None = None
     """What the proxy sent the backend (`agl.sampling`: temperature, top_p, top_k, max_tokens), if recorded."""
+    chain: Chain | None = None
+    """How the proxy made the prompt (`agl.chain`); None on spans written before the proxy recorded it."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +241,7 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
         if not isinstance(choices, list) or not choices:
             skipped[SKIP_NO_RESPONSE_IDS] += 1
             continue
+        chain = chain_of(attributes.get(call_span.CHAIN))
         for position, choice in enumerate(choices):
             choice = choice if isinstance(choice, dict) else {}
             response_ids = _int_list(choice.get("token_ids"))
@@ -229,6 +260,7 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
                     choice_position=position,
                     extends=prompts.extends(span),
                     sampling=sampling if isinstance(sampling := attributes.get(call_span.SAMPLING), dict) else None,
+                    chain=chain,
                 )
             )
     return calls, dict(skipped)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..algo.loss import LOSS_MODE
 from ..core.aggregate import Limits, get_aggregator, limits_for_level
+from ..core.call_graph import DEFAULT_SUPERSEDED, check_superseded
 from ..runner.runner_settings import (
     RunnerSettings,
     actor_cluster_nodes,
@@ -48,9 +49,11 @@ class TrainSettings:
     train_batch_size: int
     async_rollout: bool = False
     async_train_batch_size: int | None = None
+    superseded: str = DEFAULT_SUPERSEDED
 
     def __post_init__(self) -> None:
         get_aggregator(self.level)
+        check_superseded(self.superseded)
         if self.max_ppo_update_times is not None and self.max_ppo_update_times <= 0:
             raise ValueError(
                 f"agentlightning.max_ppo_update_times must be positive or null, got {self.max_ppo_update_times}"
@@ -81,6 +84,7 @@ def settings_from_config(config: Any) -> TrainSettings:
         train_batch_size=int(config["data"]["train_batch_size"]),
         async_rollout=bool(asynchronous.get("enabled", False)),
         async_train_batch_size=None if size is None else int(size),
+        superseded=str(aggregator.get("superseded", DEFAULT_SUPERSEDED)),
     )
 
 

@@ -279,7 +279,7 @@ def build_batch(
 
     The aggregation (rows, prefix-break records, metrics) comes back too, for logging.
     """
-    aggregation = aggregate(traces, settings.level, settings.limits, tokenizer)
+    aggregation = aggregate(traces, settings.level, settings.limits, tokenizer, superseded=settings.superseded)
     if not aggregation.rows:
         return None, aggregation
     return to_data_proto(aggregation.rows, settings.limits, pad_token_id), aggregation

@@ -16,7 +16,7 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 SERVED_MODEL_NAME = "tiny-qwen2"
@@ -57,12 +57,12 @@ def recipe_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-def is_built(outdir: Path) -> bool:
-    """True when ``outdir`` holds a finished build of the current recipe."""
+def is_built(outdir: Path, recipe: str | None = None) -> bool:
+    """True when ``outdir`` holds a finished build of ``recipe`` (default: this module's, the toy model)."""
     stamp = outdir / _STAMP
     if not stamp.is_file():
         return False
-    return json.loads(stamp.read_text()).get("recipe") == recipe_hash()
+    return json.loads(stamp.read_text()).get("recipe") == (recipe or recipe_hash())
 
 
 def _corpus(rng: random.Random) -> Iterator[str]:
@@ -135,7 +135,7 @@ def build_tokenizer(outdir: Path) -> None:
     wrapped.save_pretrained(outdir)
 
 
-def build_model(outdir: Path, vocab_size: int, token_ids: dict[str, int]) -> None:
+def build_model(outdir: Path, vocab_size: int, token_ids: dict[str, int], *, tie_word_embeddings: bool = False) -> None:
     """Save a seeded random Qwen2ForCausalLM (float32, safetensors) and its generation config."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -148,7 +148,8 @@ def build_model(outdir: Path, vocab_size: int, token_ids: dict[str, int]) -> Non
         num_attention_heads=NUM_HEADS,
         num_key_value_heads=NUM_HEADS,
         max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=False,  # tied random weights just repeat the last token under greedy decoding
+        # The toy model unties: tied random weights just repeat the last token under greedy decoding.
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=token_ids[ENDOFTEXT],
         eos_token_id=token_ids[IM_END],
         pad_token_id=token_ids[ENDOFTEXT],
@@ -167,24 +168,39 @@ def build_model(outdir: Path, vocab_size: int, token_ids: dict[str, int]) -> Non
 
 
 def build(outdir: Path = DEFAULT_DIR) -> Path:
-    """Build the tiny model into ``outdir`` unless a build of the current recipe is already there.
+    """Build the tiny model into ``outdir`` unless a build of the current recipe is already there."""
+    return build_staged(outdir, recipe_hash(), SERVED_MODEL_NAME, build_tokenizer)
 
-    The build happens in a sibling temporary directory and is moved into place at the end, so an
-    interrupted build never leaves a half-written model behind.
+
+def build_staged(
+    outdir: Path,
+    recipe: str,
+    served_model_name: str,
+    make_tokenizer: Callable[[Path], None],
+    *,
+    vocab_size: int | None = None,
+    tie_word_embeddings: bool = False,
+) -> Path:
+    """Build a tokenizer (``make_tokenizer(dir)``) and a random model on it into ``outdir``, unless ``recipe`` is built.
+
+    ``vocab_size`` pads the model's vocabulary past the tokenizer's (as real Qwen2 checkpoints do). The build
+    happens in a sibling temporary directory and is moved into place at the end, so an interrupted build never
+    leaves a half-written model behind.
     """
     outdir = outdir.resolve()
-    if is_built(outdir):
+    if is_built(outdir, recipe):
         return outdir
     outdir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{outdir.name}-", dir=outdir.parent))
     try:
         from transformers import AutoTokenizer
 
-        build_tokenizer(staging)
+        make_tokenizer(staging)
         tokenizer = AutoTokenizer.from_pretrained(staging)
         token_ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (ENDOFTEXT, IM_START, IM_END)}
-        build_model(staging, len(tokenizer), token_ids)
-        stamp = {"recipe": recipe_hash(), "served_model_name": SERVED_MODEL_NAME, "vocab_size": len(tokenizer)}
+        vocab_size = vocab_size or len(tokenizer)
+        build_model(staging, vocab_size, token_ids, tie_word_embeddings=tie_word_embeddings)
+        stamp = {"recipe": recipe, "served_model_name": served_model_name, "vocab_size": vocab_size}
         (staging / _STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it private; the model is not a secret
         if outdir.exists():

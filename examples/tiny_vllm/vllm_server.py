@@ -26,6 +26,7 @@ from pathlib import Path
 
 from agl_train.verl_glue.verl_config import default_tool_call_parser, tool_call_cli_args
 
+from .real_vocab import QWEN2_5, Flavour, is_real_vocab_built
 from .tiny_model import DEFAULT_DIR, SERVED_MODEL_NAME, is_built
 
 START_TIMEOUT_S = 300.0
@@ -77,6 +78,15 @@ def build_tiny_model(outdir: Path = DEFAULT_DIR) -> Path:
     """Build the tiny model if needed, in a subprocess so that torch and transformers stay out of the caller."""
     if not is_built(outdir):
         command = [sys.executable, "-m", "examples.tiny_vllm.tiny_model", str(outdir)]
+        subprocess.run(command, check=True, cwd=_repo_root())
+    return outdir
+
+
+def build_real_vocab_model(flavour: Flavour = QWEN2_5, outdir: Path | None = None) -> Path:
+    """Build a real-vocabulary model (``real_vocab``) if needed, in a subprocess like ``build_tiny_model``."""
+    outdir = outdir or flavour.default_dir
+    if not is_real_vocab_built(outdir, flavour):
+        command = [sys.executable, "-m", "examples.tiny_vllm.real_vocab", "--flavour", flavour.name, str(outdir)]
         subprocess.run(command, check=True, cwd=_repo_root())
     return outdir
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from agl_store.models import Span, reward_span
 from agl_train.core.aggregate import Limits
@@ -18,8 +19,12 @@ def llm_call_span(
     attempt_id: str = "at-1",
     logprobs: bool = True,
     error: bool = False,
+    span_id: str | None = None,
+    chain: Mapping[str, Any] | None = None,
 ) -> Span:
-    """An `agl.llm_call` span with one choice per `responses` entry (logprob −0.5 per token)."""
+    """An `agl.llm_call` span with one choice per `responses` entry (logprob −0.5 per token).
+
+    `chain` is its `agl.chain` (how the proxy made the prompt), absent when None."""
     choices = [
         {
             "index": i,
@@ -35,7 +40,11 @@ def llm_call_span(
         "agl.choices": choices,
         "agl.error": {"type": "server_error", "message": "boom", "status_code": 500} if error else None,
     }
+    if chain is not None:
+        attributes["agl.chain"] = {"parent": None, "choice": None, "cause": None, **chain}
+    ids = {"span_id": span_id} if span_id is not None else {}
     return Span(
+        **ids,
         rollout_id=rollout_id,
         attempt_id=attempt_id,
         sequence_id=sequence_id,

@@ -34,6 +34,7 @@ def test_config_yaml_sets_agls_keys_and_the_verl_defaults_that_run(config) -> No
             "level": "trajectory",
             "trajectory_max_prompt_length": 2048,
             "trajectory_max_response_length": 8192,
+            "superseded": "drop",
         },
         "async_rollout": {"enabled": False, "async_train_batch_size": None},
         "retention": {"keep_steps": None},
@@ -272,6 +273,16 @@ def test_bad_settings_fail_when_read(config) -> None:
         )
     with pytest.raises(ValueError, match="max_ppo_update_times"):
         settings_from_config(with_overrides(config, ["agentlightning.max_ppo_update_times=0"]))
+    with pytest.raises(ValueError, match="trace_aggregator.superseded must be one of"):
+        settings_from_config(with_overrides(config, ["agentlightning.trace_aggregator.superseded=keep"]))
+    masked = ["agentlightning.trace_aggregator.superseded=mask"]
+    assert (
+        settings_from_config(config).superseded,
+        settings_from_config(with_overrides(config, masked)).superseded,
+    ) == (
+        "drop",
+        "mask",
+    )
 
     settings = settings_from_config(
         with_overrides(config, async_on + ["agentlightning.async_rollout.async_train_batch_size=9"])
