@@ -21,6 +21,8 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from agl_store import call_span
+
 from .answering import ClientAnswer
 from .backend import Backend, Call, RetryableBackendError
 from .call_record import CallRecord
@@ -155,6 +157,7 @@ class LLMCallEndpoint:
             if isinstance(send, TranslatingSend):
                 send.request = request
                 body = send.api.chat_request(request)
+                send.tools_left_out = send.api.tools_left_out(request)
         except BadRequestError as exc:
             await send_error(send, exc)
             return
@@ -171,6 +174,8 @@ class LLMCallEndpoint:
         )
         if isinstance(send, TranslatingSend):
             send.record = record
+            if send.tools_left_out:
+                record.extra[call_span.TOOLS_LEFT_OUT] = send.tools_left_out
         replicas: Sequence[Deployment] = []
         no_backend: NoBackendError | None = None
         try:

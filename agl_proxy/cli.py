@@ -135,8 +135,7 @@ def sampling_from_args(settings: list[str]) -> dict[str, dict[str, float | int]]
             value: Any = float(text)
         except ValueError:
             raise ValueError(f"--sampling {setting!r:.60}: {text!r:.30} is not a number") from None
-        for each in ROLLOUT_MODES if mode == "all" else (mode,):
-            by_mode.setdefault(each, {})[name] = value
+        by_mode.setdefault(mode, {})[name] = value
     return checked_by_mode(by_mode, "--sampling")
 
 

@@ -56,6 +56,9 @@ SAMPLING_MODE = "agl.sampling.mode"
 """The rollout mode whose sampling the proxy enforced on the call; absent when none applied."""
 API = "agl.api"
 """The API the client called: `chat.completions`, `completions`, `responses` or `messages`."""
+TOOLS_LEFT_OUT = "agl.tools_left_out"
+"""A translated call's: the types of the request's tools the model was not shown (tools the API's
+own servers run, e.g. `web_search`), in the request's order; absent when none were left out."""
 DELTA = "agl.delta"
 """Only in spans read with `query_spans(..., compact=True)`: a `CallDelta` naming the earlier
 call this one extends; `PROMPT_TOKEN_IDS` and the request's messages then hold only what it adds."""

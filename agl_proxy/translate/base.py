@@ -10,6 +10,9 @@ from typing import Any
 import orjson
 from starlette.types import Message, Send
 
+from agl_store.bounds import MAX_JSON_DEPTH, check_json_depth
+from agl_store.errors import InvalidInputError
+
 from ..assembly import SSEParser
 from ..call_record import CallRecord
 from ..errors import BadRequestError
@@ -45,6 +48,7 @@ class ClientApi(ABC):
 
     def chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat request for `body`; BadRequestError names the field that cannot be mapped."""
+        check_depth(body)
         for name in self.refused:
             if body.get(name):
                 raise refuse(name, self.refused_why)
@@ -54,6 +58,10 @@ class ClientApi(ABC):
             # The closing event of each API carries the usage.
             chat["stream_options"] = {"include_usage": True}
         return chat
+
+    def tools_left_out(self, request: dict[str, Any]) -> list[str]:
+        """The types of the request's tools the model is not shown (tools the API's own servers run)."""
+        return []
 
     @abstractmethod
     def chat_fields(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +80,10 @@ class ClientApi(ABC):
         """The API's error body for an OpenAI-shaped `error` object answered with `status`."""
 
 
+TOOLS_LEFT_OUT_HEADER = b"x-agl-tools-left-out"
+"""The answer's header naming (comma-separated) the types of the request's tools the model was not shown."""
+
+
 class TranslatingSend:
     """An ASGI `send` that takes a chat answer (body, stream or error) and sends the API's.
 
@@ -79,13 +91,15 @@ class TranslatingSend:
     (the client's own body) and `record` are set by the endpoint once it has them.
     """
 
-    __slots__ = ("_buffer", "_parser", "_start", "_stream", "api", "record", "request", "send")
+    __slots__ = ("_buffer", "_parser", "_start", "_stream", "api", "record", "request", "send", "tools_left_out")
 
     def __init__(self, send: Send, api: ClientApi) -> None:
         self.send = send
         self.api = api
         self.request: dict[str, Any] = {}
         self.record: CallRecord | None = None
+        self.tools_left_out: list[str] = []
+        """Named to the client in a `x-agl-tools-left-out` header."""
         self._start: Message | None = None
         self._buffer: list[bytes] = []
         self._stream: StreamTranslator | None = None
@@ -98,7 +112,7 @@ class TranslatingSend:
             if is_sse and message["status"] < 300:
                 self._stream = self.api.stream(self.request)
                 self._parser = SSEParser()
-                await self.send(message)
+                await self.send(self._noted(message))
             else:
                 self._start = message
             return
@@ -126,8 +140,14 @@ class TranslatingSend:
         else:
             error = parsed.get("error")
             body = self.api.error(status, error if isinstance(error, dict) else {"message": str(error or parsed)})
-        await self.send(start)
+        await self.send(self._noted(start))
         await self.send({"type": "http.response.body", "body": orjson.dumps(body)})
+
+    def _noted(self, start: Message) -> Message:
+        if not self.tools_left_out:
+            return start
+        note = (TOOLS_LEFT_OUT_HEADER, ",".join(self.tools_left_out).encode("latin-1", "replace"))
+        return {**start, "headers": [*start["headers"], note]}
 
     async def _send_events(self, data: bytes, more: bool) -> None:
         stream, parser = self._stream, self._parser
@@ -226,6 +246,16 @@ VLLM_FIELDS = {
 
 
 # Checks on the client's fields: each failure is a 400 naming the field.
+
+
+def check_depth(body: dict[str, Any]) -> None:
+    """BadRequestError naming the field nested deeper than the store keeps (a span could not hold it,
+    and an answer echoing it could not be written)."""
+    for name, value in body.items():
+        try:
+            check_json_depth(value, str(name)[:100])
+        except InvalidInputError as exc:
+            raise BadRequestError(f"{str(name)[:100]}: nests deeper than {MAX_JSON_DEPTH} levels") from exc
 
 
 def refuse(field: str, why: str) -> BadRequestError:
