@@ -385,9 +385,9 @@ class ResponsesStream(StreamTranslator):
                 elif kind == "reasoning":
                     item = _reasoning_item(self._base, "", "in_progress")
                 else:
-                    self._name = name
                     item = {**self._tools.output_item(self._base, index, call_id, name, ""), "status": "in_progress"}
-                out += self._open_item(key, item)
+                out += self._open_item(key, item)  # closes the open item first
+                self._name = name
             if not text:
                 continue
             self._text.append(text)

@@ -70,10 +70,12 @@ class ToolMap:
     by_client: dict[tuple[str | None, str], str] = field(default_factory=dict)
     """(namespace, name) → the function's name."""
     left_out: list[str] = field(default_factory=list)
+    top_level: set[str] = field(default_factory=set)
+    """The names of the tools outside namespaces: a namespace's tool of such a name is qualified."""
 
     def add(self, tool: ClientTool, function: dict[str, Any]) -> None:
         name = tool.name
-        if name in self.by_function:
+        if tool.namespace is not None and (name in self.by_function or name in self.top_level):
             name = f"{tool.namespace}__{tool.name}"
         if name in self.by_function:
             raise refuse("tools", f"two tools are named {name!r:.80}")
@@ -118,7 +120,9 @@ def tool_map(tools: Any) -> ToolMap:
     out = ToolMap()
     if tools is None:
         return out
-    for i, tool in enumerate(expect(tools, list, "tools", "a list")):
+    tools = expect(tools, list, "tools", "a list")
+    out.top_level = {t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)}
+    for i, tool in enumerate(tools):
         _add(out, expect(tool, dict, f"tools[{i}]", "an object"), f"tools[{i}]", None)
     return out
 
