@@ -117,9 +117,10 @@ def test_codex_history_items_become_chat_turns() -> None:
         ],
     }  # fmt: skip
     turns = RESPONSES.chat_request(request)["messages"]
+    patch = call("apply_patch", '{"input": "*** Begin Patch"}', "c1")
     assert turns == [
         {"role": "user", "content": "Go."},
-        {"role": "assistant", "content": None, "reasoning": "", "tool_calls": [call("apply_patch", '{"input": "*** Begin Patch"}', "c1")]},
+        {"role": "assistant", "content": None, "reasoning": "", "tool_calls": [patch]},
         {"role": "tool", "tool_call_id": "c1", "content": "Done!"},
         {"role": "assistant", "content": None, "tool_calls": [call("local_shell", '{"command": ["ls"]}', "c2")]},
         {"role": "tool", "tool_call_id": "c2", "content": "a.txt"},
