@@ -206,6 +206,22 @@ def first_choice(chat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return choice, choice.get("message") or {}
 
 
+def cut_by_client(chat: dict[str, Any], limit: Any) -> bool:
+    """Whether the answer ended for length at the client's own token `limit`.
+
+    An answer cut short of it (by the proxy's cap, a deployment's default, the model's context)
+    is, to the client, a turn that ended: the API says so, as an agent expects of a normal turn.
+    The span keeps the chat answer's `finish_reason` (`length`) for the trainer.
+    """
+    choice, _ = first_choice(chat)
+    if choice.get("finish_reason") != "length":
+        return False
+    output = (chat.get("usage") or {}).get("completion_tokens")
+    if output is None:
+        output = len(choice.get("token_ids") or ())
+    return isinstance(limit, int) and not isinstance(limit, bool) and output >= limit
+
+
 def reasoning_of(message: dict[str, Any]) -> str | None:
     """A chat message's reasoning (vLLM names it `reasoning`, older servers `reasoning_content`)."""
     return message.get("reasoning") or message.get("reasoning_content")

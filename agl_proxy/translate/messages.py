@@ -20,6 +20,7 @@ from .base import (
     StreamTranslator,
     base_id,
     copy_fields,
+    cut_by_client,
     deltas,
     expect,
     first_choice,
@@ -176,9 +177,15 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _stop_reason(choice: dict[str, Any]) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a chat choice; vLLM names the stop string that ended it in `stop_reason`."""
+def _stop_reason(chat: dict[str, Any], request: dict[str, Any]) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a chat answer; vLLM names the stop string that ended it in `stop_reason`.
+
+    `max_tokens` only when the client's own `max_tokens` ended it (`cut_by_client`), else `end_turn`.
+    """
+    choice, _ = first_choice(chat)
     finish = choice.get("finish_reason")
+    if finish == "length" and not cut_by_client(chat, request.get("max_tokens")):
+        return "end_turn", None
     if finish == "stop" and isinstance(choice.get("stop_reason"), str):
         return "stop_sequence", choice["stop_reason"]
     return _STOP_REASONS.get(finish or "", "end_turn"), None
@@ -230,7 +237,7 @@ class MessagesApi(ClientApi):
             function = call.get("function") or {}
             arguments = json_arguments(function.get("arguments") or "")
             content.append({"type": "tool_use", "id": call.get("id"), "name": function.get("name"), "input": arguments})
-        stop_reason, stop_sequence = _stop_reason(choice)
+        stop_reason, stop_sequence = _stop_reason(chat, request)
         return {
             "id": "msg_" + base_id(chat),
             "type": "message",
@@ -243,7 +250,7 @@ class MessagesApi(ClientApi):
         }
 
     def stream(self, request: dict[str, Any]) -> StreamTranslator:
-        return MessagesStream()
+        return MessagesStream(request)
 
     def error(self, status: int, error: dict[str, Any]) -> dict[str, Any]:
         kind = _ERROR_TYPES.get(status, "api_error")
@@ -253,8 +260,9 @@ class MessagesApi(ClientApi):
 class MessagesStream(StreamTranslator):
     """message_start, ping, then one content block per run of text, thinking or one tool call."""
 
-    def __init__(self) -> None:
+    def __init__(self, request: dict[str, Any]) -> None:
         super().__init__()
+        self._request = request
         self._started = False
         self._index = -1
         self._open: tuple[str, Any] | None = None
@@ -316,7 +324,7 @@ class MessagesStream(StreamTranslator):
         out = [] if self._started else self._start(response)
         out += self._close()
         choice, _ = first_choice(response)
-        stop_reason, stop_sequence = _stop_reason(choice)
+        stop_reason, stop_sequence = _stop_reason(response, self._request)
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},

@@ -20,6 +20,7 @@ from .base import (
     StreamTranslator,
     base_id,
     copy_fields,
+    cut_by_client,
     deltas,
     expect,
     first_choice,
@@ -264,9 +265,14 @@ def _message_item(base: str, text: str | None, status: str = "completed") -> dic
 def _response(
     chat: dict[str, Any], request: dict[str, Any], output: list[dict[str, Any]], finish_reason: str | None
 ) -> dict[str, Any]:
-    """The response object; `finish_reason` None while the response is in progress."""
+    """The response object; `finish_reason` None while the response is in progress.
+
+    `incomplete` only when the client's own `max_output_tokens` ended it (`cut_by_client`).
+    """
     usage = chat.get("usage") or {}
-    status = "in_progress" if finish_reason is None else "incomplete" if finish_reason == "length" else "completed"
+    status = "in_progress" if finish_reason is None else "completed"
+    if finish_reason == "length" and cut_by_client(chat, request.get("max_output_tokens")):
+        status = "incomplete"
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return {
         "id": "resp_" + base_id(chat),

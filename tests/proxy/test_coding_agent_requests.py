@@ -168,3 +168,30 @@ async def test_the_answer_and_the_span_name_the_tools_left_out(new_rollout, prox
         ["web_search"],
         ["web_search_20250305", "web_fetch_20250910"],
     ]
+
+
+def capped(completion_tokens: int) -> dict[str, Any]:
+    """A chat answer cut for length after `completion_tokens` tokens."""
+    answer = chat_answer(content="Half a thought")
+    answer["choices"][0]["finish_reason"] = "length"
+    answer["usage"] = {
+        "prompt_tokens": 3,
+        "completion_tokens": completion_tokens,
+        "total_tokens": 3 + completion_tokens,
+    }
+    return answer
+
+
+def test_a_turn_cut_by_the_proxys_cap_ends_as_a_normal_turn() -> None:
+    # Claude Code asks for up to 32000 tokens; the proxy's cap (`all.max_tokens=9`) cut the answer at 9.
+    cut_by_cap, cut_by_client = capped(9), capped(9)
+    assert MESSAGES.response(cut_by_cap, {"max_tokens": 32000})["stop_reason"] == "end_turn"
+    assert MESSAGES.response(cut_by_client, {"max_tokens": 9})["stop_reason"] == "max_tokens"
+    stream = MESSAGES.stream({"max_tokens": 32000})
+    assert events(stream.finish(cut_by_cap))[-2]["delta"]["stop_reason"] == "end_turn"
+
+    # Codex sends no max_output_tokens: any cut is not its own.
+    assert RESPONSES.response(cut_by_cap, {})["status"] == "completed"
+    cut = RESPONSES.response(cut_by_client, {"max_output_tokens": 9})
+    assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert events(RESPONSES.stream({}).finish(cut_by_cap))[-1]["type"] == "response.completed"
