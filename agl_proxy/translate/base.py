@@ -52,6 +52,10 @@ class ClientApi(ABC):
         for name in self.refused:
             if body.get(name):
                 raise refuse(name, self.refused_why)
+        if body.get("model") is not None:
+            expect(body["model"], str, "model", "a string")
+        if body.get("stream") is not None:
+            expect(body["stream"], bool, "stream", "a boolean")
         chat = self.chat_fields(body)
         if body.get("stream"):
             chat["stream"] = True
@@ -286,9 +290,31 @@ def expect(value: Any, kind: type | tuple[type, ...], field: str, what: str) -> 
     return value
 
 
+# The kinds of the fields both APIs pass on as they are: a wrong one is the client's 400, not the backend's.
+_NUMBER = ((int, float), "a number")
+_FIELD_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "max_tokens": (int, "an integer"),
+    "max_output_tokens": (int, "an integer"),
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "top_k": (int, "an integer"),
+    "min_p": _NUMBER,
+    "repetition_penalty": _NUMBER,
+    "seed": (int, "an integer"),
+    "min_tokens": (int, "an integer"),
+    "parallel_tool_calls": (bool, "a boolean"),
+    "ignore_eos": (bool, "a boolean"),
+    "allowed_token_ids": (list, "a list of token ids"),
+    "bad_words": (list, "a list of strings"),
+    "stop_token_ids": (list, "a list of token ids"),
+    "chat_template_kwargs": (dict, "an object"),
+}
+
+
 def copy_fields(body: dict[str, Any], out: dict[str, Any], names: dict[str, str]) -> None:
-    """Copy the request fields present in `body` to `out` under their chat names."""
+    """Copy the request fields present in `body` to `out` under their chat names, checking their kinds."""
     for name, chat_name in names.items():
         value = body.get(name)
         if value is not None:
-            out[chat_name] = value
+            kind = _FIELD_KINDS.get(name)
+            out[chat_name] = value if kind is None else expect(value, kind[0], name, kind[1])

@@ -219,7 +219,7 @@ class ResponsesApi(ClientApi):
             chat["reasoning_effort"] = effort
         if body.get("top_logprobs"):
             chat["logprobs"] = True
-            chat["top_logprobs"] = body["top_logprobs"]
+            chat["top_logprobs"] = expect(body["top_logprobs"], int, "top_logprobs", "an integer")
         return chat
 
     def response(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
