@@ -1,7 +1,9 @@
 """Codex CLI's and Claude Code's requests, as they send them, through the Responses and Messages APIs.
 
 `fixtures/codex_0.169.0_first_request.json` is the first request Codex CLI 0.169.0 sent to a
-capturing server (`codex exec "Say hello"`); `fixtures/claude_code_requests.json` is written by
+capturing server (`codex exec "Say hello"`), `codex_0.169.0_after_a_tool_call.json` its second
+after the capturing server answered the first with this proxy's Responses events for a call of
+`exec_command {"cmd": "echo hi"}` (Codex ran it); `fixtures/claude_code_requests.json` is written by
 hand from Anthropic's docs (Claude Code cannot be installed here). The model's calls back are
 written out as chat answers: a tiny random model never makes one.
 """
@@ -21,6 +23,7 @@ from .test_client_apis import chat_answer, events
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CODEX = json.loads((FIXTURES / "codex_0.169.0_first_request.json").read_text())
+CODEX_AFTER_CALL = json.loads((FIXTURES / "codex_0.169.0_after_a_tool_call.json").read_text())
 CLAUDE = json.loads((FIXTURES / "claude_code_requests.json").read_text())
 
 PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": {
@@ -47,6 +50,19 @@ def test_codex_first_request_flattens_its_namespace_and_leaves_web_search_out() 
     assert [m["role"] for m in chat["messages"]] == ["system", "system", "user", "user"]
     assert chat["messages"][-1]["content"] == "Say hello" and chat["stream"] is True
     assert "reasoning_effort" not in chat  # Codex asks for a reasoning summary only
+
+
+def test_codex_request_after_a_tool_call_replays_the_call_and_its_output() -> None:
+    *_, user, assistant, result = RESPONSES.chat_request(CODEX_AFTER_CALL)["messages"]
+
+    assert user == {"role": "user", "content": "Run echo hi"}
+    assert assistant == {
+        "role": "assistant",
+        "content": None,
+        "reasoning": "Run it.",
+        "tool_calls": [call("exec_command", '{"cmd": "echo hi"}', "call_1")],
+    }
+    assert result["role"] == "tool" and result["tool_call_id"] == "call_1" and result["content"].endswith("hi\n")
 
 
 def call(name: str, arguments: str, call_id: str = "call_1") -> dict[str, Any]:
