@@ -246,7 +246,8 @@ class ModelRegistry:
         if not self.by_name:
             raise NoBackendError("no backend is registered with the proxy; call update_model_list or pass --backend")
         if not model_name:
-            if len(self.by_name) == 1:
+            # Aliases are the same deployments again, not another model to choose from.
+            if len({tuple((d.provider, d.model, d.api_base) for d in r) for r in self.by_name.values()}) == 1:
                 return next(iter(self.by_name.values()))
             raise ModelNotFoundError(f"the request names no model; known models: {known_models(self.model_names)}")
         deployments = self.by_name.get(model_name)

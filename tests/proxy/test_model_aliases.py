@@ -32,10 +32,12 @@ async def test_an_alias_on_the_command_line_serves_an_agents_model_names(
     for model in ("claude-sonnet-4-5-20250929", "claude-haiku-4-5", "gpt-5"):
         body = {"model": model, "max_tokens": 4, "messages": question}
         assert (await http.post(proxy.base_url + "/messages", json=body, headers=headers)).status_code == 200
+    nameless = await http.post(proxy.base_url + "/chat/completions", json={"messages": question})
+    assert nameless.status_code == 200  # one model, under its name and aliases: a missing name means it
     unknown = await http.post(proxy.base_url + "/chat/completions", json={"model": "gpt-4o", "messages": question})
     assert unknown.status_code == 404 and "gpt-4o" in unknown.json()["error"]["message"]
 
-    assert [sent["model"] for sent in backend[0].requests] == ["tiny"] * 3  # the name vLLM serves
+    assert [sent["model"] for sent in backend[0].requests] == ["tiny"] * 4  # the name vLLM serves
     spans = await wait_for_spans(store, rollout_id, 3)
     assert [(s.attributes["gen_ai.request.model"], s.attributes["gen_ai.response.model"]) for s in spans] == [
         ("claude-sonnet-4-5-20250929", "tiny"),
