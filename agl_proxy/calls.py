@@ -21,8 +21,6 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from agl_store import call_span
-
 from .answering import ClientAnswer
 from .backend import Backend, Call, RetryableBackendError
 from .call_record import CallRecord
@@ -174,8 +172,7 @@ class LLMCallEndpoint:
         )
         if isinstance(send, TranslatingSend):
             send.record = record
-            if send.tools_left_out:
-                record.extra[call_span.TOOLS_LEFT_OUT] = send.tools_left_out
+            record.tools_left_out = send.tools_left_out
         replicas: Sequence[Deployment] = []
         no_backend: NoBackendError | None = None
         try:
