@@ -126,13 +126,12 @@ def chat_messages(body: dict[str, Any], tools: ToolMap | None = None) -> list[di
     for i, item in enumerate(expect(items, list, "input", "a string or a list of items")):
         field = f"input[{i}]"
         item = expect(item, dict, field, "an object")
-        kind = item.get("type", "message")
+        kind = expect(item.get("type", "message"), str, field + ".type", "a string")
         if kind == "message":
-            role = _ROLES.get(item.get("role"))
+            given = item.get("role")
+            role = _ROLES.get(given) if isinstance(given, str) else None
             if role is None:
-                raise refuse(
-                    field + ".role", f"must be user, assistant, system or developer, got {item.get('role')!r:.50}"
-                )
+                raise refuse(field + ".role", f"must be user, assistant, system or developer, got {given!r:.50}")
             message: dict[str, Any] = {"role": role, "content": _content(item.get("content"), field + ".content")}
             turn = None
             if role == "assistant":

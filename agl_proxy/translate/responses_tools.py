@@ -128,7 +128,7 @@ def tool_map(tools: Any) -> ToolMap:
 
 
 def _add(out: ToolMap, tool: dict[str, Any], where: str, namespace: str | None) -> None:
-    kind = tool.get("type")
+    kind = expect(tool.get("type"), str, where + ".type", "a string")
     if kind == "function":
         name = expect(tool.get("name"), str, where + ".name", "a string")
         function: dict[str, Any] = {
