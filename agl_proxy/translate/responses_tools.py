@@ -96,8 +96,7 @@ class ToolMap:
         elif tool.kind == "custom":
             item = {"type": "custom_tool_call", **common, "name": tool.name, "input": custom_input(arguments)}
         else:
-            action = {"type": "exec", **json_arguments(arguments)}
-            action.setdefault("command", [])
+            action = {"command": [], **json_arguments(arguments), "type": "exec"}
             return {"type": "local_shell_call", **common, "id": f"lsh_{base}_{index}", "action": action}
         if tool is not None and tool.namespace is not None:
             item["namespace"] = tool.namespace
