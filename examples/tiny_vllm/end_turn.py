@@ -1,11 +1,12 @@
-"""A vLLM logits processor that ends every turn after N generated tokens, as a trained model would.
+"""A vLLM logits processor that makes every turn N generated tokens long, then ends it, as a trained model would.
 
-A tiny random model never emits its end-of-turn token by chance, so an agent waiting for the
-model to finish a turn waits until a token cap cuts it (`finish_reason: length`), which is not
-how a trained model's turn ends. With this processor, after `AGL_END_TURN_AFTER` generated
-tokens the only token the model may sample is `AGL_END_TURN_TOKEN_ID` (Qwen's `<|im_end|>`, 2 in
-the tiny model): the model itself ends the turn (`finish_reason: stop`), through vLLM's own
-sampler, and the token ids are the ones it sampled. Nothing fakes the answer's text.
+A tiny random model ends a turn by chance: on a long prompt often at once (its first token an
+end-of-sequence one), else only when a token cap cuts it (`finish_reason: length`), neither of
+which is how a trained model's turn goes. With this processor the model may not sample a stop
+token (the request's stop token ids, as vLLM's `min_tokens` does) before `AGL_END_TURN_AFTER`
+generated tokens, and after them only `AGL_END_TURN_TOKEN_ID` (Qwen's `<|im_end|>`, 2 in the
+tiny model): the model itself ends the turn (`finish_reason: stop`), through vLLM's own sampler,
+and the token ids are the ones it sampled. Nothing fakes the answer's text.
 
 Start vLLM with `--logits-processors examples.tiny_vllm.end_turn:EndTurnAfter` (vLLM 0.31's v1
 interface, `vllm.v1.sample.logits_processor`); the two settings are environment variables
@@ -43,23 +44,29 @@ class EndTurnAfter(LogitsProcessor):
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.after = _setting(AFTER_ENV)
         self.token_id = _setting(TOKEN_ENV)
-        # Batch row -> the request's generated ids (vLLM's live list: it grows as the request decodes).
-        self.outputs: dict[int, Sequence[int]] = {}
+        # Batch row -> the request's generated ids (vLLM's live list: it grows as it decodes) and stop ids.
+        self.requests: dict[int, tuple[Sequence[int], list[int]]] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token is likeliest
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self.outputs, batch_update, self._track)
+        process_dict_updates(self.requests, batch_update, self._track)
 
-    @staticmethod
-    def _track(params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]) -> Sequence[int]:
-        return output_ids
+    def _track(
+        self, params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]
+    ) -> tuple[Sequence[int], list[int]]:
+        return output_ids, sorted({self.token_id, *params.all_stop_token_ids})
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        rows = [row for row, output in self.outputs.items() if len(output) >= self.after]
-        if rows:
-            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        ended = []
+        for row, (output, stop_ids) in self.requests.items():
+            if len(output) >= self.after:
+                ended.append(row)
+            else:
+                logits[row, stop_ids] = -float("inf")
+        if ended:
+            index = torch.tensor(ended, dtype=torch.long, device=logits.device)
             logits[index] = -float("inf")
             logits[index, self.token_id] = 0.0
         return logits
