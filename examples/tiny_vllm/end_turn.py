@@ -1,12 +1,11 @@
-"""A vLLM logits processor that makes every turn N generated tokens long, then ends it, as a trained model would.
+"""A vLLM logits processor: every turn is N generated tokens, then the end of turn, as a trained model's.
 
-A tiny random model ends a turn by chance: on a long prompt often at once (its first token an
-end-of-sequence one), else only when a token cap cuts it (`finish_reason: length`), neither of
-which is how a trained model's turn goes. With this processor the model may not sample a stop
-token (the request's stop token ids, as vLLM's `min_tokens` does) before `AGL_END_TURN_AFTER`
-generated tokens, and after them only `AGL_END_TURN_TOKEN_ID` (Qwen's `<|im_end|>`, 2 in the
-tiny model): the model itself ends the turn (`finish_reason: stop`), through vLLM's own sampler,
-and the token ids are the ones it sampled. Nothing fakes the answer's text.
+A tiny random model ends a turn only by chance (at once, or never until a token cap cuts it,
+`finish_reason: length`), which is not how a trained model's turn goes. With this processor the
+model may not sample a stop token (the request's stop token ids, as vLLM's `min_tokens` does)
+before `AGL_END_TURN_AFTER` generated tokens, and after them only `AGL_END_TURN_TOKEN_ID` (Qwen's
+`<|im_end|>`, 2 in the tiny model): the model itself ends the turn (`finish_reason: stop`), through
+vLLM's own sampler, and the token ids are the ones it sampled. Nothing fakes the answer's text.
 
 Start vLLM with `--logits-processors examples.tiny_vllm.end_turn:EndTurnAfter` (vLLM 0.31's v1
 interface, `vllm.v1.sample.logits_processor`); the two settings are environment variables
