@@ -49,6 +49,8 @@ class CallRecord:
     """A translated call's request in the client's own API (`request` is the chat request sent)."""
     api: str | None = None
     """The client's API (`responses`, `messages`) when it is not the operation's own."""
+    tools_left_out: list[str] = field(default_factory=list)
+    """A translated call's: the types of its tools the model was not shown (hosted / server tools)."""
 
     def fail(self, error_type: str, message: str, status_code: int) -> None:
         self.error = {"type": error_type, "message": message, "status_code": status_code}
@@ -182,6 +184,7 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
         **_sampling_attributes(record),
         **_token_id_attributes(record),
         call_span.API: record.api or OPERATION_APIS.get(record.operation),
+        **({call_span.TOOLS_LEFT_OUT: record.tools_left_out} if record.tools_left_out else {}),
         **record.extra,
     }
 

@@ -155,6 +155,7 @@ class LLMCallEndpoint:
             if isinstance(send, TranslatingSend):
                 send.request = request
                 body = send.api.chat_request(request)
+                send.tools_left_out = send.api.tools_left_out(request)
         except BadRequestError as exc:
             await send_error(send, exc)
             return
@@ -171,6 +172,7 @@ class LLMCallEndpoint:
         )
         if isinstance(send, TranslatingSend):
             send.record = record
+            record.tools_left_out = send.tools_left_out
         replicas: Sequence[Deployment] = []
         no_backend: NoBackendError | None = None
         try:

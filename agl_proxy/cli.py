@@ -19,7 +19,7 @@ from agl_store.server import PAGE_SETTING_HELP, PageSettings, parse_page_setting
 from agl_store.server import create_app as create_store_app
 from agl_store.web.key_option import KeyOption
 
-from .deployments import ModelRegistry
+from .deployments import ModelRegistry, with_aliases
 from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 from .pausing import DEFAULT_HOLD_S
 from .proxy import DEFAULT_PORT, LLMProxy
@@ -47,6 +47,14 @@ def add_proxy_commands(subparsers: Any) -> None:
     )
     serve.add_argument("--model", help="with --backend: the model name clients use (and vLLM serves)")
     serve.add_argument("--backend-model", help="with --backend: the name vLLM serves, when it differs from --model")
+    serve.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL",
+        help="serve MODEL also as NAME, a name or a wildcard (e.g. 'claude-*=qwen', '*=qwen'): the model names "
+        "agents send by default reach it; repeat",
+    )
     stores = serve.add_mutually_exclusive_group()
     stores.add_argument("--store-url", help="a store server (http://host:4747) instead of the embedded store")
     stores.add_argument("--db", default="agl.db", help="embedded store: SQLite file path or store URL (default agl.db)")
@@ -135,13 +143,23 @@ def sampling_from_args(settings: list[str]) -> dict[str, dict[str, float | int]]
             value: Any = float(text)
         except ValueError:
             raise ValueError(f"--sampling {setting!r:.60}: {text!r:.30} is not a number") from None
-        for each in ROLLOUT_MODES if mode == "all" else (mode,):
-            by_mode.setdefault(each, {})[name] = value
+        by_mode.setdefault(mode, {})[name] = value
     return checked_by_mode(by_mode, "--sampling")
 
 
 def model_list_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The LiteLLM `model_list` that `--config` or `--backend/--model` describe."""
+    """The LiteLLM `model_list` that `--config` or `--backend/--model` describe, with the aliases of
+    `--alias` and of the config's `router_settings.model_group_alias` (LiteLLM's key)."""
+    model_list, aliases = _configured_models(args)
+    for setting in args.alias:
+        alias, sep, target = setting.partition("=")
+        if not (sep and alias and target):
+            raise ValueError(f"--alias {setting!r:.80} is not NAME=MODEL (e.g. 'claude-*=qwen')")
+        aliases[alias] = target
+    return with_aliases(model_list, aliases)
+
+
+def _configured_models(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, str]]:
     if args.config:
         import yaml
 
@@ -150,7 +168,7 @@ def model_list_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         model_list = config.get("model_list") if isinstance(config, dict) else None
         if not isinstance(model_list, list):
             raise ValueError(f"{args.config} has no `model_list:` list (LiteLLM's config format)")
-        return model_list
+        return model_list, _config_aliases(config.get("router_settings"), args.config)
     if not args.model:
         raise ValueError("--backend needs --model NAME (the model name vLLM serves)")
     entries = []
@@ -160,7 +178,21 @@ def model_list_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
             url += "/v1"
         params = {"model": f"hosted_vllm/{args.backend_model or args.model}", "api_base": url}
         entries.append({"model_name": args.model, "litellm_params": params})
-    return entries
+    return entries, {}
+
+
+def _config_aliases(router_settings: Any, where: str) -> dict[str, str]:
+    """`router_settings.model_group_alias`: {alias: model} or {alias: {model: ...}}, as LiteLLM reads it."""
+    aliases = (router_settings or {}).get("model_group_alias") if isinstance(router_settings, dict) else None
+    out: dict[str, str] = {}
+    for alias, target in (aliases or {}).items():
+        model = target.get("model") if isinstance(target, dict) else target
+        if not isinstance(alias, str) or not isinstance(model, str):
+            raise ValueError(
+                f"{where}: router_settings.model_group_alias.{alias} must name a model, got {target!r:.80}"
+            )
+        out[alias] = model
+    return out
 
 
 @dataclass(frozen=True)

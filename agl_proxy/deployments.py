@@ -7,6 +7,7 @@ Several entries may share one `model_name`: they are replicas of one model.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -201,6 +202,24 @@ def known_models(names: Sequence[str], limit: int = 10) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def with_aliases(model_list: Sequence[Mapping[str, Any]], aliases: Mapping[str, str]) -> list[dict[str, Any]]:
+    """`model_list` with each alias (a name or a LiteLLM wildcard such as `claude-*`) served as its model.
+
+    An alias is the model's entries again under the alias's name, as LiteLLM's
+    `router_settings.model_group_alias` makes it; ValueError names an alias of a model not in the list.
+    """
+    out = [dict(entry) for entry in model_list]
+    for alias, target in aliases.items():
+        entries = [{**entry, "model_name": alias} for entry in model_list if entry.get("model_name") == target]
+        if not entries:
+            names = [str(entry.get("model_name")) for entry in model_list]
+            raise ValueError(
+                f"alias {alias!r:.80} names {target!r:.80}, which is not served; known: {known_models(names)}"
+            )
+        out += entries
+    return out
+
+
 class ModelRegistry:
     """The deployments of one `model_list`, by model name. Immutable: updates build a new one."""
 
@@ -210,6 +229,8 @@ class ModelRegistry:
             deployment = parse_deployment(entry, f"model_list[{index}]")
             self.by_name.setdefault(deployment.model_name, []).append(deployment)
         self.model_list: list[dict[str, Any]] = [dict(entry) for entry in model_list]
+        # LiteLLM's wildcards (`model_name: "claude-*"`, `"*"`): the most specific pattern wins.
+        self.patterns = sorted((name for name in self.by_name if "*" in name), key=lambda name: (-len(name), name))
 
     @property
     def model_names(self) -> list[str]:
@@ -225,10 +246,14 @@ class ModelRegistry:
         if not self.by_name:
             raise NoBackendError("no backend is registered with the proxy; call update_model_list or pass --backend")
         if not model_name:
-            if len(self.by_name) == 1:
+            # Aliases are the same deployments again, not another model to choose from.
+            if len({tuple((d.provider, d.model, d.api_base) for d in r) for r in self.by_name.values()}) == 1:
                 return next(iter(self.by_name.values()))
             raise ModelNotFoundError(f"the request names no model; known models: {known_models(self.model_names)}")
         deployments = self.by_name.get(model_name)
+        if deployments is None:
+            pattern = next((p for p in self.patterns if fnmatch.fnmatchcase(model_name, p)), None)
+            deployments = self.by_name.get(pattern) if pattern is not None else None
         if deployments is None:
             raise ModelNotFoundError(
                 f"model {model_name[:200]!r} is not served here; known models: {known_models(self.model_names)}"

@@ -5,8 +5,9 @@ code does not know which one it runs in. With `by_mode={"train": {...}, "val": {
 the proxy reads each rollout's `mode` from the store once (then from a bounded cache)
 and enforces that mode's fields on the call: it replaces the agent's values
 (`on_conflict="override"`) or answers 400 to a call that asks for another value
-(`"refuse"`). `max_tokens` is a cap: the agent's value when lower. The mode table can be
-replaced at run time (`POST /proxy/sampling`).
+(`"refuse"`). The mode `all` applies to every call, also to calls of no rollout or of a rollout
+without a mode; a rollout mode's own fields win over it. `max_tokens` is a cap: the agent's
+value when lower. The mode table can be replaced at run time (`POST /proxy/sampling`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
 MAX_TOKENS_ALIASES = ("max_tokens", "max_completion_tokens")
 """Where an agent may put its token limit (newer OpenAI SDKs send the second); the cap bounds both."""
 ON_CONFLICT = ("override", "refuse")
+ALL = "all"
+"""The mode whose fields apply to every call."""
 
 
 def checked_by_mode(by_mode: Any, where: str = "by_mode") -> dict[str, dict[str, float | int]]:
@@ -145,14 +148,16 @@ class SamplingPolicy:
         return {"by_mode": self.by_mode, "on_conflict": self.on_conflict}
 
     async def for_rollout(self, rollout_id: str) -> Enforcement | None:
-        """What the mode of `rollout_id` imposes ("" for calls without a rollout); None when nothing."""
-        if not self.by_mode or self.store is None or not rollout_id:
-            return None
-        mode = await self._mode(rollout_id)
-        fields = self.by_mode.get(mode or "")
-        if mode is None or fields is None:
-            return None
-        return Enforcement(mode, fields, self.on_conflict)
+        """What `all` and the mode of `rollout_id` impose ("" for calls without a rollout); None when nothing."""
+        every = self.by_mode.get(ALL, {})
+        mode = None
+        if self.store is not None and rollout_id and len(self.by_mode) > (ALL in self.by_mode):
+            mode = await self._mode(rollout_id)
+        own = self.by_mode.get(mode) if mode is not None and mode != ALL else None
+        if own is None:
+            return Enforcement(ALL, every, self.on_conflict) if every else None
+        assert mode is not None
+        return Enforcement(mode, {**every, **own}, self.on_conflict)
 
     async def _mode(self, rollout_id: str) -> str | None:
         if rollout_id in self._modes:

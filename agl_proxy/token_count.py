@@ -16,7 +16,9 @@ from .calls import json_object, read_body
 from .errors import BackendFailedError, BadRequestError, ProxyError
 from .forwarding import CONNECT_TIMEOUT_S, backend_headers
 from .state import ProxyState
-from .translate.messages import MESSAGES, chat_messages, chat_tools
+from .translate.base import check_depth, expect
+from .translate.messages import MESSAGES, chat_messages
+from .translate.messages_tools import chat_tools
 
 
 class CountTokensEndpoint:
@@ -35,11 +37,13 @@ class CountTokensEndpoint:
 
     async def _count(self, raw: bytes) -> int:
         body = json_object(raw)
+        check_depth(body)
+        model = expect(body.get("model"), str, "model", "a string")
         request: dict[str, Any] = {"messages": chat_messages(body)}
-        if body.get("tools"):
-            request["tools"] = chat_tools(body["tools"])
-        model = body.get("model")
-        replicas = self.state.registry.resolve(model if isinstance(model, str) else None)
+        tools = chat_tools(body.get("tools")).functions
+        if tools:
+            request["tools"] = tools
+        replicas = self.state.registry.resolve(model)
         deployment = next((d for d in replicas if d.is_vllm), None)
         if deployment is None:
             raise BadRequestError(f"model: counting tokens needs a vLLM deployment, and {model!r:.80} has none")

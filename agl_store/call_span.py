@@ -58,6 +58,9 @@ API = "agl.api"
 """The API the client called: `chat.completions`, `completions`, `responses` or `messages`."""
 CHAIN = "agl.chain"
 """How the call's prompt was made: a `CallChain`. Absent on spans written before the chain existed."""
+TOOLS_LEFT_OUT = "agl.tools_left_out"
+"""A translated call's: the types of the request's tools the model was not shown (tools the API's
+own servers run, e.g. `web_search`), in the request's order; absent when none were left out."""
 DELTA = "agl.delta"
 """Only in spans read with `query_spans(..., compact=True)`: a `CallDelta` naming the earlier
 call this one extends; `PROMPT_TOKEN_IDS` and the request's messages then hold only what it adds."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up what agl's tests and `./scripts/agl demo` run on, from nothing: create .venv if missing, install the pinned test
 # requirements (skipped when a stamp says they are already installed) and agl itself (editable), build the tiny
-# model. One progress line per step. Used by scripts/test.sh and `./scripts/agl demo`.
+# model, install Codex CLI from npm into .cache/codex. One progress line per step. Used by scripts/test.sh and
+# `./scripts/agl demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,3 +65,17 @@ for flavour in qwen2.5 qwen3; do
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
         "$VENV/bin/python" -m examples.tiny_vllm.real_vocab --flavour "$flavour"
 done
+
+# Codex CLI, the coding agent tests/proxy/test_coding_agents.py runs unmodified (its npm package ships the binary).
+CODEX_VERSION=0.169.0
+if [ "$(.cache/codex/node_modules/.bin/codex --version 2>/dev/null)" != "codex-cli $CODEX_VERSION" ]; then
+    if ! command -v npm >/dev/null 2>&1; then
+        log "installing Node.js and npm (apt) for Codex CLI"
+        if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq nodejs npm; else
+            sudo apt-get update -qq && sudo apt-get install -y -qq nodejs npm; fi
+    fi
+    log "installing Codex CLI $CODEX_VERSION from npm into .cache/codex"
+    npm install --silent --prefix .cache/codex "@openai/codex@$CODEX_VERSION"
+else
+    log "Codex CLI $CODEX_VERSION already in .cache/codex"
+fi

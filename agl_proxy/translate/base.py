@@ -10,6 +10,9 @@ from typing import Any
 import orjson
 from starlette.types import Message, Send
 
+from agl_store.bounds import MAX_JSON_DEPTH, check_json_depth
+from agl_store.errors import InvalidInputError
+
 from ..assembly import SSEParser
 from ..call_record import CallRecord
 from ..errors import BadRequestError
@@ -45,15 +48,24 @@ class ClientApi(ABC):
 
     def chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat request for `body`; BadRequestError names the field that cannot be mapped."""
+        check_depth(body)
         for name in self.refused:
             if body.get(name):
                 raise refuse(name, self.refused_why)
+        if body.get("model") is not None:
+            expect(body["model"], str, "model", "a string")
+        if body.get("stream") is not None:
+            expect(body["stream"], bool, "stream", "a boolean")
         chat = self.chat_fields(body)
         if body.get("stream"):
             chat["stream"] = True
             # The closing event of each API carries the usage.
             chat["stream_options"] = {"include_usage": True}
         return chat
+
+    def tools_left_out(self, request: dict[str, Any]) -> list[str]:
+        """The types of the request's tools the model is not shown (tools the API's own servers run)."""
+        return []
 
     @abstractmethod
     def chat_fields(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +84,10 @@ class ClientApi(ABC):
         """The API's error body for an OpenAI-shaped `error` object answered with `status`."""
 
 
+TOOLS_LEFT_OUT_HEADER = b"x-agl-tools-left-out"
+"""The answer's header naming (comma-separated) the types of the request's tools the model was not shown."""
+
+
 class TranslatingSend:
     """An ASGI `send` that takes a chat answer (body, stream or error) and sends the API's.
 
@@ -79,13 +95,15 @@ class TranslatingSend:
     (the client's own body) and `record` are set by the endpoint once it has them.
     """
 
-    __slots__ = ("_buffer", "_parser", "_start", "_stream", "api", "record", "request", "send")
+    __slots__ = ("_buffer", "_parser", "_start", "_stream", "api", "record", "request", "send", "tools_left_out")
 
     def __init__(self, send: Send, api: ClientApi) -> None:
         self.send = send
         self.api = api
         self.request: dict[str, Any] = {}
         self.record: CallRecord | None = None
+        self.tools_left_out: list[str] = []
+        """Named to the client in a `x-agl-tools-left-out` header."""
         self._start: Message | None = None
         self._buffer: list[bytes] = []
         self._stream: StreamTranslator | None = None
@@ -98,7 +116,7 @@ class TranslatingSend:
             if is_sse and message["status"] < 300:
                 self._stream = self.api.stream(self.request)
                 self._parser = SSEParser()
-                await self.send(message)
+                await self.send(self._noted(message))
             else:
                 self._start = message
             return
@@ -126,8 +144,14 @@ class TranslatingSend:
         else:
             error = parsed.get("error")
             body = self.api.error(status, error if isinstance(error, dict) else {"message": str(error or parsed)})
-        await self.send(start)
+        await self.send(self._noted(start))
         await self.send({"type": "http.response.body", "body": orjson.dumps(body)})
+
+    def _noted(self, start: Message) -> Message:
+        if not self.tools_left_out:
+            return start
+        note = (TOOLS_LEFT_OUT_HEADER, ",".join(self.tools_left_out).encode("latin-1", "replace"))
+        return {**start, "headers": [*start["headers"], note]}
 
     async def _send_events(self, data: bytes, more: bool) -> None:
         stream, parser = self._stream, self._parser
@@ -186,6 +210,22 @@ def first_choice(chat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return choice, choice.get("message") or {}
 
 
+def cut_by_client(chat: dict[str, Any], limit: Any) -> bool:
+    """Whether the answer ended for length at the client's own token `limit`.
+
+    An answer cut short of it (by the proxy's cap, a deployment's default, the model's context)
+    is, to the client, a turn that ended: the API says so, as an agent expects of a normal turn.
+    The span keeps the chat answer's `finish_reason` (`length`) for the trainer.
+    """
+    choice, _ = first_choice(chat)
+    if choice.get("finish_reason") != "length":
+        return False
+    output = (chat.get("usage") or {}).get("completion_tokens")
+    if output is None:
+        output = len(choice.get("token_ids") or ())
+    return isinstance(limit, int) and not isinstance(limit, bool) and output >= limit
+
+
 def reasoning_of(message: dict[str, Any]) -> str | None:
     """A chat message's reasoning (vLLM names it `reasoning`, older servers `reasoning_content`)."""
     return message.get("reasoning") or message.get("reasoning_content")
@@ -228,6 +268,16 @@ VLLM_FIELDS = {
 # Checks on the client's fields: each failure is a 400 naming the field.
 
 
+def check_depth(body: dict[str, Any]) -> None:
+    """BadRequestError naming the field nested deeper than the store keeps (a span could not hold it,
+    and an answer echoing it could not be written)."""
+    for name, value in body.items():
+        try:
+            check_json_depth(value, str(name)[:100])
+        except InvalidInputError as exc:
+            raise BadRequestError(f"{str(name)[:100]}: nests deeper than {MAX_JSON_DEPTH} levels") from exc
+
+
 def refuse(field: str, why: str) -> BadRequestError:
     return BadRequestError(f"{field}: {why}")
 
@@ -240,9 +290,31 @@ def expect(value: Any, kind: type | tuple[type, ...], field: str, what: str) -> 
     return value
 
 
+# The kinds of the fields both APIs pass on as they are: a wrong one is the client's 400, not the backend's.
+_NUMBER = ((int, float), "a number")
+_FIELD_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "max_tokens": (int, "an integer"),
+    "max_output_tokens": (int, "an integer"),
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "top_k": (int, "an integer"),
+    "min_p": _NUMBER,
+    "repetition_penalty": _NUMBER,
+    "seed": (int, "an integer"),
+    "min_tokens": (int, "an integer"),
+    "parallel_tool_calls": (bool, "a boolean"),
+    "ignore_eos": (bool, "a boolean"),
+    "allowed_token_ids": (list, "a list of token ids"),
+    "bad_words": (list, "a list of strings"),
+    "stop_token_ids": (list, "a list of token ids"),
+    "chat_template_kwargs": (dict, "an object"),
+}
+
+
 def copy_fields(body: dict[str, Any], out: dict[str, Any], names: dict[str, str]) -> None:
-    """Copy the request fields present in `body` to `out` under their chat names."""
+    """Copy the request fields present in `body` to `out` under their chat names, checking their kinds."""
     for name, chat_name in names.items():
         value = body.get(name)
         if value is not None:
-            out[chat_name] = value
+            kind = _FIELD_KINDS.get(name)
+            out[chat_name] = value if kind is None else expect(value, kind[0], name, kind[1])

@@ -1,10 +1,12 @@
 """Anthropic's Messages API (`/v1/messages`) over chat completions.
 
-docs/proxy.md lists what maps to what; in short: `system` (a string or text blocks, joined
-by a blank line) is the first system message; text and image blocks are content parts (a lone
-text block is a string); `tool_use` blocks are the assistant's `tool_calls`, `tool_result`
-blocks `tool` messages; `thinking` blocks are the assistant message's `reasoning` (what vLLM
-hands the chat template), `redacted_thinking` blocks are dropped (their text is encrypted).
+docs/proxy.md lists what maps to what; in short: `system` (a string or text blocks, joined by a
+blank line) is the first system message; text and image blocks are content parts (a lone text block
+is a string; `document` and `search_result` blocks are text too); `tool_use` blocks are the
+assistant's `tool_calls`, `tool_result` blocks `tool` messages; `thinking` blocks are the assistant
+message's `reasoning` (what vLLM hands the chat template), `redacted_thinking` blocks are dropped
+(their text is encrypted), and so are the blocks of server tools (`server_tool_use`,
+`web_search_tool_result`, ...): tools map as `messages_tools` says.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .base import (
     StreamTranslator,
     base_id,
     copy_fields,
+    cut_by_client,
     deltas,
     expect,
     first_choice,
@@ -26,6 +29,7 @@ from .base import (
     refuse,
     sse,
 )
+from .messages_tools import block_text, chat_tools, is_server_block
 
 _SAMPLING = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", **VLLM_FIELDS}
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
@@ -76,13 +80,17 @@ def _tool_result(block: dict[str, Any], field: str, out: list[dict[str, Any]]) -
     if isinstance(content, list):
         texts = []
         for k, item in enumerate(content):
-            item = expect(item, dict, f"{field}.content[{k}]", "a block")
-            if item.get("type") == "text":
-                texts.append(expect(item.get("text"), str, f"{field}.content[{k}].text", "a string"))
+            where = f"{field}.content[{k}]"
+            item = expect(item, dict, where, "a block")
+            text = block_text(item, where)
+            if text is not None:
+                texts.append(text)
             elif item.get("type") == "image":
-                images.append(_image_url(item, f"{field}.content[{k}]"))
+                images.append(_image_url(item, where))
             else:
-                raise refuse(f"{field}.content[{k}].type", f"must be text or image, got {item.get('type')!r:.50}")
+                raise refuse(
+                    where + ".type", f"must be text, image, document or search_result, got {item.get('type')!r:.50}"
+                )
         content = "\n".join(texts)
     out.append({"role": "tool", "tool_call_id": call_id, "content": expect(content, str, field + ".content", "text")})
     if images:
@@ -110,8 +118,11 @@ def _message(message: Any, i: int, out: list[dict[str, Any]]) -> None:
         where = f"{field}.content[{j}]"
         block = expect(block, dict, where, "a block")
         kind = block.get("type")
-        if kind == "text":
-            parts.append({"type": "text", "text": expect(block.get("text"), str, where + ".text", "a string")})
+        text = block_text(block, where)
+        if text is not None:
+            parts.append({"type": "text", "text": text})
+        elif is_server_block(kind):
+            continue  # a server tool's use or result: the model is not shown server tools
         elif kind == "image":
             parts.append(_image_url(block, where))
         elif kind == "tool_use" and role == "assistant":
@@ -142,22 +153,6 @@ def _message(message: Any, i: int, out: list[dict[str, Any]]) -> None:
     out.append(chat)
 
 
-def chat_tools(tools: Any) -> list[dict[str, Any]]:
-    out = []
-    for i, tool in enumerate(expect(tools, list, "tools", "a list")):
-        tool = expect(tool, dict, f"tools[{i}]", "an object")
-        if tool.get("type") not in (None, "custom"):
-            raise refuse(
-                f"tools[{i}].type", f"server tools ({tool['type']!r:.50}) are not supported, only custom tools"
-            )
-        function = {"name": expect(tool.get("name"), str, f"tools[{i}].name", "a string")}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        function["parameters"] = expect(tool.get("input_schema"), dict, f"tools[{i}].input_schema", "an object")
-        out.append({"type": "function", "function": function})
-    return out
-
-
 def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
     choice = expect(choice, dict, "tool_choice", "an object")
     kind = choice.get("type")
@@ -182,9 +177,15 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _stop_reason(choice: dict[str, Any]) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a chat choice; vLLM names the stop string that ended it in `stop_reason`."""
+def _stop_reason(chat: dict[str, Any], request: dict[str, Any]) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a chat answer; vLLM names the stop string that ended it in `stop_reason`.
+
+    `max_tokens` only when the client's own `max_tokens` ended it (`cut_by_client`), else `end_turn`.
+    """
+    choice, _ = first_choice(chat)
     finish = choice.get("finish_reason")
+    if finish == "length" and not cut_by_client(chat, request.get("max_tokens")):
+        return "end_turn", None
     if finish == "stop" and isinstance(choice.get("stop_reason"), str):
         return "stop_sequence", choice["stop_reason"]
     return _STOP_REASONS.get(finish or "", "end_turn"), None
@@ -212,11 +213,17 @@ class MessagesApi(ClientApi):
         copy_fields(body, chat, _SAMPLING)
         if body.get("stop_sequences") is not None:
             chat["stop"] = expect(body["stop_sequences"], list, "stop_sequences", "a list of strings")
-        if body.get("tools"):
-            chat["tools"] = chat_tools(body["tools"])
+        tools = chat_tools(body.get("tools"))
         if body.get("tool_choice") is not None:
             _tool_choice(body["tool_choice"], chat)
+        if tools.functions:
+            chat["tools"] = tools.functions
+        else:  # every tool was a server tool: there is nothing to choose
+            chat.pop("tool_choice", None)
         return chat
+
+    def tools_left_out(self, request: dict[str, Any]) -> list[str]:
+        return chat_tools(request.get("tools")).left_out
 
     def response(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
         choice, message = first_choice(chat)
@@ -230,7 +237,7 @@ class MessagesApi(ClientApi):
             function = call.get("function") or {}
             arguments = json_arguments(function.get("arguments") or "")
             content.append({"type": "tool_use", "id": call.get("id"), "name": function.get("name"), "input": arguments})
-        stop_reason, stop_sequence = _stop_reason(choice)
+        stop_reason, stop_sequence = _stop_reason(chat, request)
         return {
             "id": "msg_" + base_id(chat),
             "type": "message",
@@ -243,7 +250,7 @@ class MessagesApi(ClientApi):
         }
 
     def stream(self, request: dict[str, Any]) -> StreamTranslator:
-        return MessagesStream()
+        return MessagesStream(request)
 
     def error(self, status: int, error: dict[str, Any]) -> dict[str, Any]:
         kind = _ERROR_TYPES.get(status, "api_error")
@@ -253,8 +260,9 @@ class MessagesApi(ClientApi):
 class MessagesStream(StreamTranslator):
     """message_start, ping, then one content block per run of text, thinking or one tool call."""
 
-    def __init__(self) -> None:
+    def __init__(self, request: dict[str, Any]) -> None:
         super().__init__()
+        self._request = request
         self._started = False
         self._index = -1
         self._open: tuple[str, Any] | None = None
@@ -316,7 +324,7 @@ class MessagesStream(StreamTranslator):
         out = [] if self._started else self._start(response)
         out += self._close()
         choice, _ = first_choice(response)
-        stop_reason, stop_sequence = _stop_reason(choice)
+        stop_reason, stop_sequence = _stop_reason(response, self._request)
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},

@@ -2,14 +2,16 @@
 
 docs/proxy.md lists what maps to what; in short: `instructions` is the first system message
 (`developer` messages are system messages too); `input` items are chat messages, an assistant
-`message` and the `function_call` items after it one assistant message with `tool_calls`,
-`function_call_output` items `tool` messages, and a `reasoning` item the next assistant
-message's `reasoning`. The proxy keeps no responses, so `previous_response_id`, `conversation`
+`message` and the call items after it (`function_call`, `custom_tool_call`, `local_shell_call`)
+one assistant message with `tool_calls`, their output items `tool` messages, and a `reasoning`
+item the next assistant message's `reasoning`; tools map as `responses_tools` says. The proxy
+keeps no responses, so `previous_response_id`, `conversation`
 and `background` are refused: a client sends its whole history (`store: false`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .base import (
@@ -18,6 +20,7 @@ from .base import (
     StreamTranslator,
     base_id,
     copy_fields,
+    cut_by_client,
     deltas,
     expect,
     first_choice,
@@ -25,6 +28,7 @@ from .base import (
     refuse,
     sse,
 )
+from .responses_tools import LOCAL_SHELL, ToolMap, custom_arguments, tool_map
 
 _SAMPLING = {
     "max_output_tokens": "max_tokens",
@@ -67,8 +71,48 @@ def _text_output(output: Any, field: str) -> str:
     return "".join(part["text"] for part in content)
 
 
-def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The chat messages of a Responses request: its instructions and input."""
+_OUTPUTS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
+_HOSTED_CALLS = frozenset(
+    {
+        "web_search_call",
+        "file_search_call",
+        "code_interpreter_call",
+        "image_generation_call",
+        "computer_call",
+        "computer_call_output",
+        "mcp_call",
+        "mcp_list_tools",
+        "tool_search_call",
+        "tool_search_output",
+    }
+)
+"""History items of hosted tools: the model is not shown those tools, so not their calls either."""
+
+
+def _history_call(item: dict[str, Any], field: str, tools: ToolMap) -> dict[str, Any]:
+    """The chat tool call of a `function_call`, `custom_tool_call` or `local_shell_call` item."""
+    kind = item["type"]
+    namespace = item.get("namespace")
+    if namespace is not None:
+        expect(namespace, str, field + ".namespace", "a string")
+    if kind == "local_shell_call":
+        call_id = item.get("call_id") or item.get("id")
+        action = expect(item.get("action"), dict, field + ".action", "an object")
+        name, arguments = tools.function_name(LOCAL_SHELL), json.dumps({k: v for k, v in action.items() if k != "type"})
+    else:
+        call_id = item.get("call_id")
+        name = tools.function_name(expect(item.get("name"), str, field + ".name", "a string"), namespace)
+        if kind == "custom_tool_call":
+            arguments = custom_arguments(expect(item.get("input"), str, field + ".input", "a string"))
+        else:
+            arguments = expect(item.get("arguments"), str, field + ".arguments", "a string")
+    call_id = expect(call_id, str, field + ".call_id", "a string")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_messages(body: dict[str, Any], tools: ToolMap | None = None) -> list[dict[str, Any]]:
+    """The chat messages of a Responses request: its instructions and input (`tools`: its tools' map)."""
+    tools = tools if tools is not None else tool_map(body.get("tools"))
     out: list[dict[str, Any]] = []
     if body.get("instructions") is not None:
         out.append({"role": "system", "content": expect(body["instructions"], str, "instructions", "a string")})
@@ -76,19 +120,18 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(items, str):
         out.append({"role": "user", "content": items})
         return out
-    # The assistant message the next function_call items join (one chat turn), and reasoning waiting for it.
+    # The assistant message the next call items join (one chat turn), and reasoning waiting for it.
     turn: dict[str, Any] | None = None
     reasoning: str | None = None
     for i, item in enumerate(expect(items, list, "input", "a string or a list of items")):
         field = f"input[{i}]"
         item = expect(item, dict, field, "an object")
-        kind = item.get("type", "message")
+        kind = expect(item.get("type", "message"), str, field + ".type", "a string")
         if kind == "message":
-            role = _ROLES.get(item.get("role"))
+            given = item.get("role")
+            role = _ROLES.get(given) if isinstance(given, str) else None
             if role is None:
-                raise refuse(
-                    field + ".role", f"must be user, assistant, system or developer, got {item.get('role')!r:.50}"
-                )
+                raise refuse(field + ".role", f"must be user, assistant, system or developer, got {given!r:.50}")
             message: dict[str, Any] = {"role": role, "content": _content(item.get("content"), field + ".content")}
             turn = None
             if role == "assistant":
@@ -96,27 +139,20 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 if reasoning is not None:
                     message["reasoning"], reasoning = reasoning, None
             out.append(message)
-        elif kind == "function_call":
-            call = {
-                "id": expect(item.get("call_id"), str, field + ".call_id", "a string"),
-                "type": "function",
-                "function": {
-                    "name": expect(item.get("name"), str, field + ".name", "a string"),
-                    "arguments": expect(item.get("arguments"), str, field + ".arguments", "a string"),
-                },
-            }
+        elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
+            call = _history_call(item, field, tools)
             if turn is None:
                 turn = {"role": "assistant", "content": None}
                 if reasoning is not None:
                     turn["reasoning"], reasoning = reasoning, None
                 out.append(turn)
             turn.setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
-            call_id = expect(item.get("call_id"), str, field + ".call_id", "a string")
+        elif kind in _OUTPUTS:
+            call_id = item.get("call_id") or (item.get("id") if kind == "local_shell_call_output" else None)
             out.append(
                 {
                     "role": "tool",
-                    "tool_call_id": call_id,
+                    "tool_call_id": expect(call_id, str, field + ".call_id", "a string"),
                     "content": _text_output(item.get("output"), field + ".output"),
                 }
             )
@@ -126,35 +162,21 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             texts = expect(item.get(key) or [], list, f"{field}.{key}", "a list")
             reasoning = "".join(str(t.get("text", "")) for t in texts if isinstance(t, dict))
             turn = None
-        else:
+        elif kind not in _HOSTED_CALLS:
             raise refuse(field + ".type", f"{kind!r:.50} items are not supported")
     return out
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    out = []
-    for i, tool in enumerate(expect(tools, list, "tools", "a list")):
-        tool = expect(tool, dict, f"tools[{i}]", "an object")
-        if tool.get("type") != "function":
-            raise refuse(f"tools[{i}].type", f"{tool.get('type')!r:.50} tools are not supported, only function tools")
-        function = {"name": expect(tool.get("name"), str, f"tools[{i}].name", "a string")}
-        for key in ("description", "parameters", "strict"):
-            if tool.get(key) is not None:
-                function[key] = tool[key]
-        out.append({"type": "function", "function": function})
-    return out
-
-
-def _tool_choice(choice: Any) -> Any:
+def _tool_choice(choice: Any, tools: ToolMap) -> Any:
     if choice in ("auto", "none", "required"):
         return choice
     choice = expect(choice, (dict, str), "tool_choice", "auto, none, required or a function")
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {
-            "type": "function",
-            "function": {"name": expect(choice.get("name"), str, "tool_choice.name", "a string")},
-        }
-    raise refuse("tool_choice", f"must be auto, none, required or a function, got {choice!r:.80}")
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        name = expect(choice.get("name"), str, "tool_choice.name", "a string")
+        return {"type": "function", "function": {"name": tools.function_name(name, choice.get("namespace"))}}
+    if isinstance(choice, dict) and choice.get("type") == LOCAL_SHELL:
+        return {"type": "function", "function": {"name": tools.function_name(LOCAL_SHELL)}}
+    raise refuse("tool_choice", f"must be auto, none, required, a function or a custom tool, got {choice!r:.80}")
 
 
 def _text_format(text: Any) -> dict[str, Any] | None:
@@ -179,20 +201,24 @@ class ResponsesApi(ClientApi):
     refused_why = "is not supported: agl's proxy keeps no state; send the whole conversation in input"
 
     def chat_fields(self, body: dict[str, Any]) -> dict[str, Any]:
-        chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages(body)}
+        tools = tool_map(body.get("tools"))
+        chat: dict[str, Any] = {"model": body.get("model"), "messages": chat_messages(body, tools)}
         copy_fields(body, chat, _SAMPLING)
-        if body.get("tools"):
-            chat["tools"] = _tools(body["tools"])
         if body.get("tool_choice") is not None:
-            chat["tool_choice"] = _tool_choice(body["tool_choice"])
+            choice = _tool_choice(body["tool_choice"], tools)
+            if tools.functions:  # else every tool was a hosted one: there is nothing to choose
+                chat["tool_choice"] = choice
+        if tools.functions:
+            chat["tools"] = tools.functions
         if body.get("text") is not None and (fmt := _text_format(body["text"])) is not None:
             chat["response_format"] = fmt
-        effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+        reasoning = body.get("reasoning")
+        effort = expect(reasoning, dict, "reasoning", "an object").get("effort") if reasoning is not None else None
         if effort is not None:
             chat["reasoning_effort"] = effort
         if body.get("top_logprobs"):
             chat["logprobs"] = True
-            chat["top_logprobs"] = body["top_logprobs"]
+            chat["top_logprobs"] = expect(body["top_logprobs"], int, "top_logprobs", "an integer")
         return chat
 
     def response(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
@@ -204,10 +230,15 @@ class ResponsesApi(ClientApi):
             output.append(_reasoning_item(base, reasoning))
         if message.get("content"):
             output.append(_message_item(base, message["content"]))
+        tools = tool_map(request.get("tools"))
         for i, call in enumerate(message.get("tool_calls") or ()):
             function = call.get("function") or {}
-            output.append(_call_item(base, i, call.get("id"), function.get("name"), function.get("arguments") or ""))
+            arguments = function.get("arguments") or ""
+            output.append(tools.output_item(base, i, call.get("id"), function.get("name"), arguments))
         return _response(chat, request, output, choice.get("finish_reason"))
+
+    def tools_left_out(self, request: dict[str, Any]) -> list[str]:
+        return tool_map(request.get("tools")).left_out
 
     def stream(self, request: dict[str, Any]) -> StreamTranslator:
         return ResponsesStream(request)
@@ -230,25 +261,17 @@ def _message_item(base: str, text: str | None, status: str = "completed") -> dic
     return {"type": "message", "id": "msg_" + base, "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(
-    base: str, index: int, call_id: Any, name: Any, arguments: str, status: str = "completed"
-) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": f"fc_{base}_{index}",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-
-
 def _response(
     chat: dict[str, Any], request: dict[str, Any], output: list[dict[str, Any]], finish_reason: str | None
 ) -> dict[str, Any]:
-    """The response object; `finish_reason` None while the response is in progress."""
+    """The response object; `finish_reason` None while the response is in progress.
+
+    `incomplete` only when the client's own `max_output_tokens` ended it (`cut_by_client`).
+    """
     usage = chat.get("usage") or {}
-    status = "in_progress" if finish_reason is None else "incomplete" if finish_reason == "length" else "completed"
+    status = "in_progress" if finish_reason is None else "completed"
+    if finish_reason == "length" and cut_by_client(chat, request.get("max_output_tokens")):
+        status = "incomplete"
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return {
         "id": "resp_" + base_id(chat),
@@ -290,12 +313,15 @@ class ResponsesStream(StreamTranslator):
     def __init__(self, request: dict[str, Any]) -> None:
         super().__init__()
         self._request = request
+        self._tools = tool_map(request.get("tools"))
         self._sequence = 0
         self._base = ""
         self._started = False
         self._index = -1
         self._open: tuple[str, Any] | None = None
         self._item: dict[str, Any] = {}
+        self._name: Any = None
+        """The model's name for the open tool call's function."""
         self._text: list[str] = []
 
     def _event(self, kind: str, **data: Any) -> bytes:
@@ -327,10 +353,19 @@ class ResponsesStream(StreamTranslator):
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             out.append(self._event("response.reasoning_text.done", **ids, text=text))
             item = _reasoning_item(self._base, text)
-        else:
+        elif item["type"] == "function_call":
             ids = {"item_id": item["id"], "output_index": index}
             out.append(self._event("response.function_call_arguments.done", **ids, name=item["name"], arguments=text))
             item = {**item, "arguments": text, "status": "completed"}
+        else:
+            # Custom and local shell calls are whole only once their function's arguments are.
+            item = {
+                **self._tools.output_item(self._base, self._open[1], item["call_id"], self._name, text),
+                "id": item["id"],
+            }
+            if item["type"] == "custom_tool_call":
+                ids = {"item_id": item["id"], "output_index": index}
+                out.append(self._event("response.custom_tool_call_input.done", **ids, input=item["input"]))
         out.append(self._event("response.output_item.done", output_index=index, item=item))
         self._open = None
         return out
@@ -355,8 +390,9 @@ class ResponsesStream(StreamTranslator):
                 elif kind == "reasoning":
                     item = _reasoning_item(self._base, "", "in_progress")
                 else:
-                    item = _call_item(self._base, index, call_id, name, "", "in_progress")
-                out += self._open_item(key, item)
+                    item = {**self._tools.output_item(self._base, index, call_id, name, ""), "status": "in_progress"}
+                out += self._open_item(key, item)  # closes the open item first
+                self._name = name
             if not text:
                 continue
             self._text.append(text)
@@ -365,7 +401,7 @@ class ResponsesStream(StreamTranslator):
                 out.append(self._event("response.output_text.delta", **ids, content_index=0, delta=text, logprobs=[]))
             elif kind == "reasoning":
                 out.append(self._event("response.reasoning_text.delta", **ids, content_index=0, delta=text))
-            else:
+            elif self._item["type"] == "function_call":
                 out.append(self._event("response.function_call_arguments.delta", **ids, delta=text))
         return out
 

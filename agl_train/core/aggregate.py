@@ -322,7 +322,35 @@ def aggregate(
         metrics[f"training/n_llm_calls_skipped/{reason}"] = count
     for kind, count in chains.items():
         metrics[f"training/n_llm_calls/{kind}"] = count
+    _warn_if_mostly_dropped(rows, level, limits)
     return Aggregation(rows=rows, breaks=breaks, metrics=metrics)
+
+
+PROMPT_LIMIT_KEYS = {
+    LEVEL_TRAJECTORY: "agentlightning.trace_aggregator.trajectory_max_prompt_length",
+    LEVEL_TRANSITION: "data.max_prompt_length",
+}
+"""The setting that bounds a row's prompt, by level: what to raise when rows are dropped for length."""
+
+
+def _warn_if_mostly_dropped(rows: Sequence[Row], level: str, limits: Limits) -> None:
+    """A warning, naming the limit and the prompt length it would need, when most rows are over it.
+
+    Such a step trains (almost) nothing, and a metric alone is easy to miss: a coding agent's
+    first prompt (8-25k tokens of instructions and tools) is over a 2048-token limit in every row.
+    """
+    dropped = [len(row.prompt_ids) for row in rows if row.is_drop]
+    if not rows or 2 * len(dropped) <= len(rows):
+        return
+    logger.warning(
+        "%d of %d training rows are dropped: their prompts (up to %d tokens) are longer than %s = %d; "
+        "raise it (and the response limit with it) or these rollouts train nothing",
+        len(dropped),
+        len(rows),
+        max(dropped),
+        PROMPT_LIMIT_KEYS.get(level, "the prompt limit"),
+        limits.max_prompt_length,
+    )
 
 
 def limits_for_level(level: str, trace_aggregator: Mapping[str, Any], data: Mapping[str, Any]) -> Limits:

@@ -149,6 +149,10 @@ async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str
     return answer.json()["data"][0]["id"]
 
 
+ANY_MODEL = "*"
+"""The wildcard model name (LiteLLM's spelling) the trained model is registered under too."""
+
+
 async def publish_replicas(
     store: LightningStore,
     proxy: ProxyControl,
@@ -160,11 +164,16 @@ async def publish_replicas(
 ) -> str:
     """Register the rollout engine's replicas with the proxy (one `model_list` entry each,
     tagged with the weight `version`) and publish a new resource set whose `main_llm` is the
-    proxy; returns its resources id (a new one per call, so runners never see a stale one)."""
+    proxy; returns its resources id (a new one per call, so runners never see a stale one).
+
+    The replicas are registered under the name vLLM serves and under the wildcard `*`, so an
+    agent that sends its own model name (Codex's `gpt-5.1-codex`, Claude Code's `claude-*` and
+    its small background model) reaches the model being trained without being told its name."""
     if not server_addresses:
         raise ValueError("the rollout engine has no replica to register")
     served = await served_model_name(server_addresses[0])
-    await proxy.update_model_list(vllm_model_list(server_addresses, served, version=version))
+    aliased = vllm_model_list(server_addresses, ANY_MODEL, served_model=served, version=version)
+    await proxy.update_model_list(vllm_model_list(server_addresses, served, version=version) + aliased)
     resource = ProxyLLM(
         endpoint=proxy.openai_base_url,
         model=served,

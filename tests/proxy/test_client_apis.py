@@ -25,20 +25,42 @@ QUESTION = [{"role": "user", "content": "hi"}]
 TOOL_CALL = {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
 
 
+PDF = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"}}
+DEEP: Any = "leaf"
+for _ in range(400):  # deeper than the store keeps, and than orjson writes (an echo of it would fail)
+    DEEP = {"a": DEEP}
+
 REFUSED = [
     ("/messages", {"messages": QUESTION}, "max_tokens"),
-    ("/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+    ("/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]},
      "messages[0].content[0].type"),
-    ("/messages", {"max_tokens": 5, "messages": QUESTION, "tools": [{"type": "web_search_20250305"}]},
+    ("/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": [PDF]}]},
+     "messages[0].content[0].source.type"),
+    ("/messages", {"max_tokens": 5, "messages": QUESTION, "tools": [{"type": "teleport_20990101", "name": "t"}]},
      "tools[0].type"),
+    ("/messages", {"max_tokens": 5, "messages": QUESTION, "metadata": DEEP}, "metadata"),
     ("/messages", {"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
     ("/messages", {"max_tokens": 5, "messages": QUESTION, "tool_choice": {"type": "some"}}, "tool_choice.type"),
     ("/messages", {"max_tokens": 5, "system": [{"type": "image"}], "messages": QUESTION}, "system[0].type"),
     ("/messages", {"max_tokens": 5, "messages": QUESTION, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
     ("/messages/count_tokens", {"messages": [{"role": "user", "content": 7}]}, "messages[0].content"),
+    ("/messages/count_tokens", {"messages": QUESTION, "model": 0}, "model"),
+    ("/messages/count_tokens", {"messages": QUESTION, "model": None}, "model"),
+    ("/messages/count_tokens", {"messages": QUESTION, "system": DEEP}, "system"),
     ("/responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ("/responses", {"input": [{"type": "web_search_call"}]}, "input[0].type"),
-    ("/responses", {"input": "hi", "tools": [{"type": "file_search"}]}, "tools[0].type"),
+    ("/responses", {"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ("/responses", {"input": "hi", "tools": [{"type": "teleport"}]}, "tools[0].type"),
+    ("/responses", {"input": "hi", "metadata": DEEP}, "metadata"),
+    ("/responses", {"input": "hi", "temperature": "hot"}, "temperature"),
+    ("/responses", {"input": "hi", "max_output_tokens": 2.5}, "max_output_tokens"),
+    ("/responses", {"input": "hi", "stream": "yes"}, "stream"),
+    ("/responses", {"input": "hi", "model": 0}, "model"),
+    ("/responses", {"input": [{"type": ["message"]}]}, "input[0].type"),
+    ("/responses", {"input": [{"role": {"user": 1}, "content": "hi"}]}, "input[0].role"),
+    ("/responses", {"input": "hi", "tools": [{"type": {"function": 1}}]}, "tools[0].type"),
+    ("/messages", {"max_tokens": "5", "messages": QUESTION}, "max_tokens"),
+    ("/messages", {"max_tokens": 5, "messages": QUESTION, "top_k": True}, "top_k"),
+    ("/messages", {"max_tokens": 5, "messages": QUESTION, "model": ["m"]}, "model"),
     ("/responses", {"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input[0].content[0].type"),
     ("/responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ("/responses", {"input": 7}, "input"),
@@ -172,11 +194,12 @@ def test_a_tool_call_in_responses_output_and_events() -> None:
     message = {"reasoning": "Weather wants a tool.", "content": "It is.", "tool_calls": [TOOL_CALL]}
     answer = chat_answer(**message)
 
-    reply = RESPONSES.response(answer, {"tools": ["as sent"]})
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    reply = RESPONSES.response(answer, {"tools": tools})
     assert [item["type"] for item in reply["output"]] == ["reasoning", "message", "function_call"]
     call = reply["output"][2]
     assert (call["call_id"], call["name"], call["arguments"]) == ("call_7", "get_weather", '{"city": "Rome"}')
-    assert reply["status"] == "completed" and reply["tools"] == ["as sent"]
+    assert reply["status"] == "completed" and reply["tools"] == tools
 
     stream = RESPONSES.stream({})
     sent = [event for chunk in chunks_of(message) for event in stream.feed(chunk)] + stream.finish(answer)

@@ -111,14 +111,18 @@ async def test_settings_from_the_command_line(proxy_factory, backend, store, htt
     settings = settings_from_args(args)
     assert settings.require_token_ids and settings.hold_s == 30
     assert settings.sampling_by_mode == {
-        "train": {"temperature": 1.0, "max_tokens": 32},
-        "val": {"temperature": 0.0, "max_tokens": 32},
-        "test": {"max_tokens": 32},
+        "train": {"temperature": 1.0},
+        "val": {"temperature": 0.0},
+        "all": {"max_tokens": 32},
     }
     proxy = await proxy_factory([model_entry("tiny", backend[1])], settings=settings)
     assert (await http.get(proxy.url + "/proxy/sampling")).json()["on_conflict"] == "refuse"
     _, train = await _rollout_url(store, proxy, "train")
     assert (await http.post(train + "/chat/completions", json=chat_body(temperature=0.5))).status_code == 400
+    # `all` is every call: a rollout's of any mode, and one on the plain URL, of no rollout.
+    assert (await http.post(train + "/chat/completions", json=chat_body(temperature=1.0))).status_code == 200
+    assert (await http.post(proxy.base_url + "/chat/completions", json=chat_body())).status_code == 200
+    assert [sent["max_tokens"] for sent in backend[0].requests[-2:]] == [32, 32]
 
     for bad in ("train.temperature", "prod.temperature=1", "train.seed=1", "train.temperature=hot"):
         with pytest.raises(ValueError, match="--sampling"):

@@ -73,8 +73,13 @@ def test_transition_makes_one_row_per_call() -> None:
     assert breaks == []
 
 
-def test_a_row_whose_initial_prompt_is_over_the_limit_is_marked_not_cut() -> None:
+def test_a_row_whose_initial_prompt_is_over_the_limit_is_marked_not_cut(caplog: pytest.LogCaptureFixture) -> None:
     aggregation = aggregate([trace("ro-1", [CALL_1, CALL_2])], "trajectory", Limits(2, 100))
+
+    # Every row dropped: the step trains nothing, and the warning names the limit to raise.
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "1 of 1 training rows are dropped" in warning and "up to 3 tokens" in warning
+    assert "agentlightning.trace_aggregator.trajectory_max_prompt_length = 2" in warning
 
     (row,) = aggregation.rows
     assert row.is_drop and not row.truncated

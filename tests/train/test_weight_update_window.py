@@ -54,7 +54,7 @@ async def test_registered_replicas_serve_the_next_rollouts_tagged_with_the_weigh
         store, control, [address], version="7", sampling_parameters={"temperature": 1.0}
     )
 
-    assert proxy.state.registry.model_names == [vllm_server.model]
+    assert proxy.state.registry.model_names == [vllm_server.model, "*"]  # any name an agent sends reaches it
     resources = await store.get_resources_by_id(resources_id)
     llm = resources.resources["main_llm"]
     assert (llm.model, llm.endpoint) == (vllm_server.model, proxy.base_url)
