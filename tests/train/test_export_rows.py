@@ -15,8 +15,8 @@ import pytest
 
 from agl_store import cli, exporters, reward_span
 from agl_store.sqlite import SQLiteStore
-from agl_train.aggregate import Limits, aggregate
-from agl_train.traces import trace_from_spans
+from agl_train.core.aggregate import Limits, aggregate
+from agl_train.core.traces import trace_from_spans
 
 from ..store.http_server import REPO_ROOT
 from ..store.test_span_deltas import conversation, write
