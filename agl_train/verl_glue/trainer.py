@@ -140,8 +140,6 @@ class AglTrainer(RayPPOTrainer):
         )
         await store.open()
         self._store = store
-        # Before any rollout: the proxy applies them to every call of the run.
-        await self.proxy.set_sampling(self.sampling_by_mode())
         # The store's own timeout is a backstop for runners that vanish: later than the
         # runner's kill, so the runner's verdict (and message) normally wins.
         config = RolloutConfig(timeout_seconds=settings.rollout_timeout_seconds + 2 * WAIT_GRACE_S)
@@ -179,7 +177,10 @@ class AglTrainer(RayPPOTrainer):
             await self._proxy.aclose()
 
     async def _publish_replicas(self) -> str:
+        """The replicas and the sampling to the proxy, the resource set to the store. Both go to
+        the proxy at every publish: a proxy restarted meanwhile has forgotten them."""
         assert self._store is not None
+        await self.proxy.set_sampling(self.sampling_by_mode())
         return await publish_replicas(
             self._store,
             self.proxy,
