@@ -74,9 +74,22 @@ class PauseRequest:
     timeout: float | None = None
     cancel_after_drain_timeout: bool = False
     """When the drain times out, cancel the calls still in flight (each answered 503)."""
+    cancel_grace: float = CANCEL_GRACE_S
+    """How long to wait for the cancelled calls to answer their clients."""
+    hold: float | None = None
+    """How long calls held by this pause wait for the resume (default: the proxy's `--hold`)."""
 
 
-PAUSE_FIELDS = ("reason", "drain", "timeout", "cancel_after_drain_timeout")
+PAUSE_FIELDS = ("reason", "drain", "timeout", "cancel_after_drain_timeout", "cancel_grace", "hold")
+
+
+def _seconds(body: dict[str, Any], field: str) -> float | None:
+    value = body.get(field)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+    ):
+        raise BadRequestError(f"{field} must be a finite number of seconds >= 0, got {value!r:.50}")
+    return None if value is None else float(value)
 
 
 def pause_request(body: dict[str, Any]) -> PauseRequest:
@@ -91,15 +104,12 @@ def pause_request(body: dict[str, Any]) -> PauseRequest:
         value = body.get(flag)
         if value is not None and not isinstance(value, bool):
             raise BadRequestError(f"{flag} must be true or false, got {value!r:.50}")
-    timeout = body.get("timeout")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0
-    ):
-        raise BadRequestError(f"timeout must be a finite number of seconds >= 0, got {timeout!r:.50}")
+    timeout, grace, hold = (_seconds(body, field) for field in ("timeout", "cancel_grace", "hold"))
     cancel = bool(body.get("cancel_after_drain_timeout"))
     if cancel and not body.get("drain"):
         raise BadRequestError("cancel_after_drain_timeout needs drain: true (and a timeout)")
-    return PauseRequest(reason, bool(body.get("drain")), None if timeout is None else float(timeout), cancel)
+    drain = bool(body.get("drain"))
+    return PauseRequest(reason, drain, timeout, cancel, CANCEL_GRACE_S if grace is None else grace, hold)
 
 
 def _model_entry(name: str, created: int) -> dict[str, Any]:
@@ -151,10 +161,11 @@ def _admin_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list
 
     async def pause(request: Request) -> Response:
         """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight;
-        `cancel_after_drain_timeout: true` then cancels the calls still running."""
+        `cancel_after_drain_timeout: true` then cancels the calls still running and waits up to
+        `cancel_grace` s for them to answer; `hold` bounds how long new calls wait for the resume."""
         ask = pause_request(await _json_body(request))  # checked before anything changes
         gate = proxy_state.gate
-        gate.pause(ask.reason)
+        gate.pause(ask.reason, hold_s=ask.hold)
         drained = None
         cancelled = 0
         if ask.drain:
@@ -162,7 +173,7 @@ def _admin_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list
             if not drained and ask.cancel_after_drain_timeout:
                 cancelled = gate.cancel_in_flight()
                 # Each cancelled call answers its client and queues its span, which takes moments.
-                drained = await gate.wait_drained(CANCEL_GRACE_S)
+                drained = await gate.wait_drained(ask.cancel_grace)
         return JSONBytesResponse({**gate.state(), "drained": drained, "cancelled": cancelled})
 
     async def resume(request: Request) -> Response:

@@ -1,6 +1,7 @@
 """Pause and drain: the trainer stops new calls around a weight update.
 
-While paused, new calls are held: they wait (up to `hold_s` from their arrival) and go on
+While paused, new calls are held: they wait (up to `hold_s` from their arrival, or the bound the
+pause itself gave) and go on
 when the proxy resumes, so an agent sees a slow call rather than an error. Past the bound
 they are refused with 429 and `Retry-After`. Calls already in flight run to completion,
 and `wait_drained()` returns once none is left; `cancel_in_flight()` cuts those still
@@ -47,6 +48,8 @@ class PauseGate:
         self.paused = False
         self.reason: str | None = None
         self.paused_at: float | None = None
+        self.pause_hold_s: float | None = None
+        """The current pause's own hold bound (the trainer's pause for an update), else `hold_s`."""
         self.in_flight = 0
         self.held = 0
         self.refused_after_hold = 0
@@ -78,16 +81,17 @@ class PauseGate:
     async def _hold(self, client_gone: Callable[[], Awaitable[Any]] | None) -> bool:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        deadline = start + self.hold_s
         self.held += 1
         gone = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         try:
             # A loop: a new pause may begin between the resume and this call running again.
             while self.paused:
-                remaining = deadline - loop.time()
+                # Read each time round: a later pause of the same hold may give a longer bound.
+                hold_s = self.hold_s if self.pause_hold_s is None else self.pause_hold_s
+                remaining = start + hold_s - loop.time()
                 if remaining <= 0:
                     self.refused_after_hold += 1
-                    raise self._refusal(f"the proxy stayed paused{self._why()} for more than {self.hold_s:g} s")
+                    raise self._refusal(f"the proxy stayed paused{self._why()} for more than {hold_s:g} s")
                 assert self._resumed is not None
                 resumed = asyncio.ensure_future(self._resumed.wait())
                 waiting = {resumed} if gone is None else {resumed, gone}
@@ -119,18 +123,21 @@ class PauseGate:
         if self.in_flight == 0 and self._drained is not None:
             self._drained.set()
 
-    def pause(self, reason: str | None = None) -> None:
-        """Hold new calls; `reason` (cut to 200 characters) is repeated in every 429."""
+    def pause(self, reason: str | None = None, hold_s: float | None = None) -> None:
+        """Hold new calls (up to `hold_s`, default the gate's own `hold_s`); `reason` (cut to 200
+        characters) is repeated in every 429."""
         if not self.paused:
             self._resumed = asyncio.Event()
         self.paused = True
         self.reason = short_text(reason) if reason else None
         self.paused_at = time.time()
+        self.pause_hold_s = hold_s
 
     def resume(self) -> None:
         self.paused = False
         self.reason = None
         self.paused_at = None
+        self.pause_hold_s = None
         if self._resumed is not None:
             self._resumed.set()
 

@@ -7,7 +7,8 @@ a bad value `InvalidInputError`, an illegal state change `ConflictError`.
 
 Status rules, enforced by the backends:
 - A rollout is `queuing` when enqueued; `dequeue_rollout` claims the oldest `queuing` or
-  `requeuing` one, creates an attempt (`preparing`) and moves the rollout to `preparing`.
+  `requeuing` one (among those whose metadata matches, when a filter is given), creates an
+  attempt (`preparing`) and moves the rollout to `preparing`.
 - The first span or an explicit update moves attempt and rollout to `running`.
 - The latest attempt's terminal status decides the rollout's: `succeeded` → `succeeded`;
   `failed` / `timeout` / `unresponsive` → `requeuing` when listed in
@@ -36,7 +37,7 @@ the contract, so every backend has them; a backend overrides one where it can do
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from .models import (
@@ -148,17 +149,21 @@ class LightningStore:
         """Enqueue several rollouts in one transaction, in order."""
         raise NotImplementedError
 
-    async def dequeue_rollout(self, worker_id: str | None = None) -> AttemptedRollout | None:
+    async def dequeue_rollout(
+        self, worker_id: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> AttemptedRollout | None:
         """Claim the oldest queued rollout (FIFO over `queuing` and `requeuing`), or None.
 
-        Never blocks. Creates attempt number (previous attempts + 1) in `preparing`.
+        Never blocks. Creates attempt number (previous attempts + 1) in `preparing`. With
+        `metadata`, only a rollout whose metadata holds each of these keys with that string
+        value is claimed (a run claims its own rollouts in a store that several runs share).
         """
         raise NotImplementedError
 
     async def dequeue_many_rollouts(
-        self, *, limit: int = 1, worker_id: str | None = None
+        self, *, limit: int = 1, worker_id: str | None = None, metadata: Mapping[str, str] | None = None
     ) -> Sequence[AttemptedRollout]:
-        """Claim up to `limit` queued rollouts atomically, oldest first."""
+        """Claim up to `limit` queued rollouts atomically, oldest first (`metadata` as `dequeue_rollout`)."""
         raise NotImplementedError
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:

@@ -304,14 +304,19 @@ class LightningStoreClient(LightningStore):
         data = await self._json("POST", "/queues/rollouts/enqueue", body={"rollouts": keyed})
         return _ROLLOUTS.validate_python(data)
 
-    async def dequeue_rollout(self, worker_id: str | None = None) -> AttemptedRollout | None:
-        rollouts = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id)
+    async def dequeue_rollout(
+        self, worker_id: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> AttemptedRollout | None:
+        rollouts = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id, metadata=metadata)
         return rollouts[0] if rollouts else None
 
     async def dequeue_many_rollouts(
-        self, *, limit: int = 1, worker_id: str | None = None
+        self, *, limit: int = 1, worker_id: str | None = None, metadata: Mapping[str, str] | None = None
     ) -> Sequence[AttemptedRollout]:
-        data = await self._json("POST", "/queues/rollouts/dequeue", body={"limit": limit, "worker_id": worker_id})
+        body: dict[str, Any] = {"limit": limit, "worker_id": worker_id}
+        if metadata is not None:  # a server without the filter then still answers a plain dequeue
+            body["metadata"] = metadata
+        data = await self._json("POST", "/queues/rollouts/dequeue", body=body)
         return _ATTEMPTED.validate_python(data)
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:

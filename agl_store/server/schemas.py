@@ -39,6 +39,7 @@ class EnqueueManyBody(BaseModel):
 class DequeueManyBody(BaseModel):
     limit: int = 1
     worker_id: str | None = None
+    metadata: Any = None  # the store checks it (strings to strings) and names what is wrong
 
 
 class WaitBody(BaseModel):

@@ -56,6 +56,21 @@ def check_metadata(metadata: Any, field: str = "metadata") -> Any:
     return metadata
 
 
+def check_metadata_match(metadata: Any) -> dict[str, str]:
+    """A dequeue's metadata filter: an object of string keys (without `"` or `\\`, which a JSON
+    path would need to escape) to string values; None is no filter."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise InvalidInputError(f"metadata must be an object of strings or null, got {type(metadata).__name__}")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not key or '"' in key or "\\" in key:
+            raise InvalidInputError(f"metadata keys must be non-empty strings without '\"' or '\\\\', got {key!r}")
+        if not isinstance(value, str):
+            raise InvalidInputError(f"metadata[{key!r}] must be a string, got {type(value).__name__}")
+    return dict(metadata)
+
+
 def check_number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInputError(f"{field} must be a number, got {value!r}")

@@ -119,9 +119,14 @@ def enqueue_rollouts(txn: Txn, news: list[NewRollout]) -> list[Rollout]:
     return out
 
 
-def dequeue(txn: Txn, limit: int, worker_id: str | None) -> list[AttemptedRollout]:
+def dequeue(txn: Txn, limit: int, worker_id: str | None, metadata: dict[str, str]) -> list[AttemptedRollout]:
+    """Claim the oldest `limit` queued rollouts whose metadata holds each of `metadata`'s
+    key/value pairs (checked by `checks.check_metadata_match`)."""
+    # Metadata is stored as JSON bytes (a BLOB), which SQLite's JSON functions read as text only.
+    match = "".join(" AND json_extract(CAST(r.metadata AS TEXT), ?) IS ?" for _ in metadata)
+    values = [item for key, value in metadata.items() for item in (f'$."{key}"', value)]
     rows = txn.conn.execute(
-        ROLLOUT_SELECT + " WHERE r.queue_seq IS NOT NULL ORDER BY r.queue_seq LIMIT ?", (limit,)
+        ROLLOUT_SELECT + " WHERE r.queue_seq IS NOT NULL" + match + " ORDER BY r.queue_seq LIMIT ?", (*values, limit)
     ).fetchall()
     claimed = []
     for row in rows:

@@ -26,7 +26,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -61,6 +61,7 @@ from .checks import (
     as_list,
     check_config,
     check_metadata,
+    check_metadata_match,
     check_number,
     dumps,
     encode_resources,
@@ -334,18 +335,21 @@ class SQLiteStore(LightningStore):
             return []
         return await self._write(queue.enqueue_rollouts, news)
 
-    async def dequeue_rollout(self, worker_id: str | None = None) -> AttemptedRollout | None:
-        claimed = await self._write(queue.dequeue, 1, worker_id)
+    async def dequeue_rollout(
+        self, worker_id: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> AttemptedRollout | None:
+        claimed = await self._write(queue.dequeue, 1, worker_id, check_metadata_match(metadata))
         return claimed[0] if claimed else None
 
     async def dequeue_many_rollouts(
-        self, *, limit: int = 1, worker_id: str | None = None
+        self, *, limit: int = 1, worker_id: str | None = None, metadata: Mapping[str, str] | None = None
     ) -> Sequence[AttemptedRollout]:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidInputError(f"limit must be an int >= 0, got {limit!r}")
+        match = check_metadata_match(metadata)
         if check_integer(limit, "limit") == 0:
             return []
-        return await self._write(queue.dequeue, limit, worker_id)
+        return await self._write(queue.dequeue, limit, worker_id, match)
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
         return await self._write(queue.start_attempt, rollout_id, worker_id)

@@ -7,7 +7,8 @@ standard deviation. Instead:
 1. take one representative row per rollout (`index_rollouts`);
 2. compute verl's standard advantage on the representatives only (the glue in
    `verl_batch.compute_rollout_level_advantage` calls verl's `compute_advantage`);
-3. read each representative's scalar advantage (`rollout_scalars`) and broadcast it to all
+3. read each representative's scalar advantage (`rollout_scalars`), set it to 0 in groups
+   with fewer than two trainable rollouts (`small_group_advantage`), and broadcast it to all
    rows of its rollout through `response_mask` (`broadcast_to_rows`):
    A[b, t] = a_{r(b)} · response_mask[b, t].
 
@@ -17,6 +18,7 @@ and raises `ValueError`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,6 +86,31 @@ def rollout_scalars(advantages: torch.Tensor, response_mask: torch.Tensor, atol:
             "this estimator's advantage varies along the response"
         )
     return scalars
+
+
+MIN_GROUP = 2
+"""The fewest trainable rollouts a group needs for a group-relative advantage."""
+
+
+def small_group_advantage(scalars: torch.Tensor, uids: Sequence[str]) -> tuple[torch.Tensor, int]:
+    """The rollouts' advantages with those of small groups set to zero, and how many groups were small.
+
+    With G(k) = {j : uids[j] = uids[k]} the trainable rollouts of rollout k's group,
+
+        a'_k = a_k   if |G(k)| >= MIN_GROUP
+        a'_k = 0     otherwise.
+
+    Only succeeded rollouts are trained, so a group whose other rollouts failed can reach the
+    advantage with one rollout; GRPO's statistics of a group of one (mean 0, std 1 in verl) would
+    give it its raw reward as advantage, whatever its peers did. Zero says what the step knows:
+    nothing to compare it with (docs/training.md, Small groups).
+    """
+    if len(uids) != scalars.shape[0]:
+        raise ValueError(f"one uid per rollout: {len(uids)} uids for {scalars.shape[0]} advantages")
+    sizes = Counter(uids)
+    keep = torch.tensor([sizes[uid] >= MIN_GROUP for uid in uids], dtype=torch.bool)
+    small = sum(1 for size in sizes.values() if size < MIN_GROUP)
+    return torch.where(keep.to(scalars.device), scalars, torch.zeros_like(scalars)), small
 
 
 def broadcast_to_rows(scalars: torch.Tensor, index: RolloutIndex, response_mask: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Protocol
 
 from agl_store.base import LightningStore
@@ -42,8 +43,10 @@ class RolloutDispatcher:
     await dispatcher.stop()
     ```
     `llm_resource` names the LLM in a rollout's resources that the agent calls (the first
-    LLM resource when None). The trainer builds it with `for_settings`, whose concurrency is
-    `agentlightning.max_concurrency` (default: every rollout of a step at once).
+    LLM resource when None). With `claim_metadata` it claims only the rollouts whose metadata
+    holds those key/values (the trainer's: its launch's, `ownership.RunIdentity.claims`). The
+    trainer builds it with `for_settings`, whose concurrency is `agentlightning.max_concurrency`
+    (default: every rollout of a step at once).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class RolloutDispatcher:
         store_url: str | None = None,
         llm_resource: str | None = None,
         worker_id: str = WORKER_ID,
+        claim_metadata: Mapping[str, str] | None = None,
     ) -> None:
         if max_concurrency <= 0:
             raise ValueError(f"max_concurrency must be positive, got {max_concurrency}")
@@ -64,6 +68,7 @@ class RolloutDispatcher:
         self.store_url = store_url
         self.llm_resource = llm_resource
         self.worker_id = worker_id
+        self.claim_metadata = dict(claim_metadata) if claim_metadata is not None else None
         self._running: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -71,10 +76,22 @@ class RolloutDispatcher:
 
     @classmethod
     def for_settings(
-        cls, store: LightningStore, runner: Runner, settings: RunnerSettings, *, store_url: str | None = None
+        cls,
+        store: LightningStore,
+        runner: Runner,
+        settings: RunnerSettings,
+        *,
+        store_url: str | None = None,
+        claim_metadata: Mapping[str, str] | None = None,
     ) -> RolloutDispatcher:
         """The trainer's dispatcher: `settings.rollout_concurrency` rollouts at a time."""
-        return cls(store, runner, max_concurrency=settings.rollout_concurrency, store_url=store_url)
+        return cls(
+            store,
+            runner,
+            max_concurrency=settings.rollout_concurrency,
+            store_url=store_url,
+            claim_metadata=claim_metadata,
+        )
 
     def is_running(self) -> bool:
         return self._loop_task is not None and not self._loop_task.done()
@@ -105,7 +122,11 @@ class RolloutDispatcher:
             claimed = []
             if free > 0:
                 try:
-                    claimed = list(await self.store.dequeue_many_rollouts(limit=free, worker_id=self.worker_id))
+                    claimed = list(
+                        await self.store.dequeue_many_rollouts(
+                            limit=free, worker_id=self.worker_id, metadata=self.claim_metadata
+                        )
+                    )
                 except Exception:  # a flaky store must not end the loop
                     logger.exception("rollout dispatcher: dequeue failed; retrying")
             for rollout in claimed:

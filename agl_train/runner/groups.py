@@ -83,7 +83,8 @@ class GroupTracker:
     """Enqueues prompt groups and reports them as they complete.
 
     `rollout_config` goes with every rollout (the trainer sets a store-side timeout a little
-    past the runner's own, as a backstop for runners that disappear).
+    past the runner's own, as a backstop for runners that disappear); `metadata` goes in every
+    rollout's metadata (the run's tags, `ownership.RunIdentity.tags`).
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class GroupTracker:
         *,
         rollout_config: RolloutConfig | None = None,
         mode: RolloutMode = "train",
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         if n <= 0:
             raise ValueError(f"n (rollouts per prompt) must be positive, got {n}")
@@ -100,6 +102,7 @@ class GroupTracker:
         self.n = n
         self.rollout_config = rollout_config or RolloutConfig()
         self.mode = mode
+        self.metadata = dict(metadata or {})
         self.in_flight: list[Group] = []
         self._completed_order: list[Group] = []
 
@@ -114,7 +117,7 @@ class GroupTracker:
                 mode=self.mode,
                 resources_id=resources_id,
                 config=self.rollout_config,
-                metadata={**(metadata or {}), UID_KEY: uid},
+                metadata={**self.metadata, **(metadata or {}), UID_KEY: uid},
             )
             for item, uid in zip(inputs, uids, strict=False)
             for _ in range(self.n)

@@ -2,7 +2,10 @@
 
 The child is `python -m agl_train.runner.launch <agent_class>` with the rollout's environment
 (`env.rollout_env`) over the host's own. It runs in its own process group so that a timeout
-kills the agent and anything it started. Its last `AGL_RESULT` stdout line carries the reward.
+kills the agent and anything it started, and it is sent SIGKILL when the thread that started it
+ends (`PR_SET_PDEATHSIG` on Linux), so an agent never outlives a killed trainer and keeps calling
+the proxy for a rollout that a resumed trainer runs again. Its last `AGL_RESULT` stdout line
+carries the reward.
 
 With `use_ray=True` the subprocess is started by a Ray task, so rollouts spread over the
 nodes of the Ray cluster the trainer already runs on (verl's); nothing else changes.
@@ -11,10 +14,11 @@ nodes of the Ray cluster the trainer already runs on (verl's); nothing else chan
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agl_store.models import AttemptedRollout
@@ -24,6 +28,22 @@ from .outcome import RolloutOutcome
 
 KILL_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL of a timed-out agent's process group."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A `preexec_fn` that has the kernel SIGKILL the child when its parent ends (Linux only;
+    elsewhere a no-op). A parent already gone before the call leaves the child orphaned, so
+    the child then exits at once."""
+
+    def preexec() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return preexec
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,7 @@ async def run_process(
         env={**os.environ, **env},
         cwd=cwd,
         start_new_session=True,
+        preexec_fn=die_with_parent(os.getpid()),
     )
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)

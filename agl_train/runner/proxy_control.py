@@ -6,11 +6,17 @@ the rollout engine's replicas with the proxy and publishes the proxy as the roll
 (`publish_replicas`), sets the sampling parameters every call runs with (`set_sampling`),
 and around the weight update pauses the proxy, waits (bounded) for the calls in flight to
 drain, cancelling those still running at the bound (`pause_for_update`), then `resume()`s it.
+
+Every request's timeout follows from what it waits for: a pause that drains waits up to its
+drain bound, plus the grace it gives cancelled calls, plus `PAUSE_MARGIN_S`; the others answer
+at once and get the 300 s default. The trainer's pause also tells the proxy how long to hold the
+calls that arrive during the update (`hold_s`), so they outlast an update and a checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +29,10 @@ from .runner_settings import GATEWAY_TIMEOUT_S
 
 LLM_RESOURCE_NAME = "main_llm"
 """The proxy's name in each resource set the trainer publishes."""
+CANCEL_GRACE_S = 10.0
+"""How long a pause that cancelled calls waits for them to answer their clients."""
+PAUSE_MARGIN_S = 30.0
+"""Added to a draining pause's own bound for its request's timeout: the network and a busy loop."""
 
 
 class ProxyControlError(RuntimeError):
@@ -73,9 +83,14 @@ class ProxyControl:
             )
         return self._http
 
-    async def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    async def _request(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, timeout: httpx.Timeout | None = None
+    ) -> dict[str, Any]:
+        """`timeout` replaces the client's own timeout for this request."""
         try:
-            response = await self._client().request(method, path, json=body)
+            response = await self._client().request(
+                method, path, json=body, timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout
+            )
         except httpx.HTTPError as exc:
             raise ProxyControlError(f"{method} {self.base_url}{path} failed: {exc!r}") from exc
         if response.status_code >= 400:
@@ -96,15 +111,27 @@ class ProxyControl:
         drain: bool = True,
         timeout_s: float | None = None,
         cancel_after_drain_timeout: bool = False,
+        cancel_grace_s: float = CANCEL_GRACE_S,
+        hold_s: float | None = None,
     ) -> dict[str, Any]:
-        """Hold new calls until `resume()` and, with `drain`, wait (up to `timeout_s`) until the
-        calls in flight are done; `cancel_after_drain_timeout` cancels those still running then."""
+        """Hold new calls until `resume()` (each up to `hold_s`, default the proxy's `--hold`) and,
+        with `drain`, wait (up to `timeout_s`) until the calls in flight are done;
+        `cancel_after_drain_timeout` cancels those still running then and waits up to
+        `cancel_grace_s` for them. The request waits as long as that takes (no bound without
+        `timeout_s`), plus `PAUSE_MARGIN_S`."""
         body: dict[str, Any] = {"reason": reason, "drain": drain}
+        if hold_s is not None:
+            body["hold"] = hold_s
         if timeout_s is not None:
             body["timeout"] = timeout_s
         if cancel_after_drain_timeout:
             body["cancel_after_drain_timeout"] = True
-        return await self._request("POST", "/proxy/pause", body)
+            body["cancel_grace"] = cancel_grace_s
+        timeout = None
+        if drain:
+            grace = cancel_grace_s if cancel_after_drain_timeout else 0.0
+            timeout = httpx.Timeout(None if timeout_s is None else timeout_s + grace + PAUSE_MARGIN_S)
+        return await self._request("POST", "/proxy/pause", body, timeout)
 
     async def resume(self) -> dict[str, Any]:
         return await self._request("POST", "/proxy/resume")
@@ -161,10 +188,15 @@ async def publish_replicas(
     version: str,
     api_key: str | None = None,
     sampling_parameters: dict[str, Any] | None = None,
+    published: dict[str, str] | None = None,
 ) -> str:
     """Register the rollout engine's replicas with the proxy (one `model_list` entry each,
-    tagged with the weight `version`) and publish a new resource set whose `main_llm` is the
-    proxy; returns its resources id (a new one per call, so runners never see a stale one).
+    tagged with the weight `version`) and publish a resource set whose `main_llm` is the proxy;
+    returns its resources id. `published` (the caller's, kept across calls) maps what was
+    published to its set: a call for the same version, replicas and resource reuses that set,
+    so there is one set per weight version (one per step: the training page's rows), and a new
+    id whenever anything changes, so runners never see a stale one. The proxy's model list is
+    set every call all the same (a restarted proxy gets its replicas back).
 
     The replicas are registered under the name vLLM serves and under the wildcard `*`, so an
     agent that sends its own model name (Codex's `gpt-5.1-codex`, Claude Code's `claude-*` and
@@ -180,17 +212,26 @@ async def publish_replicas(
         api_key=api_key,
         sampling_parameters=dict(sampling_parameters or {}),
     )
+    key = json.dumps([version, list(server_addresses), resource.model_dump(mode="json")], sort_keys=True)
+    if published is not None and key in published:
+        return published[key]
     update = await store.add_resources({LLM_RESOURCE_NAME: resource})
+    if published is not None:
+        published.clear()  # only the latest can be asked for again
+        published[key] = update.resources_id
     return update.resources_id
 
 
-async def pause_for_update(proxy: ProxyControl, drain_timeout_s: float) -> dict[str, float]:
+async def pause_for_update(
+    proxy: ProxyControl, drain_timeout_s: float, hold_s: float | None = None
+) -> dict[str, float]:
     """Pause the proxy and wait up to `drain_timeout_s` until its calls in flight are done, then
     cancel those still running: the replicas may sleep and take new weights next. New calls are
-    held by the proxy until `proxy.resume()`; a cancelled call fails its agent's request, and
-    the rollout ends as its agent and runner decide (failed rollouts are counted, not trained)."""
+    held by the proxy until `proxy.resume()` (up to `hold_s`); a cancelled call fails its agent's
+    request, and the rollout ends as its agent and runner decide (failed rollouts are counted, not
+    trained)."""
     paused = await proxy.pause(
-        "weight update", drain=True, timeout_s=drain_timeout_s, cancel_after_drain_timeout=True
+        "weight update", drain=True, timeout_s=drain_timeout_s, cancel_after_drain_timeout=True, hold_s=hold_s
     )  # the proxy's state once drained (or at the bound)
     return {
         "rollout/proxy_drained": float(bool(paused.get("drained"))),

@@ -1,11 +1,13 @@
 """Deleting the rollouts a training run no longer needs, after each checkpoint.
 
-`agentlightning.retention.keep_steps` (null by default: keep everything) keeps the rollouts
-of the newest `keep_steps` resource sets the trainer published (one per training step, and
-one per validation) and deletes the other finished rollouts, except those of groups still in
-flight (carried over to the next step). Resuming needs no rollout: a checkpoint holds the
-prompts drawn but not trained, which are submitted again. The store deletes in chunks
-(`delete_rollouts`), so the proxy's writes go on meanwhile.
+`agentlightning.retention.keep_steps` (null by default: keep everything) keeps this run's
+rollouts of its newest `keep_steps` steps and deletes its other finished rollouts, except those
+of groups still in flight (carried over to the next step). A run's rollouts are those tagged
+with its id (`runner.ownership`): another run's in a shared store are never touched. A step is
+a resource set the run's rollouts were enqueued under (the trainer publishes one per weight
+version, which its validation shares). Resuming needs only the groups the checkpoint carried,
+which are in flight. The store deletes in chunks (`delete_rollouts`), so the proxy's writes go
+on meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from agl_store.base import LightningStore
 from agl_store.models import TERMINAL_ROLLOUT_STATUSES
 
 from .groups import Group, GroupTracker
+from .ownership import RUN_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -36,42 +39,47 @@ def keep_steps_of(agentlightning: Mapping[str, Any]) -> int | None:
     return value
 
 
-async def delete_old_rollouts(store: LightningStore, keep_steps: int | None, in_flight: Iterable[Group]) -> int:
-    """Delete the finished rollouts older than the newest `keep_steps` resource sets, except
-    those of the `in_flight` groups; how many were deleted. None keeps everything."""
+async def delete_old_rollouts(
+    store: LightningStore, keep_steps: int | None, in_flight: Iterable[Group], *, run_id: str
+) -> int:
+    """Delete run `run_id`'s finished rollouts of steps older than its newest `keep_steps`,
+    except those of the `in_flight` groups; how many were deleted. None keeps everything."""
     if keep_steps is None:
         return 0
-    newest = await store.query_resources(sort_by="update_time", sort_order="desc", limit=keep_steps)
-    kept_resources = {resources.resources_id for resources in newest}
     kept_rollouts = {rollout_id for group in in_flight for rollout_id in group.rollout_ids}
-    old: list[str] = []
+    mine = []
     offset = 0
     while True:
-        page = await store.query_rollouts(
-            status_in=sorted(TERMINAL_ROLLOUT_STATUSES), sort_by="start_time", limit=PAGE, offset=offset
-        )
-        for rollout in page:
-            if (
-                rollout.resources_id is not None
-                and rollout.resources_id not in kept_resources
-                and rollout.rollout_id not in kept_rollouts
-            ):
-                old.append(rollout.rollout_id)
+        page = await store.query_rollouts(sort_by="start_time", limit=PAGE, offset=offset)
+        mine += [rollout for rollout in page if (rollout.metadata or {}).get(RUN_KEY) == run_id]
         if len(page) < PAGE:
             break
         offset += PAGE
+    used = {rollout.resources_id for rollout in mine if rollout.resources_id is not None}
+    newest_first = await store.query_resources(sort_by="update_time", sort_order="desc")
+    kept_steps = [resources.resources_id for resources in newest_first if resources.resources_id in used][:keep_steps]
+    old = [
+        rollout.rollout_id
+        for rollout in mine
+        if rollout.status in TERMINAL_ROLLOUT_STATUSES
+        and rollout.resources_id is not None
+        and rollout.resources_id not in kept_steps
+        and rollout.rollout_id not in kept_rollouts
+    ]
     if old:
         await store.delete_rollouts(old)
-        logger.info("retention: deleted %d rollouts older than the last %d steps", len(old), keep_steps)
+        logger.info(
+            "retention: deleted %d rollouts of run %s older than its last %d steps", len(old), run_id, keep_steps
+        )
     return len(old)
 
 
 async def after_checkpoint(
-    store: LightningStore | None, agentlightning: Mapping[str, Any], tracker: GroupTracker | None
+    store: LightningStore | None, agentlightning: Mapping[str, Any], tracker: GroupTracker | None, run_id: str
 ) -> int:
-    """What the trainer runs after saving a checkpoint: `delete_old_rollouts` with its config,
-    keeping the groups its tracker has in flight."""
+    """What the trainer runs after saving a checkpoint: `delete_old_rollouts` of run `run_id`
+    with its config, keeping the groups its tracker has in flight."""
     if store is None:
         return 0
     in_flight = tracker.in_flight if tracker is not None else []
-    return await delete_old_rollouts(store, keep_steps_of(agentlightning), in_flight)
+    return await delete_old_rollouts(store, keep_steps_of(agentlightning), in_flight, run_id=run_id)

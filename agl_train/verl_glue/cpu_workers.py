@@ -308,6 +308,15 @@ class DiskWeightSync:
         """Nothing to free on the CPU: the replicas keep serving until the proxy is paused."""
         return None
 
+    def abort_replicas(self) -> None:
+        """Nothing to abort: these servers are vLLM's OpenAI servers, which stop a request when its
+        client (the proxy, which cancelled the call) disconnects."""
+        return None
+
+    def resume_generation_replicas(self) -> None:
+        """Nothing to resume: `abort_replicas` paused nothing."""
+        return None
+
     def update_weights(self, global_steps: int) -> dict[str, float]:
         target = self.weights_dir / f"step_{global_steps}"
         staging = self.weights_dir / f".step_{global_steps}.partial"

@@ -19,12 +19,26 @@ T − 1 prompts drawn but not submitted); the trainer cancels and reports them.
 
 After step s the prompts drawn but not trained (in flight, or waiting to be submitted) number
 ceil(submitted(s) / T)·T − s·T; a checkpoint keeps them, and a resume submits them first and
-continues with the dataloader at batch `batches_drawn(s)` (`resume_position`).
+continues with the dataloader at batch `batches_drawn(s)` (`resume_position`). That arithmetic
+holds only under the schedule the checkpoint was saved with: the checkpoint records B, T and G
+(`resume_key`), and a resume under other values is refused (`check_resume`), since the groups it
+carried and the dataloader's position would no longer match what the steps expect.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from .config import trainer_settings
+
+RESUME_KEYS = {
+    "batches_per_epoch": "the dataset size over data.train_batch_size",
+    "batch_size": "data.train_batch_size",
+    "groups_in_flight": "agentlightning.async_rollout (async_train_batch_size, or one batch when off)",
+}
+"""The schedule parameters a resume must keep, with the settings they come from."""
 
 
 @dataclass(frozen=True)
@@ -108,5 +122,44 @@ class StepSchedule:
         """(epoch, batches already drawn in it) after `completed_steps` steps."""
         return divmod(self.batches_drawn(completed_steps), self.batches_per_epoch)
 
+    def resume_key(self) -> dict[str, int]:
+        """What a checkpoint records of this schedule (`RESUME_KEYS`)."""
+        return {name: int(getattr(self, name)) for name in RESUME_KEYS}
 
-__all__ = ["StepPlan", "StepSchedule"]
+    def check_resume(self, saved: Mapping[str, Any]) -> None:
+        """ValueError naming each parameter of `RESUME_KEYS` that differs from the checkpoint's
+        `saved` ones (a checkpoint without them, from before they were recorded, passes)."""
+        changed = [
+            f"{name} {saved[name]} → {value} ({RESUME_KEYS[name]})"
+            for name, value in self.resume_key().items()
+            if name in saved and saved[name] != value
+        ]
+        if changed:
+            raise ValueError(
+                "this resume changes the step schedule its checkpoint was saved with: "
+                + "; ".join(changed)
+                + ". The groups the checkpoint carried and the dataloader's position only fit that schedule: "
+                "resume with the same settings, or start a new run"
+            )
+
+
+def schedule_for(config: Any, batches_per_epoch: int, total_training_steps: int | None = None) -> StepSchedule:
+    """The schedule of a trainer config (`trainer`, `data`, `agentlightning` keys) with
+    `batches_per_epoch` dataloader batches per epoch, as `AglTrainer.fit()` runs it;
+    `total_training_steps` defaults to `trainer.total_training_steps` (verl computes it when null)."""
+    agl, runner = trainer_settings(config)
+    trainer = config.trainer
+    return StepSchedule(
+        batches_per_epoch=batches_per_epoch,
+        total_epochs=int(trainer.total_epochs),
+        total_training_steps=int(
+            trainer.total_training_steps if total_training_steps is None else total_training_steps
+        ),
+        batch_size=agl.train_batch_size,
+        groups_in_flight=runner.groups_in_flight,
+        save_freq=int(trainer.save_freq),
+        test_freq=int(trainer.test_freq),
+    )
+
+
+__all__ = ["RESUME_KEYS", "StepPlan", "StepSchedule", "schedule_for"]

@@ -302,8 +302,10 @@ def prepare_update(
     """
     if settings.enable_rollout_level_advantage:
         data = compute_rollout_level_advantage(data, adv_estimator, **compute_advantage_kwargs)
+        small_groups = float(data.meta_info.pop("n_small_groups"))
     else:
         data = compute_advantage(data, adv_estimator=adv_estimator, **compute_advantage_kwargs)
+        small_groups = 0.0  # verl's own advantage over rows: its statistics, unchanged
     data, metrics = select_update_batch(
         data,
         ppo_mini_batch_size=settings.ppo_mini_batch_size,
@@ -311,6 +313,7 @@ def prepare_update(
         max_ppo_update_times=settings.max_ppo_update_times,
         rng=rng,
     )
+    metrics["training/n_small_groups"] = small_groups
     if len(data) > 0:
         metrics.update(advantage_metrics(data, "critic/advantages"))
     if settings.per_rollout_mean and len(data) > 0:

@@ -26,8 +26,9 @@ from agl_store.models import RolloutConfig
 
 from ..runner.dispatch import WORKER_ID, RolloutDispatcher
 from ..runner.factory import make_runner
-from ..runner.groups import Group, GroupTracker
+from ..runner.groups import GroupTracker
 from ..runner.loop_thread import LoopThread
+from ..runner.ownership import RunIdentity, take_over
 from ..runner.proxy_control import ProxyControl, pause_for_update, publish_replicas
 from ..runner.retention import after_checkpoint
 from ._verl import (
@@ -45,7 +46,7 @@ from ._verl import (
 from .config import trainer_settings
 from .dataset import INPUT_KEY
 from .hooks import run_batch_hook, run_startup_hooks
-from .schedule import StepPlan, StepSchedule
+from .schedule import StepPlan, StepSchedule, schedule_for
 from .step import WAIT_GRACE_S, StepData, read_succeeded, rollout_step
 from .workers import check_worker_config, init_worker_groups
 
@@ -53,17 +54,31 @@ logger = logging.getLogger(__name__)
 
 CARRIED_FILE = "agl_carried.json"
 """In a checkpoint's `global_step_<k>` folder: what was drawn but not yet trained, as
-`{"in_flight": [{"uid", "input", "rollout_ids"}, ...], "pending": [prompt, ...]}`."""
+`{"in_flight": [{"uid", "input", "rollout_ids"}, ...], "pending": [prompt, ...]}`, with the run's
+id (`run_id`: a resume is the same run, `runner.ownership`) and its schedule (`schedule`:
+`StepSchedule.resume_key`, which a resume must keep)."""
 DRAIN_TIMEOUT_KEY = "update_drain_timeout_seconds"
 DEFAULT_DRAIN_TIMEOUT_S = 60.0
+HOLD_KEY = "update_hold_seconds"
+DEFAULT_HOLD_S = 3600.0
+
+
+def _positive_seconds(config: Any, key: str, default: float) -> float:
+    value = config.agentlightning.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"agentlightning.{key} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def drain_timeout_s(config: Any) -> float:
     """`agentlightning.update_drain_timeout_seconds` (positive; ValueError names the key)."""
-    value = config.agentlightning.get(DRAIN_TIMEOUT_KEY, DEFAULT_DRAIN_TIMEOUT_S)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"agentlightning.{DRAIN_TIMEOUT_KEY} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return _positive_seconds(config, DRAIN_TIMEOUT_KEY, DEFAULT_DRAIN_TIMEOUT_S)
+
+
+def update_hold_s(config: Any) -> float:
+    """`agentlightning.update_hold_seconds`: how long the proxy holds calls that arrive while the
+    trainer updates and checkpoints (positive; ValueError names the key)."""
+    return _positive_seconds(config, HOLD_KEY, DEFAULT_HOLD_S)
 
 
 class AglTrainer(RayPPOTrainer):
@@ -83,6 +98,7 @@ class AglTrainer(RayPPOTrainer):
         check_worker_config(config)
         self.external_rollout = rollout
         self.drain_timeout_s = drain_timeout_s(config)
+        self.update_hold_s = update_hold_s(config)
         with warnings.catch_warnings():
             # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
             # v0 worker stack (RayPPOTrainer's worker groups) and owns the loop, so the warning is noise here.
@@ -94,7 +110,12 @@ class AglTrainer(RayPPOTrainer):
         self._dispatcher: RolloutDispatcher | None = None
         self._tracker: GroupTracker | None = None
         self._pending: list[Any] = []  # prompts drawn from the dataloader, not yet submitted
-        self._resumed_in_flight: list[Group] = []  # a checkpoint's groups in flight, taken back by fit()
+        # A checkpoint's groups in flight (None: not a resume), taken over by fit() (`ownership.take_over`).
+        self._resumed_in_flight: list[dict[str, Any]] | None = None
+        self._resumed_run_id: str | None = None
+        self.identity = RunIdentity.new()
+        self._take_over_metrics: dict[str, float] = {}
+        self._published: dict[str, str] = {}  # the resource set of the weight version served (one per step)
         # The weight version the replicas serve: step s's rollouts run on version s, the weights after s − 1 updates.
         self._served_version = 1
         self._rng = random.Random(self.config.data.get("seed", 0) or 0)
@@ -119,27 +140,33 @@ class AglTrainer(RayPPOTrainer):
         )
         await store.open()
         self._store = store
-        # Before any rollout: the proxy applies them to every call of the run.
-        await self.proxy.set_sampling(self.sampling_by_mode())
-        runner = make_runner(settings)
-        if runner is not None:
-            self._dispatcher = RolloutDispatcher.for_settings(
-                store, runner, self.runner_settings, store_url=self.proxy.base_url
-            )
-            await self._dispatcher.start()
         # The store's own timeout is a backstop for runners that vanish: later than the
         # runner's kill, so the runner's verdict (and message) normally wins.
         config = RolloutConfig(timeout_seconds=settings.rollout_timeout_seconds + 2 * WAIT_GRACE_S)
-        self._tracker = GroupTracker(store, self.agl_settings.rollout_n, rollout_config=config)
-        if self._resumed_in_flight:
-            # The dispatcher that ran them died with the previous run: what it had claimed runs again.
-            requeued = await self._tracker.adopt(self._resumed_in_flight, orphaned_worker_id=WORKER_ID)
-            logger.info(
-                "resumed %d groups in flight (%d rollouts whose runner stopped with the previous run requeued)",
-                len(self._resumed_in_flight),
-                requeued,
+        self._tracker = GroupTracker(
+            store, self.agl_settings.rollout_n, rollout_config=config, metadata=self.identity.tags
+        )
+        if self._resumed_in_flight is not None:
+            # Before the dispatcher starts: what the killed launch left is adopted or cancelled first.
+            taken = await take_over(
+                store, self._tracker, self.identity, self._resumed_in_flight, orphaned_worker_id=WORKER_ID
             )
-            self._resumed_in_flight = []
+            self._take_over_metrics = taken.metrics
+            logger.info(
+                "resumed run %s: %d groups in flight taken back (%d rollouts whose runner died requeued), "
+                "%d other unfinished rollouts of the killed launch cancelled",
+                self.identity.run_id,
+                taken.adopted,
+                taken.requeued,
+                taken.cancelled,
+            )
+            self._resumed_in_flight = None
+        runner = make_runner(settings)
+        if runner is not None:
+            self._dispatcher = RolloutDispatcher.for_settings(
+                store, runner, self.runner_settings, store_url=self.proxy.base_url, claim_metadata=self.identity.claims
+            )
+            await self._dispatcher.start()
 
     async def _close_agl(self) -> None:
         if self._dispatcher is not None:
@@ -150,7 +177,10 @@ class AglTrainer(RayPPOTrainer):
             await self._proxy.aclose()
 
     async def _publish_replicas(self) -> str:
+        """The replicas and the sampling to the proxy, the resource set to the store. Both go to
+        the proxy at every publish: a proxy restarted meanwhile has forgotten them."""
         assert self._store is not None
+        await self.proxy.set_sampling(self.sampling_by_mode())
         return await publish_replicas(
             self._store,
             self.proxy,
@@ -158,6 +188,7 @@ class AglTrainer(RayPPOTrainer):
             version=str(self._served_version),
             api_key=self.runner_settings.agent_key or None,
             sampling_parameters=self.sampling_by_mode()["train"],
+            published=self._published,
         )
 
     def sampling_by_mode(self) -> dict[str, dict[str, Any]]:
@@ -251,7 +282,12 @@ class AglTrainer(RayPPOTrainer):
         tasks = [item[INPUT_KEY] for item in self.val_dataset]
         store = self._store
         assert store is not None
-        tracker = GroupTracker(store, int(self.config.actor_rollout_ref.rollout.val_kwargs.get("n", 1)), mode="val")
+        tracker = GroupTracker(
+            store,
+            int(self.config.actor_rollout_ref.rollout.val_kwargs.get("n", 1)),
+            mode="val",
+            metadata=self.identity.tags,
+        )
 
         async def run() -> dict[str, float]:
             resources_id = await self._publish_replicas()
@@ -286,16 +322,7 @@ class AglTrainer(RayPPOTrainer):
         return self._loop.run(run())
 
     def _schedule(self) -> StepSchedule:
-        trainer = self.config.trainer
-        return StepSchedule(
-            batches_per_epoch=len(self.train_dataloader),
-            total_epochs=int(trainer.total_epochs),
-            total_training_steps=int(self.total_training_steps),
-            batch_size=self.agl_settings.train_batch_size,
-            groups_in_flight=self.runner_settings.groups_in_flight,
-            save_freq=int(trainer.save_freq),
-            test_freq=int(trainer.test_freq),
-        )
+        return schedule_for(self.config, len(self.train_dataloader), int(self.total_training_steps))
 
     def _batches(self, start_epoch: int) -> Iterator[list[Any]]:
         """The prompts of each dataloader batch from `start_epoch` on (a resumed loader starts
@@ -311,8 +338,14 @@ class AglTrainer(RayPPOTrainer):
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         os.makedirs(folder, exist_ok=True)
         in_flight = [group.to_json() for group in self._tracker.in_flight] if self._tracker is not None else []
+        carried = {
+            "in_flight": in_flight,
+            "pending": self._pending,
+            "run_id": self.identity.run_id,
+            "schedule": self._schedule().resume_key(),
+        }
         with open(os.path.join(folder, CARRIED_FILE), "w", encoding="utf-8") as handle:
-            json.dump({"in_flight": in_flight, "pending": self._pending}, handle)
+            json.dump(carried, handle)
         super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
@@ -332,11 +365,16 @@ class AglTrainer(RayPPOTrainer):
             else os.path.join(trainer.default_local_dir, f"global_step_{completed}")
         )
         carried_path = os.path.join(folder, CARRIED_FILE)
+        self._resumed_in_flight = []
         if os.path.exists(carried_path):
             with open(carried_path, encoding="utf-8") as handle:
                 carried = json.load(handle)
-            self._resumed_in_flight = [Group.from_json(group) for group in carried["in_flight"]]
+            # A changed schedule would shift which batches each step draws: refused, before anything moves.
+            self._schedule().check_resume(carried.get("schedule", {}))
+            self._resumed_in_flight = list(carried["in_flight"])
             self._pending = list(carried["pending"])
+            if carried.get("run_id"):
+                self.identity = RunIdentity.resume(str(carried["run_id"]))
         _, offset = self._schedule().resume_position(completed)
         verl_restored = completed % len(self.train_dataloader) != 0
         if offset == 0 and verl_restored:
@@ -348,7 +386,7 @@ class AglTrainer(RayPPOTrainer):
         logger.info(
             "resumed after step %d with %d groups in flight and %d prompts to submit",
             completed,
-            len(self._resumed_in_flight),
+            len(self._resumed_in_flight or []),
             len(self._pending),
         )
 
@@ -392,6 +430,8 @@ class AglTrainer(RayPPOTrainer):
                     break
                 metrics = self._train_step(new_inputs, save=plan.save)
                 metrics.update({"training/global_step": step, "training/epoch": plan.epoch})
+                metrics.update(self._take_over_metrics)  # the first step after a resume says what it took back
+                self._take_over_metrics = {}
                 if plan.validate:
                     metrics.update(self._validate())
                 if plan.is_last:
@@ -425,7 +465,13 @@ class AglTrainer(RayPPOTrainer):
             with marked_timer("gen", timing_raw):
                 step = self._loop.run(self._rollouts(new_inputs))
                 metrics.update(step.metrics)
-                metrics.update(self._loop.run(pause_for_update(self.proxy, self.drain_timeout_s)))
+                paused = self._loop.run(pause_for_update(self.proxy, self.drain_timeout_s, self.update_hold_s))
+                metrics.update(paused)
+                aborted = paused["rollout/proxy_calls_cancelled_at_update"] > 0
+                if aborted:
+                    # The proxy answered the calls it cut, but the engine may still be generating
+                    # them: stop it before it sleeps, as verl's own loop does.
+                    self.checkpoint_manager.abort_replicas()
                 self.checkpoint_manager.sleep_replicas()
             batch = step.data
             if batch is not None:
@@ -454,9 +500,13 @@ class AglTrainer(RayPPOTrainer):
                 # As verl: saved while the replicas sleep, before update_weights wakes them.
                 with marked_timer("save_checkpoint", timing_raw):
                     self._save_checkpoint()
-                    self._loop.run(after_checkpoint(self._store, self.config.agentlightning, self._tracker))
+                    self._loop.run(
+                        after_checkpoint(self._store, self.config.agentlightning, self._tracker, self.identity.run_id)
+                    )
             with marked_timer("update_weights", timing_raw):
                 self.checkpoint_manager.update_weights(self.global_steps)
+                if aborted:
+                    self.checkpoint_manager.resume_generation_replicas()  # an abort leaves the engine paused
             self._served_version = self.global_steps + 1
             # Calls held during the update run on the new weights: the proxy must tag them so before it lets them go.
             self._loop.run(self._publish_replicas())
@@ -495,4 +545,4 @@ def _data_source(task: Any) -> str:
     return str(task.get("data_source", "unknown")) if isinstance(task, dict) else "unknown"
 
 
-__all__: list[str] = ["AglTrainer", "CARRIED_FILE", "drain_timeout_s"]
+__all__: list[str] = ["AglTrainer", "CARRIED_FILE", "drain_timeout_s", "update_hold_s"]

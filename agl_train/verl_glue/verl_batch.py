@@ -19,7 +19,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ..algo.advantage import broadcast_to_rows, index_rollouts, rollout_scalars
+from ..algo.advantage import broadcast_to_rows, index_rollouts, rollout_scalars, small_group_advantage
 from ..algo.loss import normalize_advantages_by_rollout
 from ..algo.tensorize import rows_to_non_tensors, rows_to_tensors
 from ..core.aggregate import METRIC_DROPPED_MARKED, Limits, Row
@@ -44,8 +44,10 @@ def compute_rollout_level_advantage(data: DataProto, adv_estimator: Any, **compu
 
     Needs `token_level_rewards`, `response_mask`, `uid` and `rollout_id`. Sets `advantages`
     and `returns` on every row: A[b, t] = a_{r(b)} · response_mask[b, t], where a_r is verl's
-    advantage of rollout r's representative. Raises ValueError when a rollout's rows differ in
-    uid or reward (`token_level_scores` summed), or when the estimator is not outcome-level.
+    advantage of rollout r's representative, 0 in a group of fewer than two rollouts
+    (`advantage.small_group_advantage`; `meta_info["n_small_groups"]` counts those groups).
+    Raises ValueError when a rollout's rows differ in uid or reward (`token_level_scores`
+    summed), or when the estimator is not outcome-level.
     """
     index = index_rollouts(
         list(data.non_tensor_batch["rollout_id"]), list(data.non_tensor_batch["uid"]), _row_rewards(data)
@@ -54,10 +56,12 @@ def compute_rollout_level_advantage(data: DataProto, adv_estimator: Any, **compu
     representatives = compute_advantage(representatives, adv_estimator=adv_estimator, **compute_advantage_kwargs)
     mask = data.batch["response_mask"]
     rep_mask = representatives.batch["response_mask"]
-    data.batch["advantages"] = broadcast_to_rows(
-        rollout_scalars(representatives.batch["advantages"], rep_mask), index, mask
-    )
-    data.batch["returns"] = broadcast_to_rows(rollout_scalars(representatives.batch["returns"], rep_mask), index, mask)
+    uids = [str(uid) for uid in representatives.non_tensor_batch["uid"]]
+    advantages, small = small_group_advantage(rollout_scalars(representatives.batch["advantages"], rep_mask), uids)
+    returns, _ = small_group_advantage(rollout_scalars(representatives.batch["returns"], rep_mask), uids)
+    data.batch["advantages"] = broadcast_to_rows(advantages, index, mask)
+    data.batch["returns"] = broadcast_to_rows(returns, index, mask)
+    data.meta_info["n_small_groups"] = small
     return data
 
 

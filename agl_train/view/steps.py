@@ -1,7 +1,7 @@
 """What the training page shows: per training step, rewards, outcomes, rows and trained tokens.
 
-A step is one resource set the trainer published (`publish_replicas`: one per training step
-and one per validation). Its rollouts are those enqueued under its `resources_id`; since the
+A step is one resource set the trainer published (`publish_replicas`: one per weight version,
+so one per training step, which validation shares). Its rollouts are those enqueued under its `resources_id`; since the
 trainer enqueues them right after publishing, the store is asked only for the rollouts started
 between the set's creation and the next set's, and those are filtered by `resources_id`. The
 step's number is the earliest `agl.model_version` its LLM calls were served with: the version

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check of agl's verl trainer: a few real PPO steps on the tiny model with agl's default
 # config (agl_train/config.yaml), agents as local subprocesses calling vLLM through agl's proxy:
-# a tool-calling agent (the calculator) for STEPS steps with a checkpoint at the last, then a run
-# that resumes from it and trains one async step (tests/gpu/gpu_check.py says what it asserts).
+# a tool-calling agent (the calculator) for STEPS steps with a checkpoint at the last, then two
+# async steps that carry groups over, resumed from their first checkpoint under the same schedule
+# (tests/gpu/gpu_check.py says what it asserts).
 # Needs one NVIDIA GPU and a Python environment with the GPU stack of requirements/gpu.txt
 # (PYTHON=path/to/python; the CPU-only .venv of the test machine cannot run it). Nothing is
 # downloaded: the tiny model is built locally. Output (proxy log, training log, composed config,
@@ -22,9 +23,10 @@ export VERL_FILE_LOGGER_ROOT="$OUT"   # the default `file` logger writes $OUT/ag
 MODEL=$("$PY" -c "from examples.tiny_vllm.tiny_model import build, DEFAULT_DIR; print(build(DEFAULT_DIR))")
 PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 
-# The proxy starts with no backend: the trainer registers verl's vLLM replicas every step.
+# The proxy starts with no backend: the trainer registers verl's vLLM replicas every step. With
+# --logprobs the spans carry vLLM's logprobs, which training/rollout_probs_diff_max compares.
 printf 'model_list: []\n' > "$OUT/models.yaml"
-"$PY" -m agl_store.cli proxy serve --config "$OUT/models.yaml" --port "$PORT" --db "$OUT/agl.db" > "$OUT/proxy.log" 2>&1 &
+"$PY" -m agl_store.cli proxy serve --logprobs --config "$OUT/models.yaml" --port "$PORT" --db "$OUT/agl.db" > "$OUT/proxy.log" 2>&1 &
 PROXY_PID=$!
 trap 'kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/null || true' EXIT
 for _ in $(seq 1 60); do
@@ -37,7 +39,7 @@ curl -fsS "http://127.0.0.1:$PORT/health" > /dev/null
 
 # gpu_check.py fails (status 1, one FAILED line each) on a step without rollouts done, with a failed
 # rollout, without the proxy drained, or with rollout_probs_diff_max beyond the bf16 tolerance.
-test -f "$OUT/checkpoints/global_step_$STEPS/agl_carried.json" || { echo "no checkpoint at step $STEPS" >&2; exit 1; }
+test -f "$OUT/checkpoints/tools/global_step_$STEPS/agl_carried.json" || { echo "no checkpoint at step $STEPS" >&2; exit 1; }
 "$PY" -c "
 import json
 steps = [json.loads(line) for line in open('$OUT/agl-gpu-check/tools.jsonl')]

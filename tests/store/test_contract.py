@@ -108,6 +108,27 @@ async def test_dequeue_many_claims_oldest_first(store: LightningStore) -> None:
     assert [r.rollout_id for r in tail] == ids[3:]
 
 
+async def test_dequeue_with_metadata_claims_only_the_rollouts_that_match(store: LightningStore) -> None:
+    # Two runs share one store: each dispatcher claims its own run's rollouts only, oldest first.
+    mine, theirs = {"agl.run": "run-a"}, {"agl.run": "run-b"}
+    queued = await store.enqueue_many_rollouts(
+        [EnqueueRolloutRequest(input=i, metadata=theirs if i < 3 else {**mine, "n": i}) for i in range(6)]
+    )
+    await store.enqueue_rollout(input="no metadata")
+
+    first = await store.dequeue_rollout(worker_id="w", metadata=mine)
+    rest = await store.dequeue_many_rollouts(limit=10, worker_id="w", metadata=mine)
+
+    assert [r.rollout_id for r in [first, *rest]] == [r.rollout_id for r in queued[3:]]
+    assert await store.dequeue_many_rollouts(limit=10, metadata=mine) == []
+    assert await store.dequeue_rollout(metadata={"agl.run": "run-c"}) is None
+    others = await store.dequeue_many_rollouts(limit=10)  # no filter: any rollout, as before
+    assert [r.input for r in others] == [0, 1, 2, "no metadata"]
+    for bad in ({"agl.run": 1}, {'a"b': "x"}, ["agl.run"]):
+        with pytest.raises(InvalidInputError, match="metadata"):
+            await store.dequeue_many_rollouts(limit=1, metadata=bad)  # type: ignore[arg-type]
+
+
 async def test_enqueued_rollouts_take_the_latest_resources_unless_given(store: LightningStore) -> None:
     assert (await store.enqueue_rollout(input="before any resources")).resources_id is None
     older = await store.add_resources({"main_llm": LLM(endpoint="http://old/v1", model="m")})

@@ -201,6 +201,7 @@ def test_the_default_logger_runs_offline_and_writes_a_local_file(config, tmp_pat
 
 
 def test_the_gpu_check_runs_on_agls_defaults(tiny_model_path, tmp_path) -> None:
+    import json
     import os
     import subprocess
     import sys
@@ -223,7 +224,11 @@ def test_the_gpu_check_runs_on_agls_defaults(tiny_model_path, tmp_path) -> None:
     assert tools.actor_rollout_ref.model.override_config.attn_implementation == "auto"  # resolved by the workers
     assert tools.trainer.save_freq == tools.trainer.test_freq == tools.trainer.total_training_steps
     assert tools.actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser == "hermes"
-    assert resumed.trainer.resume_from_path.endswith(f"global_step_{tools.trainer.total_training_steps}")
+    # The resume takes back the groups an async checkpoint carried, under the schedule it was saved with.
+    assert resumed.trainer.resume_from_path.endswith("checkpoints/async/global_step_1")
+    checked = json.loads(done.stdout.strip().splitlines()[-1])
+    assert checked["logprobs"] is True and checked["async_groups_carried"] == 4
+    assert "groups_in_flight" in checked["changed_schedule_refused"]
     assert resumed.agentlightning.async_rollout.enabled is True
 
 

@@ -183,7 +183,10 @@ def test_rollout_data_dir_gets_each_steps_rows(tokenizer, tmp_path) -> None:
     assert [row["score"] for row in rows] == [0.0, 1.0, 0.0, 1.0] and all(row["step"] == 3 for row in rows)
 
 
-def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(tokenizer, monkeypatch) -> None:
+@pytest.mark.parametrize("cancelled", [0, 2])
+def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
+    tokenizer, monkeypatch, cancelled: int
+) -> None:
     from verl import DataProto
 
     import agl_train.verl_glue.trainer as trainer_module
@@ -199,9 +202,9 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         calls.append("rollouts")
         return StepData(data=batch, metrics={}, collected=Collected(groups=[], counts={}, carried_over=0))
 
-    async def pause(proxy, drain_timeout_s):
-        calls.append("pause")
-        return {}
+    async def pause(proxy, drain_timeout_s, hold_s):
+        calls.append(f"pause (drain {drain_timeout_s:g} s, hold {hold_s:g} s)")
+        return {"rollout/proxy_calls_cancelled_at_update": float(cancelled)}
 
     async def publish():
         calls.append("publish")
@@ -212,6 +215,12 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
             calls.append("resume")
 
     class CheckpointManager:
+        def abort_replicas(self):
+            calls.append("abort_replicas")
+
+        def resume_generation_replicas(self):
+            calls.append("resume_generation_replicas")
+
         def sleep_replicas(self):
             calls.append("sleep_replicas")
 
@@ -240,14 +249,18 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
     finally:
         trainer._loop.stop()
 
+    # Calls the drain cut may still run on the engine: aborted before it sleeps, resumed once it has new weights.
+    aborted = ["abort_replicas"] if cancelled else []
     assert calls == [
         "rollouts",
-        "pause",
+        "pause (drain 60 s, hold 3600 s)",  # held calls outlast the update and the checkpoint
+        *aborted,
         "sleep_replicas",
         "old_log_prob",
         "update_actor",
         "save_checkpoint",
         "update_weights",
+        *(["resume_generation_replicas"] if cancelled else []),
         "publish",  # the new weight version, before the calls held during the update go
         "resume",
     ]

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agl_train.algo.advantage import small_group_advantage
 from agl_train.core.aggregate import Limits, Row
 from agl_train.verl_glue._verl import DataProto, compute_advantage
 from agl_train.verl_glue.verl_batch import (
@@ -135,7 +136,9 @@ def test_rollout_level_advantage_equals_the_advantage_with_one_row_per_rollout(
     one_each = [make_row(f"ro-{r}", f"q{group}", reward) for r, (group, reward, _) in enumerate(rollouts)]
 
     per_row = compute_rollout_level_advantage(batch(split), "grpo").batch["advantages"]
-    per_rollout = compute_advantage(batch(one_each), adv_estimator="grpo").batch["advantages"][:, 0]
+    verls = compute_advantage(batch(one_each), adv_estimator="grpo").batch["advantages"][:, 0]
+    # ... except that a group of one rollout has no advantage (verl's would be its raw reward).
+    per_rollout, _ = small_group_advantage(verls, [f"q{group}" for group, _, _ in rollouts])
 
     rollout_of_row = [int(row.rollout_id[3:]) for row in split]
     expected = per_rollout[rollout_of_row].unsqueeze(-1) * batch(split).batch["response_mask"]

@@ -41,9 +41,9 @@ async def dequeue_rollouts(request: Request) -> Any:
     if check_integer(body.limit, "limit") <= 0:
         return []
     if body.limit == 1:
-        one = await store.dequeue_rollout(worker_id=body.worker_id)
+        one = await store.dequeue_rollout(worker_id=body.worker_id, metadata=body.metadata)
         return [one] if one is not None else []
-    return list(await store.dequeue_many_rollouts(limit=body.limit, worker_id=body.worker_id))
+    return list(await store.dequeue_many_rollouts(limit=body.limit, worker_id=body.worker_id, metadata=body.metadata))
 
 
 async def wait_for_rollouts(request: Request) -> Any:

@@ -1,0 +1,34 @@
+"""The chaos run's short form (benchmarks/chaos_run.py): three steps of the word_lookup example
+on the CPU during which one agent and the trainer itself are killed (SIGKILL; the trainer is
+started again with the same command). The run completes every step, no group is trained twice,
+no rollout has two attempts running at once, every succeeded rollout has its spans, and no agent
+outlives its trainer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def test_a_run_survives_a_killed_agent_and_a_killed_trainer(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks.chaos_run", "--steps", "3", "--faults", "agent,trainer"]
+    done = subprocess.run(
+        [*command, "--out", str(tmp_path / "chaos"), "--timeout", "1200"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    assert report["completed"] and report["steps_checkpointed"] == [1, 2, 3], done.stderr[-3000:]
+    assert report["launches"] >= 2  # the killed trainer resumed
+    assert all(fault["fired_at"] is not None for fault in report["faults"])
+    assert not any(report["checks"].values()), report["checks"]
