@@ -17,7 +17,9 @@ from agl_store.base import LightningStore
 
 from .backend import RequestOptions
 from .balancing import Balancer
+from .chain_memory import ChainMemory
 from .deployments import ModelRegistry
+from .engine import EngineProbes
 from .exporter import SpanExporter
 from .litellm_path import import_litellm
 from .metrics import ProxyMetrics
@@ -55,6 +57,10 @@ class ProxyState:
             "How long calls that arrived during a pause were held.",
             self.gate.hold_time,
         )
+        self.chains = ChainMemory(store)
+        """The token chain's remembered calls, per attempt."""
+        self.engines = EngineProbes()
+        """Which deployments take token ids, probed once each."""
         self.client: httpx.AsyncClient | None = None
 
     async def latest_attempt_id(self, rollout_id: str) -> str:

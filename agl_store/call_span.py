@@ -56,6 +56,8 @@ SAMPLING_MODE = "agl.sampling.mode"
 """The rollout mode whose sampling the proxy enforced on the call; absent when none applied."""
 API = "agl.api"
 """The API the client called: `chat.completions`, `completions`, `responses` or `messages`."""
+CHAIN = "agl.chain"
+"""How the call's prompt was made: a `CallChain`. Absent on spans written before the chain existed."""
 DELTA = "agl.delta"
 """Only in spans read with `query_spans(..., compact=True)`: a `CallDelta` naming the earlier
 call this one extends; `PROMPT_TOKEN_IDS` and the request's messages then hold only what it adds."""
@@ -87,6 +89,31 @@ class CallDelta(TypedDict):
     """A position in the parent's `CHOICES`."""
     prefix: int | None
     messages: int
+
+
+class CallChain(TypedDict):
+    """The value of `CHAIN`."""
+
+    prompt: str
+    """`bridged`: the parent's exact prompt ids + its choice's token ids + the template's turn close/glue + only the
+    new messages rendered + the assistant opener (sampled tokens never re-rendered);
+    `retry`: the same request as the parent's (its prompt ids reused as they are);
+    `branched`: rendered whole because the messages diverge from every earlier call of the attempt (`cause` says how);
+    `rendered`: rendered whole with nothing to continue (the attempt's first call) or by a backend that cannot take
+    token ids (`cause` says which)."""
+    parent: str | None
+    """The span id of the call this one continues (bridged, retry) or branched from (the call whose messages share
+    the longest prefix with this one's; None when none shares any); None for rendered."""
+    choice: int | None
+    """Which of the parent's choices it continues (bridged); None otherwise."""
+    cause: str | None
+    """For branched / rendered: a short machine-readable cause, one of
+    `first_call`, `backend_renders` (no token-in endpoints: LiteLLM provider, older vLLM, not enabled),
+    `history_edited` (an earlier message changed), `history_shortened`, `answer_changed` (the echoed assistant message
+    differs from the answer the proxy gave), `reasoning_dropped`, `system_changed`, `tools_changed`,
+    `template_changed` (a field that changes the rendering besides the messages: chat_template_kwargs, ...),
+    `template_boundary` (the engine's renderings did not show where the new messages start),
+    `completions_api` (prompt given as text/ids by the client); None for bridged / retry."""
 
 
 class CallError(TypedDict):
