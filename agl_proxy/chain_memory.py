@@ -72,6 +72,14 @@ def entry_of_span(span: Span) -> ChainEntry | None:
     return chain_entry(span.span_id, request_keys(request), prompt_ids, choices)
 
 
+def _final(link: Link, keys: RequestKeys) -> bool:
+    """A retry, or a bridge whose new messages hold no assistant message: none that a later
+    call (another proxy's) may have answered is skipped, so the store need not be read."""
+    if link.kind == "retry":
+        return True
+    return link.kind == "bridged" and not any(i >= link.new_from for i in keys.assistant_at)
+
+
 class _AttemptCalls:
     __slots__ = ("entries", "size")
 
@@ -108,7 +116,7 @@ class ChainMemory:
         key = (rollout_id, attempt_id)
         calls = self._attempts.get(key)
         link = decide(list(calls.entries.values()), keys) if calls is not None else None
-        if link is not None and link.kind in ("bridged", "retry"):
+        if link is not None and _final(link, keys):
             self._touch(key, link)
             return link
         if self.store is not None and rollout_id and await self._read_store(key):

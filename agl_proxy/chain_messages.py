@@ -142,6 +142,8 @@ class RequestKeys:
     """The first message is a system (or developer) message."""
     prompt: Digest
     """Equal for requests a template renders to the same prompt: a repeat of such a call is a retry."""
+    assistant_at: tuple[int, ...]
+    """The positions of the assistant messages."""
 
 
 def request_keys(body: Mapping[str, Any]) -> RequestKeys:
@@ -160,6 +162,9 @@ def request_keys(body: Mapping[str, Any]) -> RequestKeys:
         template=template,
         system_first=bool(messages) and isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES,
         prompt=hashlib.blake2b(b"".join((*full, tools, template)), digest_size=16).digest(),
+        assistant_at=tuple(
+            i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "assistant"
+        ),
     )
 
 

@@ -7,15 +7,20 @@ an edited history (branched, with its cause) and an identical retry (its prompt 
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
+from agl_store.client import LightningStoreClient
 from tests.support.conversations import TOOL_RESULT, messages, tools
 from tests.test_environment import chat_template_ids
 
 from .helpers import model_entry, wait_for_spans
+from .test_cli import _start, _stop
+from .test_store_server import _store_server
 
 pytestmark = pytest.mark.vllm
 SAMPLING: dict[str, Any] = {"temperature": 1.0, "max_tokens": 8}
@@ -180,3 +185,39 @@ async def test_token_chain_off_keeps_the_rendered_path(proxy_factory, vllm_serve
             "choice": None,
             "cause": "backend_renders",
         }
+
+
+async def test_two_proxies_behind_one_store_alternate_the_calls_of_an_attempt(
+    vllm_server, tmp_path: Path, tokenizer
+) -> None:
+    store_process, store_url = await _store_server(tmp_path / "shared.db")
+    proxies, urls = [], []
+    try:
+        for _ in range(2):
+            process, url = await _start("--backend", vllm_server.base_url, "--model", vllm_server.model,
+                                        "--store-url", store_url, "--logprobs")  # fmt: skip
+            proxies.append(process)
+            urls.append(url)
+        store = await LightningStoreClient(store_url).open()
+        rollout = await store.start_rollout(input={"q": 1})
+        history = messages()
+        for turn in range(4):
+            base_url = f"{urls[turn % 2]}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}/v1"
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+                reply = await client.chat.completions.create(
+                    model=vllm_server.model, messages=history, tools=tools(), **SAMPLING
+                )
+            message = _echo(reply.choices[0].message)
+            history = [*history, message, *_observations(message, turn)]
+            # The next call goes to the other proxy once this one's span is in the store.
+            await wait_for_spans(store, rollout.rollout_id, turn + 1)
+        spans = await wait_for_spans(store, rollout.rollout_id, 4)
+        await store.close()
+    finally:
+        for process in proxies:
+            await _stop(process)
+        store_process.send_signal(signal.SIGTERM)
+        await store_process.wait()
+    assert spans[0].attributes["agl.chain"] == RENDERED_FIRST
+    for parent, span in zip(spans, spans[1:], strict=False):
+        _assert_bridged(span, parent, tokenizer)
