@@ -1,21 +1,23 @@
 """Which earlier call of an attempt a chat call continues, and if none, why not.
 
-`decide` takes the calls the chain remembers (`ChainEntry`, oldest first) and the new
-request's digests (`chain_messages.RequestKeys`) and returns a `Link`: `retry` (the same
-prompt as an earlier call), `bridged` (an earlier call's messages, then the proxy's answer
-to it as the client echoed it, then new messages), or `branched` / `rendered` with the
-cause `agl_store.call_span.CallChain` names.
+`decide` takes the calls the chain remembers (`ChainEntry`) and the new request's digests
+(`chain_messages.RequestKeys`) and returns a `Link`: `retry` (the same prompt as an earlier
+call), `bridged` (an earlier call's messages, then the proxy's answer to it as the client
+echoed it, then new messages), or `branched` / `rendered` with the cause
+`agl_store.call_span.CallChain` names. `quick_link` finds a retry or a bridge from the
+request's JSON as sent, digesting only the messages after the parent's.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agl_store.call_span import CallChain
 
-from .chain_messages import Answer, Digest, RequestKeys, shared_prefix
+from .chain_messages import Answer, RequestKeys, context_keys, message_keys, messages_of, raw_digest, shared_prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,20 +33,14 @@ class ChainEntry:
     """What the chain keeps of one answered chat call."""
 
     span_id: str
-    full: tuple[Digest, ...]
-    plain: tuple[Digest, ...]
-    tools: Digest
-    template: Digest
-    prompt_key: Digest
-    system_first: bool
-    """The first message is a system (or developer) message."""
+    keys: RequestKeys
     prompt_ids: array[int]
     choices: tuple[ChainChoice, ...]
 
     @property
     def size(self) -> int:
         """What it costs to keep, in ids and digests: the memory bound counts this."""
-        return len(self.prompt_ids) + sum(len(c.token_ids) for c in self.choices) + 2 * len(self.full)
+        return len(self.prompt_ids) + sum(len(c.token_ids) for c in self.choices) + 3 * len(self.keys.messages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,28 +67,51 @@ class Link:
 FIRST_CALL = Link("rendered", cause="first_call")
 
 
+def quick_link(entries: Sequence[ChainEntry], body: Mapping[str, Any]) -> tuple[Link, RequestKeys] | None:
+    """A retry or a bridge whose parent's messages the request repeats as the same JSON, with the
+    request's keys; None when there is none (`decide` on all the digests then says what holds)."""
+    messages = messages_of(body)
+    tools, template = context_keys(body)
+    same_context = [e for e in entries if e.keys.tools == tools and e.keys.template == template]
+    whole = raw_digest(messages)
+    for entry in same_context:
+        if entry.keys.raw == whole and len(entry.keys.messages) == len(messages):
+            return Link("retry", parent=entry), entry.keys
+    for entry in sorted(same_context, key=lambda e: len(e.keys.messages), reverse=True):
+        n = len(entry.keys.messages)
+        if n >= len(messages) or raw_digest(messages[:n]) != entry.keys.raw:
+            continue
+        echoed = message_keys(messages[n])
+        for index, choice in enumerate(entry.choices):
+            if choice.answer.matches(echoed):
+                return Link("bridged", parent=entry, choice=index, new_from=n + 1), entry.keys.extended(messages, whole)
+    return None
+
+
 def decide(entries: Sequence[ChainEntry], keys: RequestKeys) -> Link:
     """The link of a request to the remembered calls (`entries`, oldest first)."""
     if not entries:
         return FIRST_CALL
     prompt_key = keys.prompt
     for entry in reversed(entries):
-        if entry.prompt_key == prompt_key:
+        if entry.keys.prompt == prompt_key:
             return Link("retry", parent=entry)
     # The call it continues is the one with the longest history: an earlier call of the same
     # line is a prefix too.
     bridged: Link | None = None
-    for entry in reversed(entries):
-        if bridged is None or len(entry.full) > len(bridged.parent.full):  # type: ignore[union-attr]
-            bridged = _bridge(entry, keys) or bridged
-    return bridged if bridged is not None else _branch(entries, keys)
+    for entry in sorted(entries, key=lambda e: len(e.keys.messages), reverse=True):
+        bridged = _bridge(entry, keys)
+        if bridged is not None:
+            return bridged
+    return _branch(entries, keys)
 
 
 def _bridge(entry: ChainEntry, keys: RequestKeys) -> Link | None:
-    n = len(entry.full)
-    if len(keys.full) <= n or keys.full[:n] != entry.full:
+    parent = entry.keys
+    n = len(parent.full)
+    if len(keys.full) <= n or keys.full[:n] != parent.full:
         return None
-    if entry.tools != keys.tools or entry.template != keys.template:
+    if parent.tools != keys.tools or parent.template != keys.template:
         return None
     echoed = keys.messages[n]
     for index, choice in enumerate(entry.choices):
@@ -104,26 +123,27 @@ def _bridge(entry: ChainEntry, keys: RequestKeys) -> Link | None:
 def _branch(entries: Sequence[ChainEntry], keys: RequestKeys) -> Link:
     best, shared, whole = None, 0, False
     for entry in reversed(entries):
-        common = shared_prefix(entry.full, keys.full)
+        common = shared_prefix(entry.keys.full, keys.full)
         # Of equal prefixes, the call whose whole history is repeated says best what changed (its answer).
-        if common > shared or (common == shared > 0 and not whole and common == len(entry.full)):
-            best, shared, whole = entry, common, common == len(entry.full)
+        complete = common == len(entry.keys.full)
+        if common > shared or (common == shared > 0 and not whole and complete):
+            best, shared, whole = entry, common, complete
     if best is None:
         # Not even the first message is shared.
-        system = keys.system_first or entries[-1].system_first
+        system = keys.system_first or entries[-1].keys.system_first
         return Link("branched", cause="system_changed" if system else "history_edited")
-    return Link("branched", parent=best, cause=_cause(best, keys, shared))
+    return Link("branched", parent=best, cause=_cause(best.keys, keys, shared))
 
 
-def _cause(entry: ChainEntry, keys: RequestKeys, shared: int) -> str:
-    if entry.tools != keys.tools:
+def _cause(parent: RequestKeys, keys: RequestKeys, shared: int) -> str:
+    if parent.tools != keys.tools:
         return "tools_changed"
-    if entry.template != keys.template:
+    if parent.template != keys.template:
         return "template_changed"
-    if shared < len(entry.full):
+    if shared < len(parent.full):
         if shared == len(keys.full):
             return "history_shortened"
-        if entry.plain[shared] == keys.messages[shared].plain:
+        if parent.messages[shared].plain == keys.messages[shared].plain:
             return "reasoning_dropped"
         return "history_edited"
     # The whole history repeated; the echoed answer is not the proxy's (or there is none).

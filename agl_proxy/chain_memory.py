@@ -19,8 +19,8 @@ from agl_store import call_span
 from agl_store.base import LightningStore
 from agl_store.models import Span
 
-from .chain_links import ChainChoice, ChainEntry, Link, decide
-from .chain_messages import Answer, RequestKeys, request_keys
+from .chain_links import ChainChoice, ChainEntry, Link, decide, quick_link
+from .chain_messages import Answer, RequestKeys, messages_of, request_keys
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +40,7 @@ def chain_entry(
     choice, the generated ids and the answer message the client got."""
     return ChainEntry(
         span_id=span_id,
-        full=keys.full,
-        plain=tuple(k.plain for k in keys.messages),
-        tools=keys.tools,
-        template=keys.template,
-        prompt_key=keys.prompt,
-        system_first=keys.system_first,
+        keys=keys,
         prompt_ids=array("l", prompt_ids),
         choices=tuple(ChainChoice(array("l", ids), Answer.of(message)) for ids, message in choices),
     )
@@ -72,12 +67,13 @@ def entry_of_span(span: Span) -> ChainEntry | None:
     return chain_entry(span.span_id, request_keys(request), prompt_ids, choices)
 
 
-def _final(link: Link, keys: RequestKeys) -> bool:
+def _final(link: Link, body: Mapping[str, Any]) -> bool:
     """A retry, or a bridge whose new messages hold no assistant message: none that a later
     call (another proxy's) may have answered is skipped, so the store need not be read."""
     if link.kind == "retry":
         return True
-    return link.kind == "bridged" and not any(i >= link.new_from for i in keys.assistant_at)
+    new = messages_of(body)[link.new_from :]
+    return link.kind == "bridged" and not any(isinstance(m, Mapping) and m.get("role") == "assistant" for m in new)
 
 
 class _AttemptCalls:
@@ -110,20 +106,25 @@ class ChainMemory:
     def entries(self) -> int:
         return sum(len(a.entries) for a in self._attempts.values())
 
-    async def link(self, rollout_id: str, attempt_id: str, keys: RequestKeys) -> Link:
-        """How a call of the attempt with request `keys` is made: from memory, else after
-        reading the attempt's calls from the store."""
+    async def link(self, rollout_id: str, attempt_id: str, body: Mapping[str, Any]) -> tuple[Link, RequestKeys]:
+        """How a call of the attempt with request `body` is made, and the request's digests:
+        from memory, else after reading the attempt's calls from the store."""
         key = (rollout_id, attempt_id)
         calls = self._attempts.get(key)
-        link = decide(list(calls.entries.values()), keys) if calls is not None else None
-        if link is not None and _final(link, keys):
+        entries = list(calls.entries.values()) if calls is not None else []
+        found = quick_link(entries, body)
+        if found is not None and _final(found[0], body):
+            self._touch(key, found[0])
+            return found
+        keys = request_keys(body)
+        link = decide(entries, keys) if entries else None
+        if link is not None and _final(link, body):
             self._touch(key, link)
-            return link
+            return link, keys
         if self.store is not None and rollout_id and await self._read_store(key):
-            calls = self._attempts[key]
-            link = decide(list(calls.entries.values()), keys)
+            link = decide(list(self._attempts[key].entries.values()), keys)
             self._touch(key, link)
-        return link if link is not None else decide((), keys)
+        return (link if link is not None else decide((), keys)), keys
 
     def remember(self, rollout_id: str, attempt_id: str, entry: ChainEntry) -> None:
         """Keep an answered call, dropping the least recently used ones past the bounds."""

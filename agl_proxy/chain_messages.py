@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -133,39 +133,54 @@ class RequestKeys:
     """The digests of one chat request, as the chain compares calls."""
 
     messages: tuple[MessageKeys, ...]
-    full: tuple[Digest, ...]
-    """Each message's full digest: the history a later call must repeat."""
     tools: Digest
     template: Digest
     """The other fields that change the rendering (`TEMPLATE_FIELDS`)."""
     system_first: bool
     """The first message is a system (or developer) message."""
-    prompt: Digest
+    raw: Digest
+    """The messages' JSON as sent (keys sorted): a later call repeating it is checked in one
+    comparison, its messages digested only from there on."""
+    full: tuple[Digest, ...] = field(init=False)
+    """Each message's full digest: the history a later call must repeat."""
+    prompt: Digest = field(init=False)
     """Equal for requests a template renders to the same prompt: a repeat of such a call is a retry."""
-    assistant_at: tuple[int, ...]
-    """The positions of the assistant messages."""
+
+    def __post_init__(self) -> None:
+        full = tuple(k.full for k in self.messages)
+        object.__setattr__(self, "full", full)
+        prompt = hashlib.blake2b(b"".join((*full, self.tools, self.template)), digest_size=16).digest()
+        object.__setattr__(self, "prompt", prompt)
+
+    def extended(self, messages: list[Any], raw: Digest) -> RequestKeys:
+        """The keys of a request whose messages are `messages` (`raw`: their `raw_digest`), its
+        first ones those of this request (checked by the caller): only the rest are digested."""
+        added = tuple(message_keys(m) for m in messages[len(self.messages) :])
+        return RequestKeys(self.messages + added, self.tools, self.template, self.system_first, raw)
+
+
+def raw_digest(messages: list[Any]) -> Digest:
+    """A digest of the messages' JSON as sent (keys sorted): equal only for the same JSON."""
+    return hashlib.blake2b(orjson.dumps(messages, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+
+
+def context_keys(body: Mapping[str, Any]) -> tuple[Digest, Digest]:
+    """The digests of a request's tools and of its template fields."""
+    tools = digest(body.get("tools") or [])
+    return tools, digest({k: body[k] for k in TEMPLATE_FIELDS if body.get(k) is not None})
+
+
+def messages_of(body: Mapping[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    return messages if isinstance(messages, list) else []
 
 
 def request_keys(body: Mapping[str, Any]) -> RequestKeys:
     """The digests of a chat request's messages, tools and template fields."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        messages = []
-    keys = tuple(message_keys(m) for m in messages)
-    full = tuple(k.full for k in keys)
-    tools = digest(body.get("tools") or [])
-    template = digest({k: body[k] for k in TEMPLATE_FIELDS if body.get(k) is not None})
-    return RequestKeys(
-        messages=keys,
-        full=full,
-        tools=tools,
-        template=template,
-        system_first=bool(messages) and isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES,
-        prompt=hashlib.blake2b(b"".join((*full, tools, template)), digest_size=16).digest(),
-        assistant_at=tuple(
-            i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "assistant"
-        ),
-    )
+    messages = messages_of(body)
+    tools, template = context_keys(body)
+    system_first = bool(messages) and isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES
+    return RequestKeys(tuple(message_keys(m) for m in messages), tools, template, system_first, raw_digest(messages))
 
 
 def shared_prefix(a: Sequence[Digest], b: Sequence[Digest]) -> int:

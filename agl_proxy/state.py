@@ -132,6 +132,18 @@ class ProxyState:
                 "Spans the store refused (unknown rollout or attempt).",
                 lambda: self.exporter.rejected,
             ),
+            "agl_proxy_chain_calls_kept": (
+                "Calls the token chain remembers (all attempts).",
+                lambda: self.chains.entries,
+            ),
+            "agl_proxy_chain_kept_size": (
+                "Ids and digests the token chain keeps (bounded).",
+                lambda: self.chains.size,
+            ),
+            "agl_proxy_chain_store_reads_total": (
+                "Reads of an attempt's calls from the store by the token chain.",
+                lambda: self.chains.store_reads,
+            ),
             "agl_proxy_span_export_failures_total": (
                 "Failed span export attempts (retried).",
                 lambda: self.exporter.failed_attempts,

@@ -24,7 +24,7 @@ from .backend import Call, RequestOptions, request_fields
 from .call_record import CallRecord
 from .chain_links import Link
 from .chain_memory import ChainMemory, chain_entry
-from .chain_messages import SYSTEM_ROLES, request_keys
+from .chain_messages import SYSTEM_ROLES
 from .chain_stream import sse_chunks
 from .deployments import Deployment
 from .engine import DERENDER, GENERATE, RENDER, Engine, EngineProbes, EngineRejected, post_json
@@ -106,11 +106,9 @@ class TokenChainBackend:
         if not isinstance(messages, list) or not messages:
             raise BadRequestError("messages must be a non-empty list of chat messages")
         headers = backend_headers(self.deployment, record.rollout_id, record.attempt_id)
-        keys = request_keys(body)
         try:
-            prompt = await self._prompt(
-                engine, body, headers, await self.memory.link(record.rollout_id, record.attempt_id, keys)
-            )
+            link, keys = await self.memory.link(record.rollout_id, record.attempt_id, body)
+            prompt = await self._prompt(engine, body, headers, link)
             response = await self._answer(engine, prompt, headers)
         except EngineRejected as exc:
             record.fail("backend_rejected", exc.message, exc.status)

@@ -139,8 +139,8 @@ async def test_the_memory_is_bounded_per_attempt_and_in_total() -> None:
         memory.remember(f"r{i}", "a", _entry(f"t{i}", [QUESTION], ANSWER, prompt=30))  # 34 each
     # The least recently used attempts went first; the size never passes the bound.
     assert memory.size <= 100 and memory.entries == 2
-    keys = request_keys({"messages": [QUESTION], "tools": TOOLS})
-    assert [(await memory.link(f"r{i}", "a", keys)).kind for i in (0, 3, 4)] == ["rendered", "retry", "retry"]
+    body = {"messages": [QUESTION], "tools": TOOLS}
+    assert [(await memory.link(f"r{i}", "a", body))[0].kind for i in (0, 3, 4)] == ["rendered", "retry", "retry"]
     with pytest.raises(ValueError, match="per_attempt"):
         ChainMemory(None, per_attempt=0)
 
@@ -148,9 +148,18 @@ async def test_the_memory_is_bounded_per_attempt_and_in_total() -> None:
 async def test_a_retry_and_a_bridge_come_from_memory() -> None:
     memory = ChainMemory(None)
     memory.remember("r", "a", _entry("s1", [SYSTEM, QUESTION], ANSWER))
-    retry = await memory.link("r", "a", request_keys({"messages": [SYSTEM, QUESTION], "tools": TOOLS}))
-    bridged = await memory.link(
-        "r", "a", request_keys({"messages": [SYSTEM, QUESTION, ANSWER, RESULT], "tools": TOOLS})
-    )
-    other = await memory.link("r", "b", request_keys({"messages": [SYSTEM, QUESTION], "tools": TOOLS}))
+    retry, _ = await memory.link("r", "a", {"messages": [SYSTEM, QUESTION], "tools": TOOLS})
+    bridged, keys = await memory.link("r", "a", {"messages": [SYSTEM, QUESTION, ANSWER, RESULT], "tools": TOOLS})
+    other, _ = await memory.link("r", "b", {"messages": [SYSTEM, QUESTION], "tools": TOOLS})
     assert (retry.kind, bridged.kind, other.cause) == ("retry", "bridged", "first_call")
+    # Only the messages after the parent's were digested; the keys are those of the whole request.
+    assert keys == request_keys({"messages": [SYSTEM, QUESTION, ANSWER, RESULT], "tools": TOOLS})
+
+
+async def test_the_quick_path_and_the_digests_agree_where_the_json_differs() -> None:
+    memory = ChainMemory(None)
+    memory.remember("r", "a", _entry("s1", [SYSTEM, QUESTION], ANSWER))
+    # The client re-sent its history with content as text parts: not the same JSON, the same messages.
+    parts = {"role": "user", "content": [{"type": "text", "text": QUESTION["content"]}]}
+    bridged, _ = await memory.link("r", "a", {"messages": [SYSTEM, parts, ANSWER, RESULT], "tools": TOOLS})
+    assert (bridged.kind, bridged.parent.span_id) == ("bridged", "s1")
