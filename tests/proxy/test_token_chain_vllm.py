@@ -221,3 +221,29 @@ async def test_two_proxies_behind_one_store_alternate_the_calls_of_an_attempt(
     assert spans[0].attributes["agl.chain"] == RENDERED_FIRST
     for parent, span in zip(spans, spans[1:], strict=False):
         _assert_bridged(span, parent, tokenizer)
+
+
+async def test_greedy_answers_equal_vllm_s_own_chat_endpoint(proxy_factory, vllm_server) -> None:
+    """The answer made from the generated ids by derender is the one vLLM's chat endpoint gives, tools and the
+    `tool_choice: required` grammar included."""
+    answers = {}
+    for mode in ("off", "auto"):
+        proxy = await proxy_factory(
+            [model_entry(vllm_server.model, vllm_server.base_url, backend_model=vllm_server.model)], token_chain=mode
+        )
+        async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0) as client:
+            for tool_choice in ("auto", "required"):
+                reply = await client.chat.completions.create(
+                    model=vllm_server.model,
+                    messages=messages(),
+                    tools=tools(),
+                    tool_choice=tool_choice,
+                    temperature=0,
+                    max_tokens=24,
+                )
+                choice = reply.choices[0]
+                calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()]
+                answers[mode, tool_choice] = (choice.model_extra["token_ids"], choice.message.content, calls,
+                                              choice.finish_reason)  # fmt: skip
+    assert answers["auto", "auto"] == answers["off", "auto"]
+    assert answers["auto", "required"] == answers["off", "required"]
