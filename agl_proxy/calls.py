@@ -282,5 +282,6 @@ class LLMCallEndpoint:
             and deployment.token_chain
             and state.settings.token_chain != "off"
         ):
-            return TokenChainBackend(client, deployment, state.chains, state.engines)
+            assert state.transport is not None
+            return TokenChainBackend(client, state.transport, deployment, state.chains, state.engines)
         return PassthroughBackend(client, deployment, self.operation)

@@ -17,7 +17,7 @@ from typing import Any
 
 from agl_store.call_span import CallChain
 
-from .chain_messages import Answer, RequestKeys, context_keys, message_keys, messages_of, raw_digest, shared_prefix
+from .chain_messages import Answer, RequestKeys, context_keys, message_keys, messages_of, raw_json, shared_prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,18 +73,19 @@ def quick_link(entries: Sequence[ChainEntry], body: Mapping[str, Any]) -> tuple[
     messages = messages_of(body)
     tools, template = context_keys(body)
     same_context = [e for e in entries if e.keys.tools == tools and e.keys.template == template]
-    whole = raw_digest(messages)
+    raw, repeated = raw_json(messages, [e.keys.raw for e in same_context])
     for entry in same_context:
-        if entry.keys.raw == whole and len(entry.keys.messages) == len(messages):
+        if entry.keys.raw == raw:
             return Link("retry", parent=entry), entry.keys
-    for entry in sorted(same_context, key=lambda e: len(e.keys.messages), reverse=True):
+    # The longest repeated history first: an earlier call of the same line is repeated too.
+    by_raw = {id(e.keys.raw): e for e in same_context}
+    for prefix in reversed(repeated):
+        entry = by_raw[id(prefix)]
         n = len(entry.keys.messages)
-        if n >= len(messages) or raw_digest(messages[:n]) != entry.keys.raw:
-            continue
         echoed = message_keys(messages[n])
         for index, choice in enumerate(entry.choices):
             if choice.answer.matches(echoed):
-                return Link("bridged", parent=entry, choice=index, new_from=n + 1), entry.keys.extended(messages, whole)
+                return Link("bridged", parent=entry, choice=index, new_from=n + 1), entry.keys.extended(messages, raw)
     return None
 
 

@@ -129,6 +129,16 @@ class Answer:
 
 
 @dataclass(frozen=True, slots=True)
+class RawJson:
+    """Digests of a message list's JSON (keys sorted): `whole`, and `open`, all but its closing
+    `]`, which a longer list starting with the same messages starts with, then a `,`."""
+
+    whole: Digest
+    open: Digest
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
 class RequestKeys:
     """The digests of one chat request, as the chain compares calls."""
 
@@ -138,7 +148,7 @@ class RequestKeys:
     """The other fields that change the rendering (`TEMPLATE_FIELDS`)."""
     system_first: bool
     """The first message is a system (or developer) message."""
-    raw: Digest
+    raw: RawJson
     """The messages' JSON as sent (keys sorted): a later call repeating it is checked in one
     comparison, its messages digested only from there on."""
     full: tuple[Digest, ...] = field(init=False)
@@ -152,16 +162,32 @@ class RequestKeys:
         prompt = hashlib.blake2b(b"".join((*full, self.tools, self.template)), digest_size=16).digest()
         object.__setattr__(self, "prompt", prompt)
 
-    def extended(self, messages: list[Any], raw: Digest) -> RequestKeys:
-        """The keys of a request whose messages are `messages` (`raw`: their `raw_digest`), its
+    def extended(self, messages: list[Any], raw: RawJson) -> RequestKeys:
+        """The keys of a request whose messages are `messages` (`raw`: their `RawJson`), its
         first ones those of this request (checked by the caller): only the rest are digested."""
         added = tuple(message_keys(m) for m in messages[len(self.messages) :])
         return RequestKeys(self.messages + added, self.tools, self.template, self.system_first, raw)
 
 
-def raw_digest(messages: list[Any]) -> Digest:
-    """A digest of the messages' JSON as sent (keys sorted): equal only for the same JSON."""
-    return hashlib.blake2b(orjson.dumps(messages, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+def raw_json(messages: list[Any], prefixes: Sequence[RawJson] = ()) -> tuple[RawJson, list[RawJson]]:
+    """The `RawJson` of `messages`, and those of `prefixes` that are the JSON of its first
+    messages; the JSON is read once, whatever the number of prefixes."""
+    data = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
+    view = memoryview(data)
+    hasher = hashlib.blake2b(digest_size=16)
+    at, found = 0, []
+    for prefix in sorted(prefixes, key=lambda p: p.length):
+        cut = prefix.length - 1
+        if cut >= len(data) - 1:
+            break
+        hasher.update(view[at:cut])
+        at = cut
+        if data[cut] == ord(",") and hasher.copy().digest() == prefix.open:
+            found.append(prefix)
+    hasher.update(view[at : len(data) - 1])
+    opened = hasher.copy().digest()
+    hasher.update(view[len(data) - 1 :])
+    return RawJson(hasher.digest(), opened, len(data)), found
 
 
 def context_keys(body: Mapping[str, Any]) -> tuple[Digest, Digest]:
@@ -180,7 +206,8 @@ def request_keys(body: Mapping[str, Any]) -> RequestKeys:
     messages = messages_of(body)
     tools, template = context_keys(body)
     system_first = bool(messages) and isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES
-    return RequestKeys(tuple(message_keys(m) for m in messages), tools, template, system_first, raw_digest(messages))
+    raw, _ = raw_json(messages)
+    return RequestKeys(tuple(message_keys(m) for m in messages), tools, template, system_first, raw)
 
 
 def shared_prefix(a: Sequence[Digest], b: Sequence[Digest]) -> int:

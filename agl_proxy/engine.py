@@ -18,10 +18,12 @@ from typing import Any
 import httpx
 import orjson
 
+from agl_store.web.http_transport import AiohttpTransport
+
 from .backend import RetryableBackendError
 from .deployments import Deployment
 from .errors import BackendFailedError
-from .forwarding import CONNECT_TIMEOUT_S, backend_failures, backend_headers, error_message, json_object_or_none
+from .forwarding import backend_failures, backend_headers, error_message, json_object_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ def server_root(api_base: str) -> str:
 
 
 async def post_json(
-    client: httpx.AsyncClient, deployment: Deployment, path: str, body: Mapping[str, Any], headers: Mapping[str, str]
+    transport: AiohttpTransport, deployment: Deployment, path: str, body: Mapping[str, Any], headers: Mapping[str, str]
 ) -> dict[str, Any]:
     """POST `body` to the engine's `path`; its JSON object answer.
 
@@ -66,29 +68,27 @@ async def post_json(
     `EngineRejected` when it refused the request (4xx with a JSON error).
     """
     url = server_root(deployment.api_base or "") + path
-    timeout = httpx.Timeout(deployment.timeout_s, connect=min(CONNECT_TIMEOUT_S, deployment.timeout_s))
     with backend_failures(deployment, "did not answer", "failed"):
         try:
-            response = await client.post(url, content=orjson.dumps(body), headers=dict(headers), timeout=timeout)
+            status, answer_headers, data = await transport.fetch(
+                "POST", url, content=orjson.dumps(body), headers=headers, timeout=deployment.timeout_s
+            )
         except httpx.ConnectError as exc:
             raise RetryableBackendError(
                 BackendFailedError(f"backend {deployment.label} refused the connection: {exc}")
             ) from exc
-    data = response.content
     parsed = json_object_or_none(data)
-    status = response.status_code
+    if status < 300 and parsed is not None:
+        return parsed
+    response = httpx.Response(status, headers=dict(answer_headers))
     if 400 <= status < 500 and parsed is not None:
-        raise EngineRejected(
-            status, data, f"backend {deployment.label} answered HTTP {status}: {error_message(response, data, parsed)}"
+        message = f"backend {deployment.label} answered HTTP {status}: {error_message(response, data, parsed)}"
+        raise EngineRejected(status, data, message)
+    raise RetryableBackendError(
+        BackendFailedError(
+            f"backend {deployment.label} answered {path} with HTTP {status}: {error_message(response, data, parsed)}"
         )
-    if status >= 300 or parsed is None:
-        raise RetryableBackendError(
-            BackendFailedError(
-                f"backend {deployment.label} answered {path} with HTTP {status}: "
-                f"{error_message(response, data, parsed)}"
-            )
-        )
-    return parsed
+    )
 
 
 def common_suffix(a: list[int], b: list[int]) -> tuple[int, ...]:
@@ -105,14 +105,16 @@ class EngineProbes:
         self._known: dict[str, Engine | None] = {}
         self.probes = 0
 
-    async def engine(self, client: httpx.AsyncClient, deployment: Deployment) -> Engine | None:
+    async def engine(
+        self, client: httpx.AsyncClient, transport: AiohttpTransport, deployment: Deployment
+    ) -> Engine | None:
         """The deployment's token-in engine, or None when it has none (or could not be reached:
         then it is asked again on a later call)."""
         if deployment.key in self._known:
             return self._known[deployment.key]
         self.probes += 1
         try:
-            engine = await self._probe(client, deployment)
+            engine = await self._probe(client, transport, deployment)
         except (httpx.HTTPError, RetryableBackendError, EngineRejected) as exc:
             logger.warning("agl_proxy: cannot probe %s for token-in endpoints: %s", deployment.label, exc)
             return None
@@ -127,7 +129,9 @@ class EngineProbes:
             )
         return engine
 
-    async def _probe(self, client: httpx.AsyncClient, deployment: Deployment) -> Engine | None:
+    async def _probe(
+        self, client: httpx.AsyncClient, transport: AiohttpTransport, deployment: Deployment
+    ) -> Engine | None:
         root = server_root(deployment.api_base or "")
         headers = backend_headers(deployment, "", "")
         response = await client.get(f"{root}/openapi.json", headers=headers, timeout=_PROBE_TIMEOUT_S)
@@ -138,11 +142,11 @@ class EngineProbes:
         cards = (json_object_or_none(models.content) or {}).get("data") or []
         lengths = [c.get("max_model_len") for c in cards if isinstance(c, dict) and c.get("id") == deployment.model]
         max_model_len = lengths[0] if lengths and isinstance(lengths[0], int) else None
-        return Engine(root, max_model_len, await self._turn_close(client, deployment, headers))
+        return Engine(root, max_model_len, await self._turn_close(transport, deployment, headers))
 
     @staticmethod
     async def _turn_close(
-        client: httpx.AsyncClient, deployment: Deployment, headers: Mapping[str, str]
+        transport: AiohttpTransport, deployment: Deployment, headers: Mapping[str, str]
     ) -> tuple[int, ...]:
         """The ids after an assistant turn's content: the common tail of two one-turn
         conversations whose answers differ ("a" and "b"), shown only when the rest differs."""
@@ -153,7 +157,7 @@ class EngineProbes:
                 "messages": [{"role": "user", "content": "."}, {"role": "assistant", "content": text}],
                 "add_generation_prompt": False,
             }
-            rendered.append(list((await post_json(client, deployment, RENDER, body, headers))["token_ids"]))
+            rendered.append(list((await post_json(transport, deployment, RENDER, body, headers))["token_ids"]))
         first, second = rendered
         close = common_suffix(first, second)
         if len(close) >= min(len(first), len(second)):

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from agl_store.base import LightningStore
+from agl_store.web.http_transport import AiohttpTransport
 
 from .backend import RequestOptions
 from .balancing import Balancer
@@ -26,7 +27,7 @@ from .metrics import ProxyMetrics
 from .pausing import PauseGate
 from .sampling import SamplingPolicy
 from .settings import ProxySettings
-from .upstream import make_client
+from .upstream import make_client, make_transport
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class ProxyState:
         self.engines = EngineProbes()
         """Which deployments take token ids, probed once each."""
         self.client: httpx.AsyncClient | None = None
+        self.transport: AiohttpTransport | None = None
+        """The client's transport, opened and closed with it."""
 
     async def latest_attempt_id(self, rollout_id: str) -> str:
         """The rollout's latest attempt, for calls that name only `x-rollout-id` ("" if unknown)."""
@@ -81,7 +84,8 @@ class ProxyState:
         logger.info("agl_proxy serves models: %s", ", ".join(self.registry.model_names) or "(none)")
 
     async def open(self) -> None:
-        self.client = make_client()
+        self.transport = make_transport()
+        self.client = make_client(self.transport)
         await self.exporter.start()
         if self.registry.needs_litellm:
             # Seconds of CPU: pay them at start, in a thread, not on the first call.
@@ -92,6 +96,7 @@ class ProxyState:
         if self.client is not None:
             await self.client.aclose()
             self.client = None
+            self.transport = None
 
     def gauges(self) -> dict[str, Any]:
         """The gauge part of `/metrics`: name -> (help, read function)."""

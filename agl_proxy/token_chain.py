@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import orjson
 
+from agl_store.web.http_transport import AiohttpTransport
+
 from .backend import Call, RequestOptions, request_fields
 from .call_record import CallRecord
 from .chain_links import Link
@@ -82,18 +84,24 @@ def turn_glue(response_ids: Any, close: tuple[int, ...]) -> list[int]:
 class TokenChainBackend:
     """Serves chat calls from a vLLM deployment through its token-in endpoints."""
 
-    __slots__ = ("client", "deployment", "memory", "probes")
+    __slots__ = ("client", "deployment", "memory", "probes", "transport")
 
     def __init__(
-        self, client: httpx.AsyncClient, deployment: Deployment, memory: ChainMemory, probes: EngineProbes
+        self,
+        client: httpx.AsyncClient,
+        transport: AiohttpTransport,
+        deployment: Deployment,
+        memory: ChainMemory,
+        probes: EngineProbes,
     ) -> None:
         self.client = client
+        self.transport = transport
         self.deployment = deployment
         self.memory = memory
         self.probes = probes
 
     async def serve(self, call: Call) -> None:
-        engine = await self.probes.engine(self.client, self.deployment)
+        engine = await self.probes.engine(self.client, self.transport, self.deployment)
         if engine is None:
             # Its span's chain says `backend_renders` (no chain set).
             await PassthroughBackend(self.client, self.deployment, "chat").serve(call)
@@ -139,7 +147,7 @@ class TokenChainBackend:
                 if bridged is not None:
                     return bridged
                 link = Link("branched", parent=link.parent, cause="template_boundary")
-        render = await post_json(self.client, self.deployment, RENDER, body, headers)
+        render = await post_json(self.transport, self.deployment, RENDER, body, headers)
         # The render leaves out the sampling fields at SamplingParams' defaults; generate takes
         # an absent max_tokens as "the rest of the context", so it is always sent.
         render["sampling_params"].setdefault("max_tokens", _SAMPLING_PARAMS_MAX_TOKENS)
@@ -155,8 +163,8 @@ class TokenChainBackend:
         assert link.parent is not None and link.choice is not None
         full_request, base_request = bridge_requests(body, link.new_from)
         full, base = await asyncio.gather(
-            post_json(self.client, self.deployment, RENDER, full_request, headers),
-            post_json(self.client, self.deployment, RENDER, base_request, headers),
+            post_json(self.transport, self.deployment, RENDER, full_request, headers),
+            post_json(self.transport, self.deployment, RENDER, base_request, headers),
         )
         full_ids, base_ids = full["token_ids"], base["token_ids"]
         close = engine.close
@@ -207,7 +215,7 @@ class TokenChainBackend:
             "priority": render.get("priority", 0),
             "stream": False,
         }
-        generated = await post_json(self.client, self.deployment, GENERATE, generate_body, headers)
+        generated = await post_json(self.transport, self.deployment, GENERATE, generate_body, headers)
         derender_body = {
             "model": self.deployment.model,
             "generate_response": generated,
@@ -217,7 +225,7 @@ class TokenChainBackend:
                 "stream": False,
             },
         }
-        response = await post_json(self.client, self.deployment, DERENDER, derender_body, headers)
+        response = await post_json(self.transport, self.deployment, DERENDER, derender_body, headers)
         response["prompt_token_ids"] = prompt.token_ids
         for choice, sampled in zip(response.get("choices") or (), generated.get("choices") or (), strict=False):
             choice["token_ids"] = sampled.get("token_ids")
