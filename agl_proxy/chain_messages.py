@@ -151,22 +151,21 @@ class RequestKeys:
     raw: RawJson
     """The messages' JSON as sent (keys sorted): a later call repeating it is checked in one
     comparison, its messages digested only from there on."""
-    full: tuple[Digest, ...] = field(init=False)
+    full: tuple[Digest, ...]
     """Each message's full digest: the history a later call must repeat."""
     prompt: Digest = field(init=False)
     """Equal for requests a template renders to the same prompt: a repeat of such a call is a retry."""
 
     def __post_init__(self) -> None:
-        full = tuple(k.full for k in self.messages)
-        object.__setattr__(self, "full", full)
-        prompt = hashlib.blake2b(b"".join((*full, self.tools, self.template)), digest_size=16).digest()
+        prompt = hashlib.blake2b(b"".join((*self.full, self.tools, self.template)), digest_size=16).digest()
         object.__setattr__(self, "prompt", prompt)
 
     def extended(self, messages: list[Any], raw: RawJson) -> RequestKeys:
         """The keys of a request whose messages are `messages` (`raw`: their `RawJson`), its
         first ones those of this request (checked by the caller): only the rest are digested."""
         added = tuple(message_keys(m) for m in messages[len(self.messages) :])
-        return RequestKeys(self.messages + added, self.tools, self.template, self.system_first, raw)
+        full = self.full + tuple(k.full for k in added)
+        return RequestKeys(self.messages + added, self.tools, self.template, self.system_first, raw, full)
 
 
 def raw_json(messages: list[Any], prefixes: Sequence[RawJson] = ()) -> tuple[RawJson, list[RawJson]]:
@@ -207,7 +206,8 @@ def request_keys(body: Mapping[str, Any]) -> RequestKeys:
     tools, template = context_keys(body)
     system_first = bool(messages) and isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES
     raw, _ = raw_json(messages)
-    return RequestKeys(tuple(message_keys(m) for m in messages), tools, template, system_first, raw)
+    keys = tuple(message_keys(m) for m in messages)
+    return RequestKeys(keys, tools, template, system_first, raw, tuple(k.full for k in keys))
 
 
 def shared_prefix(a: Sequence[Digest], b: Sequence[Digest]) -> int:
