@@ -10,7 +10,9 @@ verl starts its vLLM servers with `actor_rollout_ref.rollout.engine_kwargs.vllm`
 arguments (`vllm_async_server.launch_server`). Without a tool-call parser vLLM answers every
 request that carries `tools` with 400, so agl's overlay fills those arguments from
 `agentlightning.tool_call_parser` (`tool_call_server_args`, through the `agl.auto_tool_choice`
-resolver registered on import); the CPU test server takes its flags from the same function.
+resolver registered on import); the CPU test server takes its flags from the same function. The
+overlay also sets `enable_scale_out`, so that verl's servers serve the token-in endpoints the
+proxy's token chain calls (docs/proxy.md, "Token chain").
 """
 
 from __future__ import annotations
