@@ -16,6 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from agl_train.verl_glue.config import compose_config, trainer_settings
+from agl_train.verl_glue.verl_config import scale_out_server_arg
 from examples.tiny_vllm.vllm_server import vllm_command
 from tests.support.conversations import messages, tools
 
@@ -59,6 +60,7 @@ def test_verls_servers_serve_the_token_in_endpoints_of_the_token_chain() -> None
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    assert scale_out_server_arg() is True  # the installed vLLM (0.31) has the flag
     flags = verl_server_flags(compose_config())
     assert "--enable_scale_out" in flags  # verl writes the flags with underscores; vLLM's parser takes both
     assert make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "m", *flags]).enable_scale_out is True
