@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 RENDER = "/v1/chat/completions/render"
 GENERATE = "/inference/v1/generate"
 DERENDER = "/v1/chat/completions/derender"
+DETOKENIZE = "/detokenize"
 _PROBE_TIMEOUT_S = 10.0
 
 
@@ -53,6 +54,8 @@ class Engine:
     close: tuple[int, ...]
     """The ids the chat template puts after an assistant message's content (Qwen: `<|im_end|>`, `\\n`);
     empty when the probe could not show them (then no call is bridged)."""
+    close_text: str = ""
+    """`close` as text (`/detokenize`), stripped; "" when unknown."""
 
 
 def server_root(api_base: str) -> str:
@@ -142,7 +145,21 @@ class EngineProbes:
         cards = (json_object_or_none(models.content) or {}).get("data") or []
         lengths = [c.get("max_model_len") for c in cards if isinstance(c, dict) and c.get("id") == deployment.model]
         max_model_len = lengths[0] if lengths and isinstance(lengths[0], int) else None
-        return Engine(root, max_model_len, await self._turn_close(transport, deployment, headers))
+        close = await self._turn_close(transport, deployment, headers)
+        return Engine(root, max_model_len, close, await self._text_of(transport, deployment, headers, close))
+
+    @staticmethod
+    async def _text_of(
+        transport: AiohttpTransport, deployment: Deployment, headers: Mapping[str, str], ids: tuple[int, ...]
+    ) -> str:
+        if not ids:
+            return ""
+        body = {"model": deployment.model, "tokens": list(ids)}
+        try:
+            text = (await post_json(transport, deployment, DETOKENIZE, body, headers)).get("prompt")
+        except EngineRejected:
+            return ""
+        return text.strip() if isinstance(text, str) else ""
 
     @staticmethod
     async def _turn_close(

@@ -81,6 +81,32 @@ def turn_glue(response_ids: Any, close: tuple[int, ...]) -> list[int]:
     return list(close)
 
 
+def new_messages_start(
+    full_ids: list[int], base_ids: list[int], close: tuple[int, ...], close_text: str, echoed: Any
+) -> int | None:
+    """Where the new messages start in `full_ids` (the echoed answer then the new messages),
+    `base_ids` being the echoed answer alone; None when the renderings do not show it.
+
+    Where the base is a prefix, they start after it. A template may render its last answer
+    otherwise (Qwen3 gives the last one an empty think block): then the echoed answer's turn ends
+    at the first `close` past what the renderings share, provided the answer's own text holds no
+    `close_text` (which would be that close instead)."""
+    if not close or tuple(base_ids[-len(close) :]) != close:
+        return None
+    if len(full_ids) > len(base_ids) and full_ids[: len(base_ids)] == base_ids:
+        return len(base_ids)
+    if not close_text or close_text in orjson.dumps(echoed).decode():
+        return None
+    shared = 0
+    while shared < min(len(full_ids), len(base_ids)) and full_ids[shared] == base_ids[shared]:
+        shared += 1
+    width = len(close)
+    for at in range(shared, len(full_ids) - width):
+        if tuple(full_ids[at : at + width]) == close:
+            return at + width
+    return None
+
+
 class TokenChainBackend:
     """Serves chat calls from a vLLM deployment through its token-in endpoints."""
 
@@ -168,16 +194,15 @@ class TokenChainBackend:
         )
         full_ids, base_ids = full["token_ids"], base["token_ids"]
         close = engine.close
-        if (
-            full.get("features")
-            or len(full_ids) <= len(base_ids)
-            or full_ids[: len(base_ids)] != base_ids
-            or tuple(base_ids[-len(close) :]) != close
-        ):
+        echoed = body["messages"][link.new_from - 1]
+        start = (
+            None if full.get("features") else new_messages_start(full_ids, base_ids, close, engine.close_text, echoed)
+        )
+        if start is None:
             return None
         parent = link.parent
         response_ids = parent.choices[link.choice].token_ids
-        ids = [*parent.prompt_ids, *response_ids, *turn_glue(response_ids, close), *full_ids[len(base_ids) :]]
+        ids = [*parent.prompt_ids, *response_ids, *turn_glue(response_ids, close), *full_ids[start:]]
         sampling = dict(full["sampling_params"])
         # The render counted only the small request's prompt against the context.
         requested = body.get("max_completion_tokens") or body.get("max_tokens")

@@ -11,7 +11,7 @@ from agl_proxy.chain_links import decide
 from agl_proxy.chain_memory import ChainMemory, chain_entry
 from agl_proxy.chain_messages import Answer, message_keys, request_keys
 from agl_proxy.engine import common_suffix
-from agl_proxy.token_chain import bridge_requests, turn_glue
+from agl_proxy.token_chain import bridge_requests, new_messages_start, turn_glue
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 QUESTION = {"role": "user", "content": "Weather in Paris?"}
@@ -163,3 +163,18 @@ async def test_the_quick_path_and_the_digests_agree_where_the_json_differs() -> 
     parts = {"role": "user", "content": [{"type": "text", "text": QUESTION["content"]}]}
     bridged, _ = await memory.link("r", "a", {"messages": [SYSTEM, parts, ANSWER, RESULT], "tools": TOOLS})
     assert (bridged.kind, bridged.parent.span_id) == ("bridged", "s1")
+
+
+def test_where_the_new_messages_start_in_the_rendering() -> None:
+    close, text = (2, 107), "<|im_end|>"
+    echoed = {"role": "assistant", "content": "Sunny."}
+    base = [1, 5, 2, 107, 1, 9, 60, 61, 2, 107]  # system, dummy user, the echoed answer (last)
+    new = [1, 7, 70, 2, 107, 1, 9]  # a user turn and the assistant opener
+    assert new_messages_start(base + new, base, close, text, echoed) == len(base)
+    # Qwen3 gives only the last answer an empty think block: the answer's turn ends at its first close.
+    last = [1, 5, 2, 107, 1, 9, 40, 41, 60, 61, 2, 107]
+    assert new_messages_start(base + new, last, close, text, echoed) == len(base)
+    # Unless the answer's own text could hold that close, or the base does not end with it.
+    assert new_messages_start(base + new, last, close, text, {"content": "a <|im_end|> b"}) is None
+    assert new_messages_start(base + new, last[:-1], close, text, echoed) is None
+    assert new_messages_start(base + new, last, close, "", echoed) is None
