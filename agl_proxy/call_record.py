@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl_store import call_span
-from agl_store.call_span import CallChoice, CallError
-from agl_store.models import Span, TraceStatus
+from agl_store.call_span import CallChain, CallChoice, CallError
+from agl_store.models import Span, TraceStatus, new_span_id
 
 from .deployments import Deployment
 from .errors import ProxyError
@@ -51,6 +51,10 @@ class CallRecord:
     """The client's API (`responses`, `messages`) when it is not the operation's own."""
     tools_left_out: list[str] = field(default_factory=list)
     """A translated call's: the types of its tools the model was not shown (hosted / server tools)."""
+    span_id: str = field(default_factory=new_span_id)
+    """The id its span will have: a later call's chain names it as its parent."""
+    chain: CallChain | None = None
+    """How the prompt was made (the token chain); None: rendered by the backend."""
 
     def fail(self, error_type: str, message: str, status_code: int) -> None:
         self.error = {"type": error_type, "message": message, "status_code": status_code}
@@ -185,8 +189,15 @@ def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
         **_token_id_attributes(record),
         call_span.API: record.api or OPERATION_APIS.get(record.operation),
         **({call_span.TOOLS_LEFT_OUT: record.tools_left_out} if record.tools_left_out else {}),
+        call_span.CHAIN: record.chain or _rendered(record),
         **record.extra,
     }
+
+
+def _rendered(record: CallRecord) -> CallChain:
+    """The chain of a call the backend rendered itself: a completions prompt, or no token-in endpoints."""
+    cause = "completions_api" if record.operation == "text_completion" else "backend_renders"
+    return {"prompt": "rendered", "parent": None, "choice": None, "cause": cause}
 
 
 def _sampling_attributes(record: CallRecord) -> dict[str, Any]:
@@ -218,6 +229,7 @@ def build_llm_span(record: CallRecord, sequence_id: int | None = None) -> Span:
     if error is not None:
         status = TraceStatus(status_code="ERROR", description=error["message"])
     return Span(
+        span_id=record.span_id,
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,
         sequence_id=sequence_id,

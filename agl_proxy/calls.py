@@ -40,6 +40,7 @@ from .litellm_path import LiteLLMBackend
 from .pausing import CallHandle
 from .sampling import SAMPLING_FIELDS
 from .state import ProxyState
+from .token_chain import TokenChainBackend
 from .translate.base import ClientApi, TranslatingSend
 
 logger = logging.getLogger(__name__)
@@ -274,6 +275,15 @@ class LLMCallEndpoint:
     def _backend(self, deployment: Deployment) -> Backend:
         if not deployment.passthrough:
             return LiteLLMBackend(deployment)
-        client = self.state.client
+        state = self.state
+        client = state.client
         assert client is not None, "the proxy's app was not started"
+        if (
+            self.operation == "chat"
+            and deployment.is_vllm
+            and deployment.token_chain
+            and state.settings.token_chain != "off"
+        ):
+            assert state.transport is not None
+            return TokenChainBackend(client, state.transport, deployment, state.chains, state.engines)
         return PassthroughBackend(client, deployment, self.operation)

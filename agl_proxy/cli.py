@@ -24,7 +24,7 @@ from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 from .pausing import DEFAULT_HOLD_S
 from .proxy import DEFAULT_PORT, LLMProxy
 from .sampling import ON_CONFLICT, SAMPLING_FIELDS, checked_by_mode
-from .settings import ProxySettings
+from .settings import TOKEN_CHAIN_MODES, ProxySettings
 
 ROLLOUT_MODES = get_args(RolloutMode)
 
@@ -64,6 +64,13 @@ def add_proxy_commands(subparsers: Any) -> None:
         option.add_to(serve)
     serve.add_argument("--advertise-url", help="the root URL agents reach this proxy at (default http://HOST:PORT)")
     serve.add_argument("--logprobs", action="store_true", help="ask backends for the sampled tokens' logprobs")
+    serve.add_argument(
+        "--token-chain",
+        choices=TOKEN_CHAIN_MODES,
+        default="auto",
+        help="auto: chat calls to a vLLM started with --enable-scale-out are served token in, token out, each "
+        "prompt bridged from the attempt's earlier calls; off: every backend renders its prompts",
+    )
     serve.add_argument(
         "--require-token-ids",
         action="store_true",
@@ -230,6 +237,7 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
         sampling_by_mode=sampling_from_args(args.sampling),
         sampling_on_conflict=args.sampling_conflict,
         require_token_ids=args.require_token_ids,
+        token_chain=args.token_chain,
         hold_s=args.hold,
         max_span_buffer=args.span_buffer,
         backpressure_wait_s=args.backpressure_wait,

@@ -89,6 +89,8 @@ class Deployment:
     """`Basic ...`, from the userinfo of the configured `api_base`."""
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     """`extra_headers`: sent as HTTP headers on every pass-through call."""
+    token_chain: bool = True
+    """`model_info.agl_token_chain: off` keeps this deployment's chat calls on the rendered path."""
 
     @property
     def key(self) -> str:
@@ -180,6 +182,9 @@ def parse_deployment(entry: Any, where: str = "model_list entry") -> Deployment:
                 "the backend can get only one Authorization header"
             )
     version = info.get("agl_model_version", info.get("version"))
+    token_chain = info.get("agl_token_chain", "auto")
+    if token_chain not in ("auto", "off"):
+        raise ValueError(f"{where}.model_info.agl_token_chain must be 'auto' or 'off', got {token_chain!r:.50}")
     return Deployment(
         model_name=model_name,
         provider=provider,
@@ -193,6 +198,7 @@ def parse_deployment(entry: Any, where: str = "model_list entry") -> Deployment:
         use_litellm=info.get("agl_passthrough") is False,
         basic_auth=basic_auth,
         headers=_extra_headers(params.get("extra_headers"), where),
+        token_chain=token_chain == "auto",
     )
 
 

@@ -56,7 +56,7 @@ def backend_headers(deployment: Deployment, rollout_id: str, attempt_id: str) ->
     return headers
 
 
-def _json_object(data: bytes) -> dict[str, Any] | None:
+def json_object_or_none(data: bytes) -> dict[str, Any] | None:
     try:
         parsed = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -64,7 +64,7 @@ def _json_object(data: bytes) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _error_message(response: httpx.Response, data: bytes, parsed: dict[str, Any] | None) -> str:
+def error_message(response: httpx.Response, data: bytes, parsed: dict[str, Any] | None) -> str:
     """What the backend said went wrong, short: the message of an OpenAI- or FastAPI-shaped
     JSON error (`parsed`: the body as a JSON object, or None), else only the type and size of
     the body. Whatever else a backend answers (an internal service's page, if a deployment
@@ -118,7 +118,7 @@ class PassthroughBackend:
             headers=backend_headers(deployment, record.rollout_id, record.attempt_id),
             timeout=timeout,
         )
-        with _backend_failures(deployment, "did not answer", "failed"):
+        with backend_failures(deployment, "did not answer", "failed"):
             try:
                 try:
                     response = await client.send(request, stream=True)
@@ -140,7 +140,7 @@ class PassthroughBackend:
 
 
 @contextlib.contextmanager
-def _backend_failures(deployment: Deployment, timed_out: str, failed: str) -> Iterator[None]:
+def backend_failures(deployment: Deployment, timed_out: str, failed: str) -> Iterator[None]:
     """Backend I/O errors as the proxy's: a timeout → `BackendTimeoutError` ("backend X
     `timed_out` within N s"); a broken connection → a retryable `BackendFailedError`."""
     try:
@@ -155,13 +155,13 @@ def _backend_failures(deployment: Deployment, timed_out: str, failed: str) -> It
 
 async def _relay_body(response: httpx.Response, deployment: Deployment, record: CallRecord, send: Send) -> None:
     label = deployment.label
-    with _backend_failures(deployment, "did not finish its answer", "dropped the connection"):
+    with backend_failures(deployment, "did not finish its answer", "dropped the connection"):
         data = await response.aread()
     status = response.status_code
-    parsed = _json_object(data)
+    parsed = json_object_or_none(data)
     if status >= 500:
         raise RetryableBackendError(
-            BackendFailedError(f"backend {label} answered HTTP {status}: {_error_message(response, data, parsed)}")
+            BackendFailedError(f"backend {label} answered HTTP {status}: {error_message(response, data, parsed)}")
         )
     if status < 300:
         if parsed is None or "choices" not in parsed:
@@ -174,7 +174,7 @@ async def _relay_body(response: httpx.Response, deployment: Deployment, record: 
         record.response = parsed
     elif status >= 400 and parsed is not None:
         # The backend's own verdict on the request (e.g. too long a prompt): the client sees it as is.
-        message = f"backend {label} answered HTTP {status}: {_error_message(response, data, parsed)}"
+        message = f"backend {label} answered HTTP {status}: {error_message(response, data, parsed)}"
         record.fail("backend_rejected", message, status)
     else:
         # A redirect, or a 4xx that is not a JSON error: not an OpenAI-compatible server's answer.
@@ -201,7 +201,7 @@ async def _relay_stream(
     label = deployment.label
     chunks = response.aiter_raw()
     # Read the first chunk before answering, so a replica that fails at once can still be replaced.
-    with _backend_failures(deployment, "sent no data", "dropped the stream"):
+    with backend_failures(deployment, "sent no data", "dropped the stream"):
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:

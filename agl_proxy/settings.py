@@ -16,6 +16,8 @@ from .balancing import DEFAULT_COOLDOWN_S
 from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 from .pausing import DEFAULT_HOLD_S, DEFAULT_RETRY_AFTER_S
 
+TOKEN_CHAIN_MODES = ("auto", "off")
+
 
 @dataclass(frozen=True)
 class ProxySettings:
@@ -42,8 +44,13 @@ class ProxySettings:
     """Spans of answered calls that may wait for the store before new calls wait."""
     backpressure_wait_s: float = DEFAULT_BACKPRESSURE_WAIT_S
     """How long a new call waits for room in the span buffer before a 503."""
+    token_chain: str = "auto"
+    """`auto`: chat calls to a vLLM that serves the token-in endpoints (`--enable-scale-out`) go through the
+    token chain; `off`: every call is rendered by its backend."""
 
     def __post_init__(self) -> None:
+        if self.token_chain not in TOKEN_CHAIN_MODES:
+            raise ValueError(f"token_chain must be one of {', '.join(TOKEN_CHAIN_MODES)}, got {self.token_chain!r:.50}")
         for name in ("hold_s", "retry_after_s", "cooldown_s", "backpressure_wait_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

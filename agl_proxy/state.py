@@ -14,17 +14,20 @@ from typing import Any
 import httpx
 
 from agl_store.base import LightningStore
+from agl_store.web.http_transport import AiohttpTransport
 
 from .backend import RequestOptions
 from .balancing import Balancer
+from .chain_memory import ChainMemory
 from .deployments import ModelRegistry
+from .engine import EngineProbes
 from .exporter import SpanExporter
 from .litellm_path import import_litellm
 from .metrics import ProxyMetrics
 from .pausing import PauseGate
 from .sampling import SamplingPolicy
 from .settings import ProxySettings
-from .upstream import make_client
+from .upstream import make_client, make_transport
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +58,13 @@ class ProxyState:
             "How long calls that arrived during a pause were held.",
             self.gate.hold_time,
         )
+        self.chains = ChainMemory(store)
+        """The token chain's remembered calls, per attempt."""
+        self.engines = EngineProbes()
+        """Which deployments take token ids, probed once each."""
         self.client: httpx.AsyncClient | None = None
+        self.transport: AiohttpTransport | None = None
+        """The client's transport, opened and closed with it."""
 
     async def latest_attempt_id(self, rollout_id: str) -> str:
         """The rollout's latest attempt, for calls that name only `x-rollout-id` ("" if unknown)."""
@@ -75,7 +84,8 @@ class ProxyState:
         logger.info("agl_proxy serves models: %s", ", ".join(self.registry.model_names) or "(none)")
 
     async def open(self) -> None:
-        self.client = make_client()
+        self.transport = make_transport()
+        self.client = make_client(self.transport)
         await self.exporter.start()
         if self.registry.needs_litellm:
             # Seconds of CPU: pay them at start, in a thread, not on the first call.
@@ -86,6 +96,7 @@ class ProxyState:
         if self.client is not None:
             await self.client.aclose()
             self.client = None
+            self.transport = None
 
     def gauges(self) -> dict[str, Any]:
         """The gauge part of `/metrics`: name -> (help, read function)."""
@@ -125,6 +136,18 @@ class ProxyState:
             "agl_proxy_spans_rejected_total": (
                 "Spans the store refused (unknown rollout or attempt).",
                 lambda: self.exporter.rejected,
+            ),
+            "agl_proxy_chain_calls_kept": (
+                "Calls the token chain remembers (all attempts).",
+                lambda: self.chains.entries,
+            ),
+            "agl_proxy_chain_kept_size": (
+                "Ids and digests the token chain keeps (bounded).",
+                lambda: self.chains.size,
+            ),
+            "agl_proxy_chain_store_reads_total": (
+                "Reads of an attempt's calls from the store by the token chain.",
+                lambda: self.chains.store_reads,
             ),
             "agl_proxy_span_export_failures_total": (
                 "Failed span export attempts (retried).",

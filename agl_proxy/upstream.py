@@ -11,7 +11,13 @@ import httpx
 from agl_store.web.http_transport import AiohttpTransport
 
 
-def make_client() -> httpx.AsyncClient:
-    """The proxy's upstream client: no pool limit (the proxy must not queue calls that the
-    backend could serve), streamed bodies, no client-side timeout (calls set their own)."""
-    return httpx.AsyncClient(transport=AiohttpTransport(max_connections=0, stream=True), timeout=None)
+def make_transport() -> AiohttpTransport:
+    """The proxy's upstream connections: no pool limit (the proxy must not queue calls that the
+    backend could serve), streamed bodies."""
+    return AiohttpTransport(max_connections=0, stream=True)
+
+
+def make_client(transport: AiohttpTransport) -> httpx.AsyncClient:
+    """The proxy's upstream client on `transport`, without a client-side timeout (calls set their own).
+    Calls that need no stream (the token chain's) go through `transport.fetch`, without httpx's request objects."""
+    return httpx.AsyncClient(transport=transport, timeout=None)

@@ -167,7 +167,8 @@ def _new_trace_id() -> str:
     return secrets.token_hex(16)
 
 
-def _new_span_id() -> str:
+def new_span_id() -> str:
+    """A fresh span id (16 hex digits), as a span gets one by default."""
     return secrets.token_hex(8)
 
 
@@ -186,7 +187,7 @@ class Span(BaseModel):
     attempt_id: str
     sequence_id: int | None = None
     trace_id: str = Field(default_factory=_new_trace_id)
-    span_id: str = Field(default_factory=_new_span_id)
+    span_id: str = Field(default_factory=new_span_id)
     parent_id: str | None = None
     name: str
     status: TraceStatus = Field(default_factory=TraceStatus)

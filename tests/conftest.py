@@ -48,14 +48,17 @@ def tiny_model_path() -> Path:
 def vllm_server(
     request: pytest.FixtureRequest, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VLLMServer]:
-    """One vLLM OpenAI server on the tiny model for the whole session, stopped at the end."""
+    """One vLLM OpenAI server on the tiny model for the whole session, stopped at the end.
+
+    Started with --enable-scale-out, so the proxy serves its chat calls token in, token out (the token chain).
+    """
     external = os.environ.get(EXTERNAL_VLLM_ENV)
     if external:
         _announce(request.config, f"[vllm] using the tiny vLLM at {external} ({EXTERNAL_VLLM_ENV})")
         yield external_vllm_server(external, tiny_model_path)
         return
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with running_vllm_server(tiny_model_path, log_path=log_path) as server:
+    with running_vllm_server(tiny_model_path, log_path=log_path, extra_args=("--enable-scale-out",)) as server:
         _announce(request.config, f"[vllm] tiny vLLM serving {server.model} at {server.base_url} (log: {log_path})")
         yield server
 

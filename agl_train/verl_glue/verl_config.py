@@ -10,11 +10,16 @@ verl starts its vLLM servers with `actor_rollout_ref.rollout.engine_kwargs.vllm`
 arguments (`vllm_async_server.launch_server`). Without a tool-call parser vLLM answers every
 request that carries `tools` with 400, so agl's overlay fills those arguments from
 `agentlightning.tool_call_parser` (`tool_call_server_args`, through the `agl.auto_tool_choice`
-resolver registered on import); the CPU test server takes its flags from the same function.
+resolver registered on import); the CPU test server takes its flags from the same function. The
+overlay also sets `enable_scale_out` (the `agl.scale_out` resolver) where the installed vLLM takes
+it, so that verl's servers serve the token-in endpoints the proxy's token chain calls
+(docs/proxy.md, "Token chain"); a vLLM without the flag starts without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,10 +62,23 @@ def tool_call_cli_args(parser: str | None) -> list[str]:
     return flags
 
 
+@functools.cache
+def scale_out_server_arg() -> bool | None:
+    """`engine_kwargs.vllm.enable_scale_out`: True where the installed vLLM's server takes
+    `--enable-scale-out` (vLLM 0.31 does), None elsewhere (verl then leaves the flag out, and a
+    vLLM that would refuse it starts; the proxy then renders the prompts)."""
+    try:
+        from vllm.entrypoints.launchers.cli_args import FrontendArgs
+    except ImportError:
+        return None
+    return True if "enable_scale_out" in {f.name for f in dataclasses.fields(FrontendArgs)} else None
+
+
 # config.yaml interpolates engine_kwargs.vllm.enable_auto_tool_choice from the parser with it.
 OmegaConf.register_new_resolver(
     "agl.auto_tool_choice", lambda parser: tool_call_server_args(parser)["enable_auto_tool_choice"], replace=True
 )
+OmegaConf.register_new_resolver("agl.scale_out", scale_out_server_arg, replace=True)
 
 ESTIMATOR_KEY = "algorithm.adv_estimator"
 
@@ -194,6 +212,7 @@ __all__ = [
     "Refused",
     "check_verl_config",
     "default_tool_call_parser",
+    "scale_out_server_arg",
     "select",
     "tool_call_cli_args",
     "tool_call_server_args",

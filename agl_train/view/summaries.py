@@ -189,6 +189,7 @@ def span_line(span: Span) -> dict[str, Any]:
             api=attributes.get(call_span.API),
             token_ids_status=attributes.get(call_span.TOKEN_IDS_STATUS),
             token_ids_cause=attributes.get(call_span.TOKEN_IDS_CAUSE),
+            chain=attributes.get(call_span.CHAIN),
         )
     if REWARD_VALUE_ATTRIBUTE in attributes:
         line["reward"] = attributes[REWARD_VALUE_ATTRIBUTE]
@@ -211,8 +212,19 @@ async def rollout_detail(store: LightningStore, rollout_id: str) -> dict[str, An
         "rollout": rollout.model_dump(mode="json", exclude={"attempt"}),
         "summary": summarize_rollout(rollout, latest_spans, time.time()),
         "attempts": [attempt.model_dump(mode="json") for attempt in attempts],
-        "spans": [span_line(span) for span in spans],
+        "spans": _with_chain_parents([span_line(span) for span in spans]),
     }
+
+
+def _with_chain_parents(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each call's chain parent (the call it continues or branched from) as that call's sequence
+    number too, `chain_parent_sequence`: the attempt's graph as the span list shows it."""
+    sequence_of = {line["span_id"]: line["sequence_id"] for line in lines}
+    for line in lines:
+        chain = line.get("chain")
+        if isinstance(chain, dict) and chain.get("parent") is not None:
+            line["chain_parent_sequence"] = sequence_of.get(chain["parent"])
+    return lines
 
 
 async def span_detail(store: LightningStore, rollout_id: str, span_id: str) -> dict[str, Any]:

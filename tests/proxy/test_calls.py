@@ -44,6 +44,8 @@ async def test_chat_returns_backend_body_and_records_token_ids(
     assert attrs["gen_ai.usage.input_tokens"] == 2 and attrs["gen_ai.usage.output_tokens"] == len(WORDS)
     assert attrs["agl.backend"] == backend[1] and attrs["agl.stream"] is False
     assert attrs["agl.latency_s"] > 0 and attrs["agl.error"] is None
+    # The backend serves no token-in endpoints (no vLLM --enable-scale-out): it renders the prompt itself.
+    assert attrs["agl.chain"] == {"prompt": "rendered", "parent": None, "choice": None, "cause": "backend_renders"}
 
 
 async def test_streamed_chat_passes_chunks_through_and_assembles_the_span(new_rollout, proxy: LLMProxy, store) -> None:
@@ -83,6 +85,7 @@ async def test_completion_with_token_id_prompt(new_rollout, proxy: LLMProxy, sto
     assert span.attributes["gen_ai.operation.name"] == "text_completion"
     assert span.attributes["agl.prompt_token_ids"] == [5, 6, 7]
     assert span.attributes["agl.choices"][0]["token_ids"] == word_ids(WORDS)
+    assert span.attributes["agl.chain"]["cause"] == "completions_api"  # the client gave the prompt
 
 
 async def test_streamed_completion_keeps_every_token_id(new_rollout, proxy: LLMProxy, store, http) -> None:

@@ -16,6 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from agl_train.verl_glue.config import compose_config, trainer_settings
+from agl_train.verl_glue.verl_config import scale_out_server_arg
 from examples.tiny_vllm.vllm_server import vllm_command
 from tests.support.conversations import messages, tools
 
@@ -54,6 +55,17 @@ def tool_calling(flags: list[str]) -> tuple[bool, str | None]:
     return parsed.enable_auto_tool_choice, parsed.tool_call_parser
 
 
+def test_verls_servers_serve_the_token_in_endpoints_of_the_token_chain() -> None:
+    """`--enable-scale-out`: render, generate and derender, which the proxy's token chain calls."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    assert scale_out_server_arg() is True  # the installed vLLM (0.31) has the flag
+    flags = verl_server_flags(compose_config())
+    assert "--enable_scale_out" in flags  # verl writes the flags with underscores; vLLM's parser takes both
+    assert make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "m", *flags]).enable_scale_out is True
+
+
 def test_verl_and_the_cpu_server_start_vllm_with_the_default_tool_call_parser() -> None:
     config = compose_config()
     assert config.agentlightning.tool_call_parser == "hermes"
@@ -67,7 +79,7 @@ def test_another_parser_reaches_verls_servers_and_null_turns_tool_calling_off() 
         "llama3_json",
     )
     off = compose_config(["agentlightning.tool_call_parser=null"])
-    assert verl_server_flags(off) == []
+    assert verl_server_flags(off) == ["--enable_scale_out"]
     assert tool_calling(verl_server_flags(off)) == (False, None)
     trainer_settings(off)
 

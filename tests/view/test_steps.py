@@ -124,3 +124,30 @@ async def test_the_published_endpoint_names_the_model_directory(store, vllm_serv
 
     assert view["decoded"] is True and view["pieces"]
     assert view["tokenizer"] is not None and view["tokenizer"] != vllm_server.model
+
+
+async def test_the_span_lines_show_the_attempt_s_call_graph(store, store_url) -> None:
+    rollout = await store.start_rollout(input={"question": "weather"}, mode="train")
+    rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+    first = llm_call_span(rid, aid, [1, 2, 3], [4, 5], 0.0)
+    bridged = llm_call_span(rid, aid, [1, 2, 3, 4, 5, 6], [7], 1.0)
+    branched = llm_call_span(rid, aid, [1, 9], [7], 2.0)
+    first.attributes["agl.chain"] = {"prompt": "rendered", "parent": None, "choice": None, "cause": "first_call"}
+    bridged.attributes["agl.chain"] = {"prompt": "bridged", "parent": first.span_id, "choice": 0, "cause": None}
+    branched.attributes["agl.chain"] = {
+        "prompt": "branched",
+        "parent": first.span_id,
+        "choice": None,
+        "cause": "history_edited",
+    }
+    for span in (first, bridged, branched):
+        await store.add_span(span)
+
+    lines = (await get(store_url, f"/view/api/rollouts/{rid}"))["spans"]
+
+    assert [(line["chain"]["prompt"], line["chain"]["cause"]) for line in lines] == [
+        ("rendered", "first_call"),
+        ("bridged", None),
+        ("branched", "history_edited"),
+    ]
+    assert [line.get("chain_parent_sequence") for line in lines] == [None, 1, 1]

@@ -472,6 +472,18 @@ function tokenIdsBadge(span) {
   return h("span", { class: "badge token-ids-bad", "data-testid": "token-ids-status", title: span.token_ids_cause || "" }, status, span.token_ids_cause ? `: ${span.token_ids_cause}` : "");
 }
 
+// How the call's prompt was made (the proxy's token chain): continuing an earlier call (bridged, retry) or
+// not, and why; a branch is shown loud, since the trainer starts a new row there.
+function chainCell(span) {
+  const chain = span.chain;
+  if (!chain) return "";
+  const parent = span.chain_parent_sequence !== undefined && span.chain_parent_sequence !== null ? ` ← #${span.chain_parent_sequence}` : "";
+  const choice = chain.choice ? ` (choice ${chain.choice})` : "";
+  const text = `${chain.prompt}${parent}${choice}${chain.cause ? `: ${chain.cause}` : ""}`;
+  const loud = chain.prompt === "branched";
+  return h("span", { class: loud ? "badge chain-branched" : "muted", "data-testid": "chain" }, text);
+}
+
 function spansTable(rolloutId, spans) {
   const starts = spans.map((s) => s.start_time).filter((t) => t !== null && t !== undefined);
   const ends = spans.map((s) => s.end_time ?? s.start_time).filter((t) => t !== null && t !== undefined);
@@ -491,6 +503,7 @@ function spansTable(rolloutId, spans) {
       h("td", {}, span.backend || ""),
       h("td", {}, span.api || ""),
       h("td", {}, tokenIdsBadge(span)),
+      h("td", {}, chainCell(span)),
       h("td", { class: "num" }, tokens),
       h("td", {}, statusBadge(span.status), span.status_description ? ` ${span.status_description}` : ""),
     );
@@ -501,7 +514,7 @@ function spansTable(rolloutId, spans) {
         open = null;
         return;
       }
-      open = h("tr", { class: "span-open" }, h("td", { colspan: 10 }, h("p", { class: "muted" }, "Loading…")));
+      open = h("tr", { class: "span-open" }, h("td", { colspan: 11 }, h("p", { class: "muted" }, "Loading…")));
       row.after(open);
       const cell = open.firstChild;
       try {
@@ -512,7 +525,7 @@ function spansTable(rolloutId, spans) {
     });
     body.append(row);
   }
-  const head = ["seq", "name", "start", "duration", "timeline", "backend", "API", "token ids", "tokens in / out", "status"];
+  const head = ["seq", "name", "start", "duration", "timeline", "backend", "API", "token ids", "prompt (chain)", "tokens in / out", "status"];
   return h("table", { "data-testid": "spans" }, h("thead", {}, h("tr", {}, head.map((n) => h("th", {}, n)))), body);
 }
 

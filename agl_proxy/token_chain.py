@@ -1,0 +1,274 @@
+"""The token chain: chat calls served token in, token out, each prompt made from the model's
+own earlier tokens where the call continues an earlier one.
+
+Per call: the link to the attempt's earlier calls (`chain_memory`), the prompt ids (the
+parent's prompt + its choice's ids + the template's turn close + only the new messages as
+the engine renders them, after a dummy assistant turn; or the request rendered whole),
+`/inference/v1/generate`, and the client's answer made from the generated ids by the
+engine's own parsers (`/v1/chat/completions/derender`). A deployment without those
+endpoints is served by the pass-through, and its spans say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from agl_store.web.http_transport import AiohttpTransport
+
+from .backend import Call, RequestOptions, request_fields
+from .call_record import CallRecord
+from .chain_links import Link
+from .chain_memory import ChainMemory, chain_entry
+from .chain_messages import SYSTEM_ROLES
+from .chain_stream import sse_chunks
+from .deployments import Deployment
+from .engine import DERENDER, GENERATE, RENDER, Engine, EngineProbes, EngineRejected, post_json
+from .errors import BadRequestError
+from .forwarding import PassthroughBackend, backend_headers
+
+_SAMPLING_PARAMS_MAX_TOKENS = 16
+"""vLLM's `SamplingParams.max_tokens` default."""
+_DUMMY_USER = {"role": "user", "content": "."}
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
+
+
+def chat_body(body: Mapping[str, Any], deployment: Deployment, options: RequestOptions) -> dict[str, Any]:
+    """The chat request as the engine renders it: the client's fields over the deployment's
+    defaults, under the proxy's overrides, logprobs asked for when the proxy wants them."""
+    out = request_fields(body, deployment.request_defaults, options)
+    out["model"] = deployment.model
+    if options.logprobs and out.get("logprobs") in (None, False):
+        out["logprobs"] = True
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What generate is called with, and the chat request derender parses the answer with."""
+
+    link: Link
+    token_ids: list[int]
+    render: dict[str, Any]
+    """The render endpoint's answer (sampling params, request id) for the request below."""
+    chat_request: dict[str, Any]
+
+
+def bridge_requests(body: Mapping[str, Any], new_from: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two small requests whose renderings differ by exactly what follows the echoed answer:
+    (system, a dummy user turn, the echoed answer, the new messages; with the request's own
+    generation prompt) and the same without the new messages or a generation prompt."""
+    messages = body["messages"]
+    head = [messages[0]] if isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES else []
+    head += [_DUMMY_USER, messages[new_from - 1]]
+    full = {**body, "messages": head + list(messages[new_from:])}
+    base = {**body, "messages": head, "add_generation_prompt": False, "continue_final_message": False}
+    return full, base
+
+
+def turn_glue(response_ids: Any, close: tuple[int, ...]) -> list[int]:
+    """What follows a sampled answer before the next turn: the template's close, without its
+    first id when the model sampled that itself (a cut or otherwise stopped answer gets it all)."""
+    if len(response_ids) and response_ids[-1] == close[0]:
+        return list(close[1:])
+    return list(close)
+
+
+def new_messages_start(
+    full_ids: list[int], base_ids: list[int], close: tuple[int, ...], close_text: str, echoed: Any
+) -> int | None:
+    """Where the new messages start in `full_ids` (the echoed answer then the new messages),
+    `base_ids` being the echoed answer alone; None when the renderings do not show it.
+
+    Where the base is a prefix, they start after it. A template may render its last answer
+    otherwise (Qwen3 gives the last one an empty think block): then the echoed answer's turn ends
+    at the first `close` past what the renderings share, provided the answer's own text holds no
+    `close_text` (which would be that close instead)."""
+    if not close or tuple(base_ids[-len(close) :]) != close:
+        return None
+    if len(full_ids) > len(base_ids) and full_ids[: len(base_ids)] == base_ids:
+        return len(base_ids)
+    if not close_text or close_text in orjson.dumps(echoed).decode():
+        return None
+    shared = 0
+    while shared < min(len(full_ids), len(base_ids)) and full_ids[shared] == base_ids[shared]:
+        shared += 1
+    width = len(close)
+    for at in range(shared, len(full_ids) - width):
+        if tuple(full_ids[at : at + width]) == close:
+            return at + width
+    return None
+
+
+class TokenChainBackend:
+    """Serves chat calls from a vLLM deployment through its token-in endpoints."""
+
+    __slots__ = ("client", "deployment", "memory", "probes", "transport")
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        transport: AiohttpTransport,
+        deployment: Deployment,
+        memory: ChainMemory,
+        probes: EngineProbes,
+    ) -> None:
+        self.client = client
+        self.transport = transport
+        self.deployment = deployment
+        self.memory = memory
+        self.probes = probes
+
+    async def serve(self, call: Call) -> None:
+        engine = await self.probes.engine(self.client, self.transport, self.deployment)
+        if engine is None:
+            # Its span's chain says `backend_renders` (no chain set).
+            await PassthroughBackend(self.client, self.deployment, "chat").serve(call)
+            return
+        record = call.record
+        body = chat_body(call.body, self.deployment, call.options)
+        record.deployment = self.deployment
+        record.request = body
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequestError("messages must be a non-empty list of chat messages")
+        headers = backend_headers(self.deployment, record.rollout_id, record.attempt_id)
+        try:
+            link, keys = await self.memory.link(record.rollout_id, record.attempt_id, body)
+            prompt = await self._prompt(engine, body, headers, link)
+            response = await self._answer(engine, prompt, headers)
+        except EngineRejected as exc:
+            record.fail("backend_rejected", exc.message, exc.status)
+            await call.send({"type": "http.response.start", "status": exc.status, "headers": _JSON})
+            await call.send({"type": "http.response.body", "body": exc.data})
+            return
+        record.chain = prompt.link.attribute()
+        record.response = response
+        record.status_code = 200
+        self.memory.remember(
+            record.rollout_id,
+            record.attempt_id,
+            chain_entry(
+                record.span_id,
+                keys,
+                prompt.token_ids,
+                [(c["token_ids"], c["message"]) for c in response["choices"]],
+            ),
+        )
+        await _send_answer(call, record, response, body)
+
+    async def _prompt(self, engine: Engine, body: dict[str, Any], headers: Mapping[str, str], link: Link) -> Prompt:
+        if link.kind == "bridged" and link.parent is not None and link.choice is not None:
+            if not engine.close:
+                link = Link("branched", parent=link.parent, cause="template_boundary")
+            else:
+                bridged = await self._bridge(engine, body, headers, link)
+                if bridged is not None:
+                    return bridged
+                link = Link("branched", parent=link.parent, cause="template_boundary")
+        render = await post_json(self.transport, self.deployment, RENDER, body, headers)
+        # The render leaves out the sampling fields at SamplingParams' defaults; generate takes
+        # an absent max_tokens as "the rest of the context", so it is always sent.
+        render["sampling_params"].setdefault("max_tokens", _SAMPLING_PARAMS_MAX_TOKENS)
+        ids = list(render["token_ids"])
+        if link.kind == "retry" and link.parent is not None:
+            ids = list(link.parent.prompt_ids)
+        return Prompt(link, ids, render, body)
+
+    async def _bridge(
+        self, engine: Engine, body: dict[str, Any], headers: Mapping[str, str], link: Link
+    ) -> Prompt | None:
+        """The bridged prompt, or None when the renderings do not show where the new messages start."""
+        assert link.parent is not None and link.choice is not None
+        full_request, base_request = bridge_requests(body, link.new_from)
+        full, base = await asyncio.gather(
+            post_json(self.transport, self.deployment, RENDER, full_request, headers),
+            post_json(self.transport, self.deployment, RENDER, base_request, headers),
+        )
+        full_ids, base_ids = full["token_ids"], base["token_ids"]
+        close = engine.close
+        echoed = body["messages"][link.new_from - 1]
+        start = (
+            None if full.get("features") else new_messages_start(full_ids, base_ids, close, engine.close_text, echoed)
+        )
+        if start is None:
+            return None
+        parent = link.parent
+        response_ids = parent.choices[link.choice].token_ids
+        ids = [*parent.prompt_ids, *response_ids, *turn_glue(response_ids, close), *full_ids[start:]]
+        sampling = dict(full["sampling_params"])
+        # The render counted only the small request's prompt against the context.
+        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        if engine.max_model_len is not None:
+            room = engine.max_model_len - len(ids)
+            if room < 1:
+                raise EngineRejected(
+                    400,
+                    orjson.dumps(
+                        {
+                            "error": {
+                                "message": f"the prompt is {len(ids)} tokens; the model's context is "
+                                f"{engine.max_model_len}",
+                                "type": "BadRequestError",
+                                "code": 400,
+                            }
+                        }
+                    ),
+                    f"backend {self.deployment.label}: the bridged prompt of {len(ids)} tokens exceeds the context",
+                )
+            sampling["max_tokens"] = min(requested, room) if isinstance(requested, int) else room
+        else:
+            sampling["max_tokens"] = requested if isinstance(requested, int) else _SAMPLING_PARAMS_MAX_TOKENS
+        return Prompt(link, ids, {**full, "sampling_params": sampling}, full_request)
+
+    async def _answer(self, engine: Engine, prompt: Prompt, headers: Mapping[str, str]) -> dict[str, Any]:
+        render = prompt.render
+        generate_body = {
+            "request_id": render.get("request_id"),
+            "model": self.deployment.model,
+            "token_ids": prompt.token_ids,
+            "sampling_params": render["sampling_params"],
+            "features": render.get("features") if prompt.link.kind != "bridged" else None,
+            "cache_salt": render.get("cache_salt"),
+            "priority": render.get("priority", 0),
+            "stream": False,
+        }
+        generated = await post_json(self.transport, self.deployment, GENERATE, generate_body, headers)
+        derender_body = {
+            "model": self.deployment.model,
+            "generate_response": generated,
+            "prompt_tokens": len(prompt.token_ids),
+            "chat_request": {
+                **{k: v for k, v in prompt.chat_request.items() if k != "stream_options"},
+                "stream": False,
+            },
+        }
+        response = await post_json(self.transport, self.deployment, DERENDER, derender_body, headers)
+        response["prompt_token_ids"] = prompt.token_ids
+        for choice, sampled in zip(response.get("choices") or (), generated.get("choices") or (), strict=False):
+            choice["token_ids"] = sampled.get("token_ids")
+            # As vLLM's chat endpoint says it: an answer the tool parser found calls in.
+            if choice.get("finish_reason") == "stop" and (choice.get("message") or {}).get("tool_calls"):
+                choice["finish_reason"] = "tool_calls"
+        return response
+
+
+async def _send_answer(call: Call, record: CallRecord, response: dict[str, Any], body: Mapping[str, Any]) -> None:
+    if not body.get("stream"):
+        await call.send({"type": "http.response.start", "status": 200, "headers": _JSON})
+        await call.send({"type": "http.response.body", "body": orjson.dumps(response)})
+        return
+    await call.send({"type": "http.response.start", "status": 200, "headers": _SSE})
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    for data in sse_chunks(response, include_usage):
+        await call.send({"type": "http.response.body", "body": data, "more_body": True})
+        if record.ttft_s is None:
+            record.ttft_s = time.perf_counter() - call.t0
+    await call.send({"type": "http.response.body", "body": b"", "more_body": False})

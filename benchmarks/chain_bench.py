@@ -1,0 +1,143 @@
+"""The token chain's cost, side by side in one run: a bridged call against today's rendered
+pass-through call and the bare backend, at 8, 64 and 256 turns of history.
+
+    .venv/bin/python benchmarks/chain_bench.py                 # 8, 64, 256 turns, 3 batches of 16 calls each
+    .venv/bin/python benchmarks/chain_bench.py --turns 8 64 --calls 8 --batches 2
+
+Targets, each its own process, all in front of one fake vLLM (`_chain_fake_engine.py`: fixed
+answers, 8 prompt ids per message, the token-in endpoints; not a model, so the figures are the
+proxy's own cost, not a model's):
+
+- `direct`: the fake backend's `/v1/chat/completions` (latency floor);
+- `rendered`: `agl proxy serve --token-chain off` (today's pass-through; the backend renders);
+- `chain`: `agl proxy serve` (auto: the token chain; every measured call is bridged, which the
+  run checks in the spans).
+
+Both proxies have their embedded SQLite store and attribute the calls to a rollout, so their CPU
+includes the span build and export. A tool-less agent loop builds the history to `turns` turns
+(not measured), then `--batches` batches of `--calls` more calls are measured: each proxy
+process's CPU (user + system) per call and the median latency per call. Quote medians and the
+load average: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from proxy_bench import _agl_rollouts, cpu_seconds, free_port, process, rollout_base_url, wait_ready
+
+BENCH_DIR = Path(__file__).resolve().parent
+OBSERVATION = "observation " * 25
+
+
+def _next_messages(history: list[dict[str, Any]], answer: dict[str, Any], turn: int) -> list[dict[str, Any]]:
+    return [*history, answer, {"role": "user", "content": f"{OBSERVATION} {turn}"}]
+
+
+async def _call(client: httpx.AsyncClient, url: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+    response = await client.post(url, json={"model": "bench", "messages": history, "max_tokens": 16})
+    response.raise_for_status()
+    message = response.json()["choices"][0]["message"]
+    return {"role": "assistant", "content": message["content"]}
+
+
+async def _measure(base_url: str, pids: list[int], turns: int, calls: int, batches: int) -> dict[str, float]:
+    url = base_url + "/chat/completions"
+    history = [{"role": "system", "content": "You are a bench."}, {"role": "user", "content": OBSERVATION}]
+    cpu, latency = [], []
+    async with httpx.AsyncClient(timeout=60) as client:
+        for turn in range(turns):
+            history = _next_messages(history, await _call(client, url, history), turn)
+        for _ in range(batches):
+            before = cpu_seconds(pids)
+            for turn in range(calls):
+                t0 = time.perf_counter()
+                answer = await _call(client, url, history)
+                latency.append(time.perf_counter() - t0)
+                history = _next_messages(history, answer, turn)
+            if pids:
+                cpu.append((cpu_seconds(pids) - before) / calls)
+    rss = sum(psutil.Process(p).memory_info().rss for p in pids) / 2**20 if pids else 0.0
+    return {
+        "cpu_ms": statistics.median(cpu) * 1e3 if cpu else 0.0,
+        "latency_ms": statistics.median(latency) * 1e3,
+        "rss_mib": rss,
+    }
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+async def _chain_kinds(url: str, rollout_id: str) -> Counter[str]:
+    from agl_store.client import LightningStoreClient
+
+    async with LightningStoreClient(url) as store:
+        await asyncio.sleep(1.0)  # the last spans' export
+        spans = await store.query_spans(rollout_id, attributes=["agl.chain"])
+    return Counter(s.attributes["agl.chain"]["prompt"] for s in spans)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--calls", type=int, default=16, help="calls per measured batch")
+    parser.add_argument("--batches", type=int, default=3)
+    args = parser.parse_args()
+    agl = str(Path(sys.executable).parent / "agl")
+    rows: list[tuple[str, int, dict[str, float], str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        engine_port = free_port()
+        engine_cmd = [sys.executable, str(BENCH_DIR / "_chain_fake_engine.py"), str(engine_port)]
+        with process(engine_cmd, work / "engine.log") as engine:
+            engine_url = f"http://127.0.0.1:{engine_port}/v1"
+            wait_ready(engine_url + "/models", engine, work / "engine.log")
+            for turns in args.turns:
+                result = asyncio.run(_measure(engine_url, [], turns, args.calls, args.batches))
+                rows.append(("direct", turns, result, "fake backend"))
+            for name, extra in (("rendered", ["--token-chain", "off"]), ("chain", [])):
+                port = free_port()
+                cmd = [agl, "proxy", "serve", "--backend", engine_url, "--model", "bench",
+                       "--db", str(work / f"{name}.db"), "--port", str(port), *extra]  # fmt: skip
+                with process(cmd, work / f"{name}.log") as proxy:
+                    url = f"http://127.0.0.1:{port}"
+                    wait_ready(url + "/health", proxy, work / f"{name}.log")
+                    for turns in args.turns:
+                        [(rollout_id, attempt_id)] = asyncio.run(_agl_rollouts(url, 1))
+                        base_url = rollout_base_url(url, rollout_id, attempt_id)
+                        result = asyncio.run(_measure(base_url, [proxy.pid], turns, args.calls, args.batches))
+                        kinds = asyncio.run(_chain_kinds(url, rollout_id))
+                        result["store_reads"] = _metric(url, "agl_proxy_chain_store_reads_total")
+                        rows.append((name, turns, result, ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))))
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.batches} batches of "
+          f"{args.calls} calls per row; medians")  # fmt: skip
+    print(f"{'target':<9} {'turns':>5} {'proxy CPU ms/call':>18} {'latency ms':>11} {'proxy RSS MiB':>14}  spans")
+    for name, turns, result, kinds in rows:
+        print(f"{name:<9} {turns:>5} {result['cpu_ms']:>18.2f} {result['latency_ms']:>11.2f} "
+              f"{result['rss_mib']:>14.0f}  {kinds}; store reads {result.get('store_reads', 0):.0f}")  # fmt: skip
+    by = {(name, turns): result for name, turns, result, _ in rows}
+    for turns in args.turns:
+        chain, rendered = by[("chain", turns)], by[("rendered", turns)]
+        print(f"{turns:>4} turns: chain / rendered CPU per call {chain['cpu_ms'] / rendered['cpu_ms']:.2f}, "
+              f"added latency over direct: chain {chain['latency_ms'] - by[('direct', turns)]['latency_ms']:+.2f} ms, "
+              f"rendered {rendered['latency_ms'] - by[('direct', turns)]['latency_ms']:+.2f} ms")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
