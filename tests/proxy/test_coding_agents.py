@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from agl_store.client import LightningStoreClient
+from examples.codex_words.agent import CODEX, codex_config
 from examples.tiny_vllm.end_turn import AFTER_ENV, TOKEN_ENV
 from examples.tiny_vllm.vllm_server import VLLMServer, running_vllm_server
 
@@ -27,7 +28,6 @@ from .helpers import wait_for_spans
 from .test_cli import _start, _stop
 
 ROOT = Path(__file__).resolve().parents[2]
-CODEX = ROOT / ".cache" / "codex" / "node_modules" / ".bin" / "codex"
 END_OF_TURN = 2  # <|im_end|> in the tiny model's vocabulary
 TURN_TOKENS = 8
 AGENT_TIMEOUT_S = 300
@@ -55,20 +55,6 @@ def ending_vllm(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory)
         yield server
 
 
-def codex_config(base_url: str) -> str:
-    """What a user writes in ~/.codex/config.toml to run Codex on their own model server."""
-    return f"""model = "gpt-5.1-codex"
-model_provider = "agl"
-
-[model_providers.agl]
-name = "agl"
-base_url = "{base_url}"
-wire_api = "responses"
-request_max_retries = 0
-stream_max_retries = 0
-"""
-
-
 @pytest.mark.skipif(not CODEX.exists(), reason="Codex CLI is not installed in .cache/codex (scripts/setup.sh)")
 @pytest.mark.parametrize("cap", [None, TURN_TOKENS // 2], ids=["turns-end", "turns-capped"])
 async def test_codex_exec_runs_a_task_through_the_proxy(
@@ -87,7 +73,7 @@ async def test_codex_exec_runs_a_task_through_the_proxy(
         home, work = tmp_path / "codex-home", tmp_path / "work"
         home.mkdir()
         work.mkdir()
-        (home / "config.toml").write_text(codex_config(base_url))
+        (home / "config.toml").write_text(codex_config(base_url, retries=0))
         last = tmp_path / "last-message.txt"
         agent = await asyncio.create_subprocess_exec(
             str(CODEX), "exec", "--skip-git-repo-check", "--sandbox", "read-only",
