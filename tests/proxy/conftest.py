@@ -78,3 +78,12 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 def chat_body(**extra: Any) -> dict[str, Any]:
     return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+@pytest.fixture
+async def chain_proxy(proxy_factory: Callable[..., Any], vllm_server: Any) -> LLMProxy:
+    """A proxy with logprobs in front of the tiny vLLM, whose chat calls go through the token chain."""
+    proxy: LLMProxy = await proxy_factory(
+        [model_entry(vllm_server.model, vllm_server.base_url, backend_model=vllm_server.model)], logprobs=True
+    )
+    return proxy

@@ -14,7 +14,15 @@ import httpx
 import openai
 import pytest
 
-from tests.support.conversations import TOOL_RESULT, langchain_tool_conversation, messages, tool_history, tools
+from tests.support.conversations import (
+    anthropic_tool_messages,
+    anthropic_tools,
+    langchain_tool_conversation,
+    messages,
+    responses_tool_input,
+    tool_history,
+    tools,
+)
 
 from .helpers import model_entry, wait_for_spans
 
@@ -52,11 +60,7 @@ async def test_responses_sdk_with_a_function_tool_and_its_result(vllm_proxy, vll
     request: dict[str, Any] = {
         "model": vllm_server.model,
         "instructions": MESSAGES[0]["content"],
-        "input": [
-            {"role": "user", "content": MESSAGES[1]["content"]},
-            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
-            {"type": "function_call_output", "call_id": "call_1", "output": TOOL_RESULT},
-        ],
+        "input": responses_tool_input(),
         "tools": [tool],
         "max_output_tokens": 8,
         **SAMPLING,
@@ -89,20 +93,8 @@ async def test_anthropic_sdk_create_and_stream_with_system_blocks_thinking_and_t
     request: dict[str, Any] = {
         "model": vllm_server.model,
         "system": [{"type": "text", "text": "You are a terse assistant."}, {"type": "text", "text": "Be brief."}],
-        "messages": [
-            {"role": "user", "content": MESSAGES[1]["content"]},
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "thinking", "thinking": "The tool knows.", "signature": "sig"},
-                    {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}},
-                ],
-            },
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": TOOL_RESULT}]},
-        ],
-        "tools": [
-            {"name": "get_weather", "description": FUNCTION["description"], "input_schema": FUNCTION["parameters"]}
-        ],
+        "messages": anthropic_tool_messages(thinking="The tool knows."),
+        "tools": anthropic_tools(),
         "max_tokens": 8,
         # Anthropic's SDK has no sampling arguments any more; the API still takes them.
         "extra_body": SAMPLING,

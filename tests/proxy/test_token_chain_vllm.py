@@ -27,13 +27,6 @@ SAMPLING: dict[str, Any] = {"temperature": 1.0, "max_tokens": 8}
 RENDERED_FIRST = {"prompt": "rendered", "parent": None, "choice": None, "cause": "first_call"}
 
 
-@pytest.fixture
-async def chain_proxy(proxy_factory, vllm_server):
-    return await proxy_factory(
-        [model_entry(vllm_server.model, vllm_server.base_url, backend_model=vllm_server.model)], logprobs=True
-    )
-
-
 def _client(proxy, ids) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="unused", max_retries=0)
 

@@ -44,6 +44,45 @@ def tool_history() -> list[dict[str, Any]]:
     ]
 
 
+def responses_tool_input() -> list[dict[str, Any]]:
+    """``tool_history()`` after its system message as Responses API input items: the question, the
+    ``function_call`` item and its ``function_call_output`` (the system prompt goes in ``instructions``)."""
+    _, question, assistant, result = tool_history()
+    call = assistant["tool_calls"][0]
+    return [
+        {"role": "user", "content": question["content"]},
+        {
+            "type": "function_call",
+            "call_id": call["id"],
+            "name": "get_weather",
+            "arguments": call["function"]["arguments"],
+        },
+        {"type": "function_call_output", "call_id": call["id"], "output": result["content"]},
+    ]
+
+
+def anthropic_tool_messages(thinking: str | None = None) -> list[dict[str, Any]]:
+    """``tool_history()`` after its system message as Anthropic Messages: the question, an assistant
+    ``tool_use`` block (after a ``thinking`` block when given) and the user's ``tool_result`` block."""
+    _, question, assistant, result = tool_history()
+    call = assistant["tool_calls"][0]
+    blocks: list[dict[str, Any]] = []
+    if thinking is not None:
+        blocks.append({"type": "thinking", "thinking": thinking, "signature": "sig"})
+    blocks.append({"type": "tool_use", "id": call["id"], "name": "get_weather", "input": {"city": "Paris"}})
+    return [
+        {"role": "user", "content": question["content"]},
+        {"role": "assistant", "content": blocks},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": result["content"]}]},
+    ]
+
+
+def anthropic_tools() -> list[dict[str, Any]]:
+    """``tools()`` as Anthropic tools."""
+    function = tools()[0]["function"]
+    return [{"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}]
+
+
 async def langchain_tool_conversation(llm: Any) -> tuple[Any, list[Any]]:
     """Two turns of a LangChain agent with ``tools()`` bound to ``llm``: ``messages()`` as LangChain
     messages, then, streamed, the same history with the call of ``get_weather`` and its result.

@@ -1,0 +1,116 @@
+"""The token chain under the Responses API and Anthropic Messages, driven by their official SDKs
+against the real tiny vLLM (started with --enable-scale-out).
+
+A tool agent's history (a function call and its result, replayed: the tiny model makes none) is
+answered; the agent appends what the SDK returned (output items, content blocks) and a new user
+turn, twice. Both follow-ups are bridged like chat's: each prompt is its parent's prompt ids and
+answer ids, then only what the new messages add.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.support.conversations import anthropic_tool_messages, anthropic_tools, messages, responses_tool_input, tools
+
+from .helpers import wait_for_spans
+
+pytestmark = pytest.mark.vllm
+SAMPLING: dict[str, Any] = {"temperature": 1.0}
+MAX_TOKENS = 8
+CALLS = 3
+
+
+def _nudge(turn: int) -> dict[str, Any]:
+    return {"role": "user", "content": f"Call get_weather for city number {turn}."}
+
+
+async def _responses_agent(client: openai.AsyncOpenAI, model: str, stream: bool) -> list[Any]:
+    """CALLS calls; each next input is the last one's, the response's output items, a new user turn."""
+    items = responses_tool_input()
+    answers = []
+    for turn in range(CALLS):
+        request: dict[str, Any] = {
+            "model": model,
+            "instructions": messages()[0]["content"],
+            "input": items,
+            "tools": [{"type": "function", **tools()[0]["function"]}],
+            "max_output_tokens": MAX_TOKENS,
+            "extra_body": SAMPLING,
+        }
+        if stream:
+            events = [event async for event in await client.responses.create(**request, stream=True)]
+            response = events[-1].response
+        else:
+            response = await client.responses.create(**request)
+        answers.append(response)
+        items = [*items, *[item.model_dump(exclude_none=True) for item in response.output], _nudge(turn)]
+    return answers
+
+
+async def _messages_agent(client: anthropic.AsyncAnthropic, model: str, stream: bool) -> list[Any]:
+    """CALLS calls; each next history is the last one's, the answer's content blocks, a new user turn."""
+    history = anthropic_tool_messages(thinking="The tool knows.")
+    answers = []
+    for turn in range(CALLS):
+        request: dict[str, Any] = {
+            "model": model,
+            "system": messages()[0]["content"],
+            "messages": history,
+            "tools": anthropic_tools(),
+            "max_tokens": MAX_TOKENS,
+            "extra_body": SAMPLING,
+        }
+        if stream:
+            async with client.messages.stream(**request) as events:
+                answer = await events.get_final_message()
+        else:
+            answer = await client.messages.create(**request)
+        answers.append(answer)
+        blocks = [block.model_dump(exclude_none=True) for block in answer.content]
+        history = [*history, {"role": "assistant", "content": blocks}, _nudge(turn)]
+    return answers
+
+
+def _assert_chain(spans: Any, answers: list[Any], api: str, stream: bool) -> None:
+    """The first call rendered whole, each later one bridged from the call before it."""
+    for span, answer in zip(spans, answers, strict=True):
+        assert span.attributes["agl.api"] == api and span.attributes["agl.stream"] is stream
+        assert answer.usage.output_tokens == len(span.attributes["agl.choices"][0]["token_ids"])
+    assert spans[0].attributes["agl.chain"]["prompt"] == "rendered"
+    for parent, span in zip(spans, spans[1:], strict=False):
+        assert span.attributes["agl.chain"] == {
+            "prompt": "bridged",
+            "parent": parent.span_id,
+            "choice": 0,
+            "cause": None,
+        }
+        prefix = parent.attributes["agl.prompt_token_ids"] + parent.attributes["agl.choices"][0]["token_ids"]
+        assert span.attributes["agl.prompt_token_ids"][: len(prefix)] == prefix
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
+async def test_responses_api_follow_ups_are_bridged(chain_proxy, vllm_server, new_rollout, store, stream) -> None:
+    ids = await new_rollout()
+    async with openai.AsyncOpenAI(
+        base_url=chain_proxy.as_resource().get_base_url(*ids), api_key="-", max_retries=0
+    ) as client:
+        answers = await _responses_agent(client, vllm_server.model, stream)
+
+    spans = await wait_for_spans(store, ids[0], CALLS)
+    _assert_chain(spans, answers, "responses", stream)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
+async def test_anthropic_messages_follow_ups_are_bridged(chain_proxy, vllm_server, new_rollout, store, stream) -> None:
+    ids = await new_rollout()
+    root = chain_proxy.as_resource().get_base_url(*ids).removesuffix("/v1")
+    async with anthropic.AsyncAnthropic(base_url=root, api_key="-", max_retries=0) as client:
+        answers = await _messages_agent(client, vllm_server.model, stream)
+
+    spans = await wait_for_spans(store, ids[0], CALLS)
+    _assert_chain(spans, answers, "messages", stream)
