@@ -27,6 +27,7 @@ the keys that would need them.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from ._verl import (
@@ -46,6 +47,23 @@ from .attention import MODEL_ATTN_KEY, resolve_attn_implementation
 from .verl_loss import register_per_rollout_loss
 
 WEIGHTS_FILE = "model.safetensors"
+
+
+def weights_to_save(params: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """The actor's (name, tensor) pairs as CPU tensors to write, each tensor once.
+
+    A tied weight (lm_head = embed_tokens, as in Qwen2.5's small models) comes twice as the same
+    tensor, which safetensors refuses to save; vLLM ties it again from the model's config
+    (`tie_word_embeddings`)."""
+    tensors: dict[str, Any] = {}
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    for name, tensor in params:
+        tensor = tensor.detach().to("cpu").contiguous()
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            tensors[name] = tensor
+    return tensors
 
 
 class AglWorker(ActorRolloutRefWorker):
@@ -76,9 +94,8 @@ class AglWorker(ActorRolloutRefWorker):
             return
         from safetensors.torch import save_file
 
-        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in params}
         os.makedirs(directory, exist_ok=True)
-        save_file(tensors, os.path.join(directory, WEIGHTS_FILE))
+        save_file(weights_to_save(params), os.path.join(directory, WEIGHTS_FILE))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[misc]
     def param_numel(self) -> tuple[int, int]:

@@ -44,3 +44,19 @@ def test_a_checkpoint_saved_by_verl_restores_the_actors_weights(tiny_model_path:
     actor.save_rollout_weights(str(tmp_path / "weights"))  # what the weight sync sends
     sent = load_file(tmp_path / "weights" / "model.safetensors")
     assert sorted(sent) == sorted(saved) and all(torch.equal(sent[name], saved[name]) for name in saved)
+
+
+def test_a_tied_weight_is_sent_once(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from agl_train.verl_glue.workers import weights_to_save
+
+    embed = torch.nn.Embedding(8, 4)
+    head = torch.nn.Linear(4, 8, bias=False)
+    head.weight = embed.weight  # tie_word_embeddings, as Qwen2.5's small models have it
+    params = [("model.embed_tokens.weight", embed.weight), ("lm_head.weight", head.weight)]
+
+    tensors = weights_to_save(params)
+    save_file(tensors, tmp_path / "model.safetensors")  # refused when the tied tensor comes twice
+    assert list(load_file(tmp_path / "model.safetensors")) == ["model.embed_tokens.weight"]
+    assert torch.equal(tensors["model.embed_tokens.weight"], embed.weight.detach())
