@@ -1,9 +1,9 @@
 """The chaos run's short form (benchmarks/chaos_run.py): three steps of the word_lookup example
 on the CPU, with the store server, the proxy and vLLM as processes of their own, during which one
 agent, the store server (restarted on the same port and file) and the trainer itself are killed
-(SIGKILL; the trainer is started again with the same command). The run completes every step, no group is trained twice, no rollout has two attempts
-running at once, every succeeded rollout has its spans, no agent outlives its trainer, and no span
-the store acknowledged is lost."""
+(SIGKILL; the trainer is started again with the same command). The run completes every step, no
+group is trained twice, no rollout has two attempts running at once, every succeeded rollout has
+its spans, no agent outlives its trainer, and no span the store acknowledged is lost."""
 
 from __future__ import annotations
 
