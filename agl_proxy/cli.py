@@ -272,16 +272,15 @@ async def _serve_async(
 
     store_url = args.store_url or db_url(args.db)
     store = await open_store(store_url, key=keys.store)
-    store_app: Any | None = None
-    if not args.store_url:
-        try:
-            store_app = create_store_app(
-                store, key=keys.admin, manage_store=False, page_settings=page_settings, host=args.host
-            )
-        except ValueError as exc:  # a pages plug-in refused its settings
-            await store.close()
-            print(f"agl proxy serve: {exc}", file=sys.stderr)
-            return 2
+    # With --store-url too: the trainer reaches the store through `agl_base_url`, the proxy's URL.
+    try:
+        store_app: Any = create_store_app(
+            store, key=keys.admin, manage_store=False, page_settings=page_settings, host=args.host
+        )
+    except ValueError as exc:  # a pages plug-in refused its settings
+        await store.close()
+        print(f"agl proxy serve: {exc}", file=sys.stderr)
+        return 2
     proxy = LLMProxy(
         model_list,
         store,
@@ -305,7 +304,7 @@ async def _serve_async(
         print(f"agl proxy serve: cannot listen on {args.host}:{args.port}: {exc.__cause__ or exc}", file=sys.stderr)
         return 1
     models = ", ".join(proxy.state.registry.model_names)
-    where = f"store {store_url}" + (" (its routes served here too)" if store_app is not None else "")
+    where = f"store {store_url} (its routes served here too)"
     advertised = f"; agents use {proxy.url}" if args.advertise_url else ""
     details = f"models: {models}; {where}; {keys.sources}{advertised}"
     print(f"agl proxy serve: listening on {proxy.bound_url} ({details})", flush=True)

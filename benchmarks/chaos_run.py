@@ -1,15 +1,18 @@
 """A chaos run: the word_lookup example (examples/word_lookup) trained on the CPU while its parts
 are killed, each once, at a random point of a random step.
 
-    python -m benchmarks.chaos_run [--steps 6] [--faults agent,proxy,vllm,trainer] [--seed 0] [--out DIR]
+    python -m benchmarks.chaos_run [--steps 6] [--faults agent,store,proxy,vllm,trainer] [--seed 0]
+        [--store server|embedded] [--out DIR]
 
 The parts run as separate processes, as in a real deployment: vLLM (dev mode, on a copy of the
-tiny model), `agl proxy serve` with its embedded store (the store server and the proxy are one
-process here, so killing it kills both), and the trainer (`AglTrainer.fit()` through
-`run_ppo_on_cpu`, a checkpoint every step, `trainer.resume_mode=auto`). Faults, each SIGKILL:
+tiny model), `agl store serve` on a SQLite file, `agl proxy serve --store-url` (which serves the
+store's routes to the trainer too), and the trainer (`AglTrainer.fit()` through `run_ppo_on_cpu`,
+a checkpoint every step, `trainer.resume_mode=auto`). `--store embedded` runs no store server:
+the proxy keeps the file itself (`--db`). Faults, each SIGKILL:
 
 - `agent`: one agent subprocess of the trainer's local runner;
-- `proxy`: the proxy and its store, restarted on the same port and database file;
+- `store`: the store server, restarted on the same port and database file (not with `--store embedded`);
+- `proxy`: the proxy (and with `--store embedded` its store), restarted on the same port (and file);
 - `vllm`: the vLLM server, restarted on the same port (it serves the model's base weights until
   the trainer's next weight update);
 - `trainer`: the trainer process, restarted with the same command (it resumes from its last
@@ -19,7 +22,9 @@ A trainer that exits with an error (a part it needs went away) is restarted with
 command too, at most `MAX_LAUNCHES` times. At the end the run checks, from the store and the
 rows the trainer dumped (`trainer.rollout_data_dir`): every step was trained, no group was trained
 in two steps, no rollout had two attempts running at once, every succeeded training rollout has
-its spans, and no agent outlived the trainer that started it. It prints one JSON object: the
+its spans, no agent outlived the trainer that started it, and no acknowledged span was lost
+(benchmarks/chaos_acks.py: the proxy's count of spans the store acknowledged, scraped before each
+store or proxy kill and at the end, against the spans in the file). It prints one JSON object: the
 faults (when, at which step, the time to the next trained step and the time lost against the
 median step), the launches, the checks. Everything it starts is stopped on exit.
 """
@@ -44,8 +49,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.chaos_acks import AckLedger
+
 REPO = Path(__file__).resolve().parents[1]
-FAULTS = ("agent", "proxy", "vllm", "trainer")
+FAULTS = ("agent", "store", "proxy", "vllm", "trainer")
 MAX_LAUNCHES = 8
 READY_TIMEOUT_S = 300.0
 AGENT_MODULE = "agl_train.runner.launch"
@@ -73,11 +80,14 @@ class Run:
     model: Path
     vllm_port: int
     proxy_port: int
+    store_port: int | None  # None: the proxy's embedded store
+    acks: AckLedger
     launches: int = 0
     step_done_at: dict[int, float] = field(default_factory=dict)
     step_seconds: dict[int, float] = field(default_factory=dict)  # the trainer's own `timing_s/agl_step`
     vllm: subprocess.Popen[bytes] | None = None
     proxy: subprocess.Popen[bytes] | None = None
+    store: subprocess.Popen[bytes] | None = None
     trainer: subprocess.Popen[bytes] | None = None
     orphans: list[int] = field(default_factory=list)
 
@@ -118,15 +128,40 @@ def start_vllm(run: Run) -> None:
     wait_http(f"http://127.0.0.1:{run.vllm_port}/v1/models", run.vllm, "vLLM")
 
 
+def start_store(run: Run) -> None:
+    command = [sys.executable, "-m", "agl_store.cli", "store", "serve", "--db", str(run.out / "agl.db")]
+    with open(run.out / "store.log", "ab") as log:
+        run.store = subprocess.Popen(
+            [*command, "--port", str(run.store_port)], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            start_new_session=True,
+        )  # fmt: skip
+    wait_http(f"http://127.0.0.1:{run.store_port}/health", run.store, "the store server")
+
+
 def start_proxy(run: Run) -> None:
     (run.out / "models.yaml").write_text("model_list: []\n")
+    store = ["--db", str(run.out / "agl.db")] if run.store_port is None else ["--store-url", store_url(run)]
     command = [
         sys.executable, "-m", "agl_store.cli", "proxy", "serve", "--config", str(run.out / "models.yaml"),
-        "--db", str(run.out / "agl.db"), "--port", str(run.proxy_port), "--logprobs",
+        *store, "--port", str(run.proxy_port), "--logprobs",
     ]  # fmt: skip
+    run.acks.proxy_starting()
     with open(run.out / "proxy.log", "ab") as log:
         run.proxy = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
     wait_http(f"http://127.0.0.1:{run.proxy_port}/health", run.proxy, "the proxy")
+
+
+def store_url(run: Run) -> str:
+    return f"http://127.0.0.1:{run.store_port}"
+
+
+def probe_acks(run: Run, before: str) -> str:
+    """The acknowledged-span probe (benchmarks/chaos_acks.py); its outcome in words."""
+    try:
+        probe = run.acks.probe(f"http://127.0.0.1:{run.proxy_port}", before)
+    except (OSError, StopIteration, ValueError) as exc:  # the proxy is not answering (an earlier fault)
+        return f"acknowledged spans not probed ({exc!r})"
+    return f"{probe.exported} spans acknowledged to this proxy, {probe.in_file} call spans in the file"
 
 
 def start_trainer(run: Run) -> None:
@@ -241,10 +276,17 @@ def inject(run: Run, fault: Fault) -> None:
         run.orphans += [pid for pid in agents if pid in processes()]
         fault.detail = f"killed the trainer with {len(agents)} agents running; {len(run.orphans)} outlived it"
         start_trainer(run)
+    elif fault.kind == "store":
+        acked = probe_acks(run, "kill store")
+        kill_group(run.store)
+        start_store(run)
+        fault.detail = f"store server back after {time.monotonic() - fault.fired_at:.1f} s; {acked}"
     elif fault.kind == "proxy":
+        acked = probe_acks(run, "kill proxy")
         kill_group(run.proxy)
         start_proxy(run)
-        fault.detail = f"proxy and store back after {time.monotonic() - fault.fired_at:.1f} s"
+        what = "proxy and store" if run.store_port is None else "proxy"
+        fault.detail = f"{what} back after {time.monotonic() - fault.fired_at:.1f} s; {acked}"
     elif fault.kind == "vllm":
         kill_group(run.vllm)
         start_vllm(run)
@@ -359,11 +401,14 @@ def trainer_main(args: dict[str, Any]) -> None:
 def parts(run: Run) -> Iterator[None]:
     try:
         start_vllm(run)
+        if run.store_port is not None:
+            start_store(run)
         start_proxy(run)
         start_trainer(run)
         yield
+        probe_acks(run, "end")
     finally:
-        for process in (run.trainer, run.proxy, run.vllm):
+        for process in (run.trainer, run.proxy, run.store, run.vllm):
             kill_group(process)
 
 
@@ -372,6 +417,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--store", choices=("server", "embedded"), default="server", help="a store server, or the proxy's"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "artifacts" / "chaos")
     parser.add_argument("--timeout", type=float, default=2400.0, help="seconds for the whole run")
     parser.add_argument("--trainer", help=argparse.SUPPRESS)
@@ -383,6 +431,8 @@ def main() -> int:
     unknown = sorted(set(kinds) - set(FAULTS))
     if unknown:
         parser.error(f"unknown fault {unknown[0]!r}; faults are {', '.join(FAULTS)}")
+    if args.store == "embedded" and "store" in kinds:
+        parser.error("--faults store needs --store server (the embedded store dies with the proxy)")
     if args.steps < 2:
         parser.error("--steps must be at least 2 (faults fire from step 2 on)")
     import shutil
@@ -396,7 +446,8 @@ def main() -> int:
     out.mkdir(parents=True)
     model = out / "model"
     shutil.copytree(build_tiny_model(DEFAULT_DIR), model)
-    run = Run(out=out, steps=args.steps, model=model, vllm_port=free_port(), proxy_port=free_port())
+    store_port = free_port() if args.store == "server" else None
+    run = Run(out, args.steps, model, free_port(), free_port(), store_port, AckLedger(out / "agl.db"))
     faults = plan_faults(kinds, args.steps, random.Random(args.seed))
     started = time.monotonic()
     with parts(run):
@@ -405,6 +456,7 @@ def main() -> int:
     checks = asyncio.run(store_checks(out / "agl.db"))
     checks["groups_trained_twice"] = trained_twice(out / "rows")
     checks["agents_outliving_their_trainer"] = run.orphans + stray_agents()
+    checks["acknowledged_spans_lost"] = run.acks.lost()
     report = {
         "completed": completed and checkpointed(out) == list(range(1, args.steps + 1)),
         "steps_logged": sorted(run.step_done_at),
@@ -417,6 +469,7 @@ def main() -> int:
             asdict(fault) | {"fired_at": None if fault.fired_at is None else round(fault.fired_at - started, 1)}
             for fault in faults
         ],
+        "ack_probes": [asdict(probe) for probe in run.acks.probes],
         "checks": checks,
         "ok": completed and not any(checks.values()),
     }

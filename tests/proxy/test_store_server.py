@@ -55,6 +55,10 @@ async def test_two_proxy_processes_number_one_rollout_in_call_order(backend, tmp
         by_start = sorted(spans, key=lambda s: s.start_time)
         assert [s.sequence_id for s in by_start] == list(range(1, 9))
         await store.close()
+        # Each proxy serves the store server's routes too (the trainer's one URL for both).
+        through_proxy = await LightningStoreClient(urls[1]).open()
+        assert len(await through_proxy.query_spans(rollout.rollout_id)) == 8
+        await through_proxy.close()
     finally:
         for process in proxies:
             await _stop(process)

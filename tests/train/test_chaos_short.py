@@ -1,8 +1,9 @@
 """The chaos run's short form (benchmarks/chaos_run.py): three steps of the word_lookup example
-on the CPU during which one agent and the trainer itself are killed (SIGKILL; the trainer is
-started again with the same command). The run completes every step, no group is trained twice,
-no rollout has two attempts running at once, every succeeded rollout has its spans, and no agent
-outlives its trainer."""
+on the CPU, with the store server, the proxy and vLLM as processes of their own, during which one
+agent, the store server (restarted on the same port and file) and the trainer itself are killed
+(SIGKILL; the trainer is started again with the same command). The run completes every step, no
+group is trained twice, no rollout has two attempts running at once, every succeeded rollout has
+its spans, no agent outlives its trainer, and no span the store acknowledged is lost."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from .conftest import REPO_ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def test_a_run_survives_a_killed_agent_and_a_killed_trainer(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "benchmarks.chaos_run", "--steps", "3", "--faults", "agent,trainer"]
+def test_a_run_survives_a_killed_agent_store_server_and_trainer(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks.chaos_run", "--steps", "3", "--faults", "agent,store,trainer"]
     done = subprocess.run(
         [*command, "--out", str(tmp_path / "chaos"), "--timeout", "1200"],
         cwd=REPO_ROOT,
