@@ -36,17 +36,8 @@ from agl_store import call_span  # noqa: E402
 from agl_train.core.aggregate import Limits, aggregate  # noqa: E402
 from agl_train.core.traces import read_rollout  # noqa: E402
 from examples.tiny_vllm.vllm_server import free_port, running_vllm_server  # noqa: E402
+from tests.support.conversations import tools  # noqa: E402
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 CALLS_PER_ROLLOUT = 3
 
 
@@ -63,7 +54,7 @@ def run_agent(base_url: str, model: str, max_tokens: int) -> None:
         answer = client.chat.completions.create(
             model=model,
             messages=messages,
-            tools=TOOLS,
+            tools=tools(),
             temperature=1.0,
             max_tokens=max_tokens,  # type: ignore[arg-type]
         )
