@@ -21,6 +21,10 @@ from agl_store.models import Span
 
 from .chain_links import ChainChoice, ChainEntry, Link, decide, quick_link
 from .chain_messages import Answer, RequestKeys, messages_of, request_keys
+from .errors import BadRequestError
+from .translate.base import ClientApi
+from .translate.messages import MESSAGES
+from .translate.responses import RESPONSES
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +32,8 @@ DEFAULT_PER_ATTEMPT = 32
 DEFAULT_MAX_SIZE = 4_000_000
 """Ids and digests kept in all (about 4 bytes per id): tens of MB at most."""
 _SPAN_ATTRIBUTES = (call_span.API, call_span.REQUEST, call_span.RESPONSE, call_span.PROMPT_TOKEN_IDS, call_span.CHOICES)
+_TRANSLATED: dict[str, ClientApi] = {api.name: api for api in (RESPONSES, MESSAGES)}
+"""The client APIs whose spans keep the client's request (their response is the chat answer)."""
 
 
 def chain_entry(
@@ -46,14 +52,29 @@ def chain_entry(
     )
 
 
+def _chat_request(api: Any, request: Any) -> dict[str, Any] | None:
+    """The chat request a stored call's engine rendered: the span's own for chat completions;
+    a Responses or Messages span keeps the client's request, translated again as when it was
+    served (the translation is a pure function of the request)."""
+    if api == "chat.completions":
+        return request if isinstance(request, dict) else None
+    translator = _TRANSLATED.get(api) if isinstance(api, str) else None
+    if translator is None or not isinstance(request, dict):
+        return None
+    try:
+        return translator.chat_request(request)
+    except BadRequestError:
+        return None
+
+
 def entry_of_span(span: Span) -> ChainEntry | None:
     """The chain's record of a stored call span; None for a span the chain cannot continue
-    (failed, no token ids, or a client API other than chat completions: its stored request
-    is not the chat request the engine rendered)."""
+    (failed, no token ids, or an API whose request is not a chat request nor translates to one)."""
     attrs = span.attributes
-    if attrs.get(call_span.API) != "chat.completions" or span.status.status_code == "ERROR":
+    if span.status.status_code == "ERROR":
         return None
-    request, response = attrs.get(call_span.REQUEST), attrs.get(call_span.RESPONSE)
+    request = _chat_request(attrs.get(call_span.API), attrs.get(call_span.REQUEST))
+    response = attrs.get(call_span.RESPONSE)
     prompt_ids, stored = attrs.get(call_span.PROMPT_TOKEN_IDS), attrs.get(call_span.CHOICES)
     if not isinstance(request, dict) or not isinstance(response, dict) or not prompt_ids or not stored:
         return None

@@ -9,6 +9,7 @@ answer ids, then only what the new messages add.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anthropic
@@ -17,7 +18,7 @@ import pytest
 
 from tests.support.conversations import anthropic_tool_messages, anthropic_tools, messages, responses_tool_input, tools
 
-from .helpers import wait_for_spans
+from .helpers import model_entry, wait_for_spans
 
 pytestmark = pytest.mark.vllm
 SAMPLING: dict[str, Any] = {"temperature": 1.0}
@@ -25,15 +26,27 @@ MAX_TOKENS = 8
 CALLS = 3
 
 
+Settle = Callable[[int], Awaitable[None]]
+"""Awaited after each call (its number, from 1): a fleet test waits there for the call's span."""
+
+
 def _nudge(turn: int) -> dict[str, Any]:
     return {"role": "user", "content": f"Call get_weather for city number {turn}."}
 
 
-async def _responses_agent(client: openai.AsyncOpenAI, model: str, stream: bool) -> list[Any]:
-    """CALLS calls; each next input is the last one's, the response's output items, a new user turn."""
+async def _no_wait(calls: int) -> None:
+    return None
+
+
+async def _responses_agent(
+    clients: Sequence[openai.AsyncOpenAI], model: str, stream: bool, settle: Settle = _no_wait
+) -> list[Any]:
+    """CALLS calls, made in turn through `clients`; each next input is the last one's, the response's
+    output items, a new user turn."""
     items = responses_tool_input()
     answers = []
     for turn in range(CALLS):
+        client = clients[turn % len(clients)]
         request: dict[str, Any] = {
             "model": model,
             "instructions": messages()[0]["content"],
@@ -48,15 +61,20 @@ async def _responses_agent(client: openai.AsyncOpenAI, model: str, stream: bool)
         else:
             response = await client.responses.create(**request)
         answers.append(response)
+        await settle(turn + 1)
         items = [*items, *[item.model_dump(exclude_none=True) for item in response.output], _nudge(turn)]
     return answers
 
 
-async def _messages_agent(client: anthropic.AsyncAnthropic, model: str, stream: bool) -> list[Any]:
-    """CALLS calls; each next history is the last one's, the answer's content blocks, a new user turn."""
+async def _messages_agent(
+    clients: Sequence[anthropic.AsyncAnthropic], model: str, stream: bool, settle: Settle = _no_wait
+) -> list[Any]:
+    """CALLS calls, made in turn through `clients`; each next history is the last one's, the answer's
+    content blocks, a new user turn."""
     history = anthropic_tool_messages(thinking="The tool knows.")
     answers = []
     for turn in range(CALLS):
+        client = clients[turn % len(clients)]
         request: dict[str, Any] = {
             "model": model,
             "system": messages()[0]["content"],
@@ -71,6 +89,7 @@ async def _messages_agent(client: anthropic.AsyncAnthropic, model: str, stream: 
         else:
             answer = await client.messages.create(**request)
         answers.append(answer)
+        await settle(turn + 1)
         blocks = [block.model_dump(exclude_none=True) for block in answer.content]
         history = [*history, {"role": "assistant", "content": blocks}, _nudge(turn)]
     return answers
@@ -99,7 +118,7 @@ async def test_responses_api_follow_ups_are_bridged(chain_proxy, vllm_server, ne
     async with openai.AsyncOpenAI(
         base_url=chain_proxy.as_resource().get_base_url(*ids), api_key="-", max_retries=0
     ) as client:
-        answers = await _responses_agent(client, vllm_server.model, stream)
+        answers = await _responses_agent([client], vllm_server.model, stream)
 
     spans = await wait_for_spans(store, ids[0], CALLS)
     _assert_chain(spans, answers, "responses", stream)
@@ -110,7 +129,37 @@ async def test_anthropic_messages_follow_ups_are_bridged(chain_proxy, vllm_serve
     ids = await new_rollout()
     root = chain_proxy.as_resource().get_base_url(*ids).removesuffix("/v1")
     async with anthropic.AsyncAnthropic(base_url=root, api_key="-", max_retries=0) as client:
-        answers = await _messages_agent(client, vllm_server.model, stream)
+        answers = await _messages_agent([client], vllm_server.model, stream)
 
     spans = await wait_for_spans(store, ids[0], CALLS)
     _assert_chain(spans, answers, "messages", stream)
+
+
+async def test_two_proxies_of_a_fleet_bridge_responses_and_messages_calls_that_alternate_between_them(
+    proxy_factory, vllm_server, new_rollout, store
+) -> None:
+    """Each proxy reads the calls the other served from the store, the client's request translated to chat
+    again: a follow-up is bridged whichever proxy answered the call before it."""
+    entry = [model_entry(vllm_server.model, vllm_server.base_url, backend_model=vllm_server.model)]
+    fleet = [await proxy_factory(entry, logprobs=True) for _ in range(2)]
+
+    ids = await new_rollout()
+
+    async def span_stored(calls: int) -> None:  # the next call goes to the other proxy once this one's span is in
+        await wait_for_spans(store, ids[0], calls)
+
+    async with (
+        openai.AsyncOpenAI(base_url=fleet[0].as_resource().get_base_url(*ids), api_key="-") as first,
+        openai.AsyncOpenAI(base_url=fleet[1].as_resource().get_base_url(*ids), api_key="-") as second,
+    ):
+        answers = await _responses_agent([first, second], vllm_server.model, False, span_stored)
+    _assert_chain(await wait_for_spans(store, ids[0], CALLS), answers, "responses", False)
+
+    ids = await new_rollout()
+    roots = [proxy.as_resource().get_base_url(*ids).removesuffix("/v1") for proxy in fleet]
+    async with (
+        anthropic.AsyncAnthropic(base_url=roots[0], api_key="-") as first,
+        anthropic.AsyncAnthropic(base_url=roots[1], api_key="-") as second,
+    ):
+        answers = await _messages_agent([first, second], vllm_server.model, False, span_stored)
+    _assert_chain(await wait_for_spans(store, ids[0], CALLS), answers, "messages", False)
