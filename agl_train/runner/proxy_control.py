@@ -141,6 +141,9 @@ class ProxyControl:
         answer = await self._request("POST", "/proxy/model_list", {"model_list": [dict(e) for e in model_list]})
         return answer["model_list"]
 
+    ROW_TOKENS = "row_tokens"
+    """The sampling field of the row budget (the proxy's `agl_proxy.sampling.ROW_TOKENS`)."""
+
     async def set_sampling(
         self, by_mode: Mapping[str, Mapping[str, Any]], *, on_conflict: str = "override"
     ) -> dict[str, Any]:
