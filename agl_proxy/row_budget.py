@@ -45,17 +45,22 @@ class RowFit:
         """`max_tokens` (the call's own cap) bounded by what the row has left."""
         return max_tokens if self.row_tokens is None else min(max_tokens, self.row_tokens - self.used)
 
-    def capped_render(self, render: Mapping[str, Any]) -> dict[str, Any]:
-        """The render's answer with its `max_tokens` bounded by the row (generate takes it as it is)."""
+    def capped_render(self, render: dict[str, Any]) -> dict[str, Any]:
+        """The render's answer with its `max_tokens` (always set: generate takes it as it is)
+        bounded by the row; `render` itself without a budget."""
+        if self.row_tokens is None:
+            return render
         sampling = dict(render["sampling_params"])
         sampling["max_tokens"] = self.cap(int(sampling["max_tokens"]))
         return {**render, "sampling_params": sampling}
 
-    def attributes(self, max_tokens: int) -> dict[str, int] | None:
-        """What a span's `agl.sampling` adds under a budget: the cap the engine got (`max_tokens`),
-        the budget (`row_tokens`) and the row's tokens before the call (`row_used`); None without one."""
+    def attributes(self, render: Mapping[str, Any]) -> dict[str, int] | None:
+        """What a span's `agl.sampling` adds under a budget: the cap the engine got (`max_tokens`
+        of the capped `render`), the budget (`row_tokens`) and the row's tokens before the call
+        (`row_used`); None without a budget."""
         if self.row_tokens is None:
             return None
+        max_tokens = int(render["sampling_params"]["max_tokens"])
         return {"max_tokens": max_tokens, ROW_TOKENS: self.row_tokens, ROW_USED: self.used}
 
 

@@ -147,7 +147,7 @@ class TokenChainBackend:
             # The row budget (row_budget.py): the cap by what the call's training row still holds.
             row = fit_row(prompt.link, len(prompt.token_ids), call.row_tokens)
             prompt = replace(prompt, link=row.link, render=row.capped_render(prompt.render))
-            record.row = row.attributes(prompt.render["sampling_params"]["max_tokens"])
+            record.row = row.attributes(prompt.render)
             response = await self._answer(engine, prompt, headers)
         except EngineRejected as exc:
             record.fail("backend_rejected", exc.message, exc.status)

@@ -47,10 +47,11 @@ def test_a_bridged_call_gets_what_its_row_has_left() -> None:
     row = fit_row(Link("bridged", parent=second, choice=0), prompt_len=800, row_tokens=1000)
     assert (row.link.kind, row.root_prompt_len, row.used) == ("bridged", 500, 300)
     assert (row.cap(4096), row.cap(100)) == (700, 100)
-    assert row.attributes(700) == {"max_tokens": 700, "row_tokens": 1000, "row_used": 300}
-    render = {"request_id": "r", "sampling_params": {"max_tokens": 4096, "temperature": 1.0}}
-    assert row.capped_render(render) == {"request_id": "r", "sampling_params": {"max_tokens": 700, "temperature": 1.0}}
+    render: dict[str, Any] = {"request_id": "r", "sampling_params": {"max_tokens": 4096, "temperature": 1.0}}
+    capped = row.capped_render(render)
+    assert capped == {"request_id": "r", "sampling_params": {"max_tokens": 700, "temperature": 1.0}}
     assert render["sampling_params"]["max_tokens"] == 4096  # the render's answer is left as it was
+    assert row.attributes(capped) == {"max_tokens": 700, "row_tokens": 1000, "row_used": 300}
     # A retry replaces its parent: the same prompt, the same row.
     assert fit_row(Link("retry", parent=second), prompt_len=700, row_tokens=1000).cap(4096) == 800
 
@@ -69,7 +70,8 @@ def test_without_a_budget_the_row_is_still_followed_and_nothing_is_capped() -> N
     parent = _entry("b", prompt=1400, root=500)
     row = fit_row(Link("bridged", parent=parent, choice=0), prompt_len=1500, row_tokens=None)
     assert (row.link.kind, row.root_prompt_len, row.used, row.cap(4096)) == ("bridged", 500, 1000, 4096)
-    assert row.attributes(4096) is None
+    render: dict[str, Any] = {"sampling_params": {"max_tokens": None}}  # vLLM's default, left to the engine
+    assert row.capped_render(render) is render and row.attributes(render) is None
 
 
 def _span(span_id: str, prompt: int, chain: dict[str, Any] | None) -> Span:
