@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 
 from agl_proxy.chain_links import Link
+from agl_proxy.cli import settings_from_args
 from agl_proxy.chain_memory import chain_entry, root_prompt_lengths
 from agl_proxy.chain_messages import request_keys
 from agl_proxy.errors import BadRequestError
 from agl_proxy.proxy import LLMProxy
 from agl_proxy.row_budget import ROW_FULL, fit_row
 from agl_proxy.sampling import Enforcement, checked_by_mode
+from agl_store.cli import build_parser
 from agl_store.models import Span, TraceStatus
 
 from .conftest import chat_body
@@ -122,6 +124,15 @@ def test_a_bad_budget_is_a_value_error_naming_the_field(value: Any, message: str
     with pytest.raises(ValueError, match=rf"by_mode\.train\.row_tokens must be .*{message}"):
         checked_by_mode({"train": {"row_tokens": value}})
     assert checked_by_mode({"train": {"row_tokens": 8192.0}}) == {"train": {"row_tokens": 8192}}
+
+
+def test_the_command_line_sets_the_budget_by_mode() -> None:
+    def settings(*flags: str) -> Any:
+        return settings_from_args(build_parser().parse_args(["proxy", "serve", "--backend", "x", *flags]))
+
+    assert settings("--sampling", "train.row_tokens=8192").sampling_by_mode == {"train": {"row_tokens": 8192}}
+    with pytest.raises(ValueError, match=r"--sampling\.train\.row_tokens must be >= 1, got 0"):
+        settings("--sampling", "train.row_tokens=0")
 
 
 async def test_post_sampling_refuses_a_bad_budget_with_400_naming_it(proxy: LLMProxy, http) -> None:
