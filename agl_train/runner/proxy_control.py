@@ -141,9 +141,6 @@ class ProxyControl:
         answer = await self._request("POST", "/proxy/model_list", {"model_list": [dict(e) for e in model_list]})
         return answer["model_list"]
 
-    ROW_TOKENS = "row_tokens"
-    """The sampling field of the row budget (the proxy's `agl_proxy.sampling.ROW_TOKENS`)."""
-
     async def set_sampling(
         self, by_mode: Mapping[str, Mapping[str, Any]], *, on_conflict: str = "override"
     ) -> dict[str, Any]:
@@ -179,6 +176,8 @@ async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str
     return answer.json()["data"][0]["id"]
 
 
+ROW_TOKENS = "row_tokens"
+"""The sampling field of the row budget (`set_sampling`; the proxy's `agl_proxy.sampling.ROW_TOKENS`)."""
 ANY_MODEL = "*"
 """The wildcard model name (LiteLLM's spelling) the trained model is registered under too."""
 

@@ -30,7 +30,7 @@ from ..runner.factory import make_runner
 from ..runner.groups import GroupTracker
 from ..runner.loop_thread import LoopThread
 from ..runner.ownership import RunIdentity, take_over
-from ..runner.proxy_control import ProxyControl, pause_for_update, publish_replicas
+from ..runner.proxy_control import ROW_TOKENS, ProxyControl, pause_for_update, publish_replicas
 from ..runner.retention import after_checkpoint
 from ._verl import (
     DataProto,
@@ -224,7 +224,7 @@ class AglTrainer(RayPPOTrainer):
         by_mode = self.sampling_by_mode()
         settings = self.agl_settings
         if settings.level == LEVEL_TRAJECTORY:
-            by_mode["train"][ProxyControl.ROW_TOKENS] = settings.limits.max_response_length
+            by_mode["train"][ROW_TOKENS] = settings.limits.max_response_length
         return by_mode
 
     async def _rollouts(self, new_inputs: Sequence[Any]) -> StepData:

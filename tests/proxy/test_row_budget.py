@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from agl_proxy.chain_links import Link
-from agl_proxy.cli import settings_from_args
 from agl_proxy.chain_memory import chain_entry, root_prompt_lengths
 from agl_proxy.chain_messages import request_keys
+from agl_proxy.cli import settings_from_args
 from agl_proxy.errors import BadRequestError
 from agl_proxy.proxy import LLMProxy
 from agl_proxy.row_budget import ROW_FULL, fit_row
