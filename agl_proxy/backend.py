@@ -43,6 +43,8 @@ class Call:
     options: RequestOptions
     receive: Receive | None = None
     """With it, a stream stops (and the backend is released) when the client goes away."""
+    row_tokens: int | None = None
+    """The row budget of the call's rollout mode (`sampling.ROW_TOKENS`), which the token chain applies."""
 
 
 class RetryableBackendError(Exception):

@@ -42,6 +42,8 @@ class CallRecord:
     error: CallError | None = None
     sampling_mode: str | None = None
     """The rollout mode whose sampling the proxy enforced on the call, if any."""
+    row: dict[str, int] | None = None
+    """Under a row budget, from the token chain: `max_tokens` (the cap the engine got), `row_tokens`, `row_used`."""
     token_ids: tuple[str, str | None] | None = None
     """(status, cause) once `check_token_ids()` ran: `ok`, `missing` or `mismatch`, and why."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -205,6 +207,8 @@ def _sampling_attributes(record: CallRecord) -> dict[str, Any]:
     sampling = {name: sent[name] for name in SAMPLING_FIELDS if sent.get(name) is not None}
     if "max_tokens" not in sampling and sent.get("max_completion_tokens") is not None:
         sampling["max_tokens"] = sent["max_completion_tokens"]
+    if record.row is not None:
+        sampling.update(record.row)
     out: dict[str, Any] = {call_span.SAMPLING: sampling}
     if record.sampling_mode is not None:
         out[call_span.SAMPLING_MODE] = record.sampling_mode

@@ -38,7 +38,7 @@ from .errors import (
 from .forwarding import PassthroughBackend
 from .litellm_path import LiteLLMBackend
 from .pausing import CallHandle
-from .sampling import SAMPLING_FIELDS
+from .sampling import ROW_TOKENS, SAMPLING_FIELDS
 from .state import ProxyState
 from .token_chain import TokenChainBackend
 from .translate.base import ClientApi, TranslatingSend
@@ -237,8 +237,12 @@ class LLMCallEndpoint:
     ) -> None:
         state = self.state
         enforcement = await state.sampling.for_rollout(record.rollout_id)
+        row_tokens = enforcement.row_tokens if enforcement is not None else None
         if enforcement is not None:
             record.sampling_mode = enforcement.mode
+        if row_tokens is not None:
+            # A backend that renders itself: the call counts as a row's first (the token chain says more).
+            record.row = {ROW_TOKENS: row_tokens}
         tried: set[str] = set()
         last_error: ProxyError | None = None
         while True:
@@ -259,7 +263,7 @@ class LLMCallEndpoint:
                 sent = enforcement.apply({**defaults, **body})
             state.balancer.acquire(deployment)
             try:
-                await self._backend(deployment).serve(Call(record, sent, send, t0, state.options, receive))
+                await self._backend(deployment).serve(Call(record, sent, send, t0, state.options, receive, row_tokens))
                 if record.status_code < 500:
                     state.balancer.mark_ok(deployment)
                 return

@@ -36,6 +36,8 @@ class ChainEntry:
     keys: RequestKeys
     prompt_ids: array[int]
     choices: tuple[ChainChoice, ...]
+    root_prompt_len: int
+    """The prompt length of the call that started this call's training row (`row_budget`)."""
 
     @property
     def size(self) -> int:

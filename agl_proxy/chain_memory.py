@@ -4,7 +4,8 @@ Any proxy of a fleet may serve any call of an attempt: a call that continues not
 proxy remembers has the attempt's call spans read from the store (through the
 LightningStore interface) before it is taken as a branch. What is kept is bounded per
 attempt (the most recently used calls) and in total (ids and digests, least recently used
-attempts dropped first).
+attempts dropped first). Each call keeps the prompt length of its row's first call (the row
+budget's base, `row_budget`); read from the store it follows the spans' `agl.chain` links.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_PER_ATTEMPT = 32
 DEFAULT_MAX_SIZE = 4_000_000
 """Ids and digests kept in all (about 4 bytes per id): tens of MB at most."""
-_SPAN_ATTRIBUTES = (call_span.API, call_span.REQUEST, call_span.RESPONSE, call_span.PROMPT_TOKEN_IDS, call_span.CHOICES)
+_SPAN_ATTRIBUTES = (
+    call_span.API,
+    call_span.REQUEST,
+    call_span.RESPONSE,
+    call_span.PROMPT_TOKEN_IDS,
+    call_span.CHOICES,
+    call_span.CHAIN,
+)
+_CONTINUING = ("bridged", "retry")
+"""The `agl.chain` kinds whose call stays in its parent's row."""
 _TRANSLATED: dict[str, ClientApi] = {api.name: api for api in (RESPONSES, MESSAGES)}
 """The client APIs whose spans keep the client's request (their response is the chat answer)."""
 
@@ -41,14 +51,17 @@ def chain_entry(
     keys: RequestKeys,
     prompt_ids: Sequence[int],
     choices: Sequence[tuple[Sequence[int], Mapping[str, Any]]],
+    root_prompt_len: int | None = None,
 ) -> ChainEntry:
-    """The chain's record of an answered call: its request's digests, its prompt ids and, per
-    choice, the generated ids and the answer message the client got."""
+    """The chain's record of an answered call: its request's digests, its prompt ids, per
+    choice the generated ids and the answer message the client got, and the prompt length of
+    its row's first call (its own when None: the call starts a row)."""
     return ChainEntry(
         span_id=span_id,
         keys=keys,
         prompt_ids=array("l", prompt_ids),
         choices=tuple(ChainChoice(array("l", ids), Answer.of(message)) for ids, message in choices),
+        root_prompt_len=len(prompt_ids) if root_prompt_len is None else root_prompt_len,
     )
 
 
@@ -67,7 +80,19 @@ def _chat_request(api: Any, request: Any) -> dict[str, Any] | None:
         return None
 
 
-def entry_of_span(span: Span) -> ChainEntry | None:
+def root_prompt_lengths(spans: Sequence[Span]) -> dict[str, int]:
+    """Per call span (in call order), the prompt length of its row's first call: a bridged or
+    retried call's parent's, else its own (also when the parent is not among `spans`)."""
+    roots: dict[str, int] = {}
+    for span in spans:
+        chain = span.attributes.get(call_span.CHAIN)
+        prompt_ids = span.attributes.get(call_span.PROMPT_TOKEN_IDS) or ()
+        parent = chain.get("parent") if isinstance(chain, Mapping) and chain.get("prompt") in _CONTINUING else None
+        roots[span.span_id] = roots.get(parent, len(prompt_ids)) if isinstance(parent, str) else len(prompt_ids)
+    return roots
+
+
+def entry_of_span(span: Span, root_prompt_len: int | None = None) -> ChainEntry | None:
     """The chain's record of a stored call span; None for a span the chain cannot continue
     (failed, no token ids, or an API whose request is not a chat request nor translates to one)."""
     attrs = span.attributes
@@ -85,7 +110,7 @@ def entry_of_span(span: Span) -> ChainEntry | None:
         if not ids or not isinstance(message, dict):
             return None
         choices.append((ids, message))
-    return chain_entry(span.span_id, request_keys(request), prompt_ids, choices)
+    return chain_entry(span.span_id, request_keys(request), prompt_ids, choices, root_prompt_len)
 
 
 def _final(link: Link, body: Mapping[str, Any]) -> bool:
@@ -199,10 +224,12 @@ class ChainMemory:
         calls = self._attempts.get(key)
         known = set(calls.entries) if calls is not None else set()
         added = False
-        for span in list(page)[-self.per_attempt :]:
+        spans = list(page)
+        roots = root_prompt_lengths(spans)
+        for span in spans[-self.per_attempt :]:
             if span.span_id in known:
                 continue
-            entry = entry_of_span(span)
+            entry = entry_of_span(span, roots[span.span_id])
             if entry is not None:
                 self.remember(rollout_id, attempt_id, entry)
                 added = True

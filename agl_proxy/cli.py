@@ -23,7 +23,7 @@ from .deployments import ModelRegistry, with_aliases
 from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 from .pausing import DEFAULT_HOLD_S
 from .proxy import DEFAULT_PORT, LLMProxy
-from .sampling import ON_CONFLICT, SAMPLING_FIELDS, checked_by_mode
+from .sampling import MODE_FIELDS, ON_CONFLICT, checked_by_mode
 from .settings import TOKEN_CHAIN_MODES, ProxySettings
 
 ROLLOUT_MODES = get_args(RolloutMode)
@@ -83,7 +83,8 @@ def add_proxy_commands(subparsers: Any) -> None:
         metavar="MODE.FIELD=VALUE",
         help=(
             "sampling enforced on calls of rollouts of MODE (train, val, test, or all), e.g. train.temperature=1.0, "
-            f"val.temperature=0, all.max_tokens=256 (a cap); fields: {', '.join(SAMPLING_FIELDS)}; repeat"
+            "val.temperature=0, all.max_tokens=256 (a cap), train.row_tokens=8192 (what a trajectory row holds); "
+            f"fields: {', '.join(MODE_FIELDS)}; repeat"
         ),
     )
     serve.add_argument(

@@ -7,7 +7,9 @@ and enforces that mode's fields on the call: it replaces the agent's values
 (`on_conflict="override"`) or answers 400 to a call that asks for another value
 (`"refuse"`). The mode `all` applies to every call, also to calls of no rollout or of a rollout
 without a mode; a rollout mode's own fields win over it. `max_tokens` is a cap: the agent's
-value when lower. The mode table can be replaced at run time (`POST /proxy/sampling`).
+value when lower. `row_tokens` is the row budget of a trajectory-level run: a call may generate
+at most what the training row its prompt continues can still hold (`row_budget`); it is never
+sent to the backend and never refused. The mode table can be replaced at run time (`POST /proxy/sampling`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ logger = logging.getLogger(__name__)
 
 MAX_CACHED_ROLLOUTS = 10_000
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
-"""What a mode may impose, and what a span's `agl.sampling` records."""
+"""The request fields a mode may impose, and what a span's `agl.sampling` records of the request."""
+ROW_TOKENS = "row_tokens"
+"""The row budget: the tokens a trajectory row's response part holds (the call's own cap is the rest of it)."""
+MODE_FIELDS = (*SAMPLING_FIELDS, ROW_TOKENS)
+"""What a mode may set."""
 MAX_TOKENS_ALIASES = ("max_tokens", "max_completion_tokens")
 """Where an agent may put its token limit (newer OpenAI SDKs send the second); the cap bounds both."""
 ON_CONFLICT = ("override", "refuse")
@@ -36,7 +42,7 @@ ALL = "all"
 
 
 def checked_by_mode(by_mode: Any, where: str = "by_mode") -> dict[str, dict[str, float | int]]:
-    """`by_mode` validated: {mode: {field: number}} with fields from SAMPLING_FIELDS.
+    """`by_mode` validated: {mode: {field: number}} with fields from MODE_FIELDS.
 
     ValueError names the first bad mode, field or value (as `by_mode.train.top_k`).
     """
@@ -51,10 +57,8 @@ def checked_by_mode(by_mode: Any, where: str = "by_mode") -> dict[str, dict[str,
         out[mode] = {}
         for name, value in fields.items():
             field = f"{where}.{mode}.{name}"
-            if name not in SAMPLING_FIELDS:
-                raise ValueError(
-                    f"{field:.100} is not a sampling field this proxy enforces ({', '.join(SAMPLING_FIELDS)})"
-                )
+            if name not in MODE_FIELDS:
+                raise ValueError(f"{field:.100} is not a sampling field this proxy enforces ({', '.join(MODE_FIELDS)})")
             out[mode][name] = _checked_value(name, value, field)
     return out
 
@@ -62,11 +66,11 @@ def checked_by_mode(by_mode: Any, where: str = "by_mode") -> dict[str, dict[str,
 def _checked_value(name: str, value: Any, field: str) -> float | int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{field} must be a finite number, got {value!r:.50}")
-    if name in ("top_k", "max_tokens"):
+    if name in ("top_k", "max_tokens", ROW_TOKENS):
         if value != int(value):
             raise ValueError(f"{field} must be an integer, got {value!r}")
         value = int(value)
-        if name == "max_tokens" and value < 1:
+        if name in ("max_tokens", ROW_TOKENS) and value < 1:
             raise ValueError(f"{field} must be >= 1, got {value}")
         if name == "top_k" and value < -1:
             raise ValueError(f"{field} must be -1 (no limit) or >= 0, got {value}")
@@ -89,24 +93,39 @@ class Enforcement:
     fields: Mapping[str, float | int]
     on_conflict: str
 
+    @property
+    def row_tokens(self) -> int | None:
+        """The row budget, if the mode sets one."""
+        value = self.fields.get(ROW_TOKENS)
+        return int(value) if value is not None else None
+
     def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """`body` with the fields imposed; BadRequestError names a conflicting field under `refuse`."""
+        """`body` with the fields imposed; BadRequestError names a conflicting field under `refuse`.
+
+        With a row budget, no call generates more than a whole row holds (a call that starts a
+        row); the token chain caps a call that continues a row further (`row_budget`)."""
         out = dict(body)
         for name, imposed in self.fields.items():
+            if name == ROW_TOKENS:
+                continue
             if name == "max_tokens":
-                self._cap(out, int(imposed))
+                self._cap(out, int(imposed), self.on_conflict == "refuse")
                 continue
             given = out.get(name)
             if given is not None and given != imposed and self.on_conflict == "refuse":
                 raise self._conflict(name, given, f"{imposed!r}")
             out[name] = imposed
+        row = self.row_tokens
+        if row is not None:
+            # The agent cannot know what its row holds: this cap is never a conflict.
+            self._cap(out, row, refuse=False)
         return out
 
-    def _cap(self, out: dict[str, Any], cap: int) -> None:
+    def _cap(self, out: dict[str, Any], cap: int, refuse: bool) -> None:
         given = {name: out[name] for name in MAX_TOKENS_ALIASES if out.get(name) is not None}
         for name, value in given.items():
             if not isinstance(value, int) or isinstance(value, bool) or value > cap:
-                if self.on_conflict == "refuse":
+                if refuse:
                     raise self._conflict(name, value, f"at most {cap}")
                 out[name] = cap
         if not given:

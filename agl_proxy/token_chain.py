@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -32,6 +32,7 @@ from .deployments import Deployment
 from .engine import DERENDER, GENERATE, RENDER, Engine, EngineProbes, EngineRejected, post_json
 from .errors import BadRequestError
 from .forwarding import PassthroughBackend, backend_headers
+from .row_budget import fit_row
 
 _SAMPLING_PARAMS_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default."""
@@ -143,6 +144,10 @@ class TokenChainBackend:
         try:
             link, keys = await self.memory.link(record.rollout_id, record.attempt_id, body)
             prompt = await self._prompt(engine, body, headers, link)
+            # The row budget (row_budget.py): the cap by what the call's training row still holds.
+            row = fit_row(prompt.link, len(prompt.token_ids), call.row_tokens)
+            prompt = replace(prompt, link=row.link, render=row.capped_render(prompt.render))
+            record.row = row.attributes(prompt.render)
             response = await self._answer(engine, prompt, headers)
         except EngineRejected as exc:
             record.fail("backend_rejected", exc.message, exc.status)
@@ -160,6 +165,7 @@ class TokenChainBackend:
                 keys,
                 prompt.token_ids,
                 [(c["token_ids"], c["message"]) for c in response["choices"]],
+                row.root_prompt_len,
             ),
         )
         await _send_answer(call, record, response, body)

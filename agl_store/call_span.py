@@ -51,7 +51,9 @@ TOKEN_IDS_CAUSE = "agl.token_ids.cause"
 """With `missing` or `mismatch`: why, in a short sentence."""
 SAMPLING = "agl.sampling"
 """The effective temperature / top_p / top_k / max_tokens sent to the backend: an object with
-only the keys someone (the agent, the deployment, the proxy) set."""
+only the keys someone (the agent, the deployment, the proxy) set. Under a row budget also
+`row_tokens` (the budget) and, from the token chain, `row_used` (the row's tokens before the call),
+`max_tokens` then being the cap the engine got."""
 SAMPLING_MODE = "agl.sampling.mode"
 """The rollout mode whose sampling the proxy enforced on the call; absent when none applied."""
 API = "agl.api"
@@ -116,7 +118,8 @@ class CallChain(TypedDict):
     differs from the answer the proxy gave), `reasoning_dropped`, `system_changed`, `tools_changed`,
     `template_changed` (a field that changes the rendering besides the messages: chat_template_kwargs, ...),
     `template_boundary` (the engine's renderings did not show where the new messages start),
-    `completions_api` (prompt given as text/ids by the client); None for bridged / retry."""
+    `completions_api` (prompt given as text/ids by the client), `row_full` (the prompt is bridged, but the parent's
+    training row has no room left under the row budget, so this call starts a row); None for bridged / retry."""
 
 
 class CallError(TypedDict):

@@ -7,7 +7,8 @@ cannot take token ids). The edges:
 
 - `bridged`: the call continues the parent's choice (its prompt starts with exactly that context).
 - `retry`: the call replaces its parent: it hangs where the parent hung, and the parent's branch is superseded.
-- `branched`: a new root (and a `PrefixBreak` record: why the prefix was not kept).
+- `branched`: a new root (and a `PrefixBreak` record: why the prefix was not kept; none for `row_full`, whose
+  prompt is the parent's context kept whole: the parent's row had no room left).
 - `rendered` as the first call: a root. Other `rendered` calls and calls without `agl.chain` (spans written before
   it) are linked as trajectory rows always were: to the previous call when the prompt starts with exactly its
   prompt + response, else a new root with a `PrefixBreak` record. So is a `bridged` or `retry` call whose parent
@@ -32,6 +33,7 @@ CHAIN_RETRY = "retry"
 CHAIN_BRANCHED = "branched"
 CHAIN_RENDERED = "rendered"
 CAUSE_FIRST_CALL = "first_call"
+CAUSE_ROW_FULL = "row_full"
 
 SUPERSEDED_DROP = "drop"
 """Paths through a branch a retry replaced are left out of the rows."""
@@ -153,7 +155,7 @@ class _Linker:
                     sibling.superseded = True
                 return self.parent[replaced[0].index], False
         elif chain is not None and chain.prompt == CHAIN_BRANCHED:
-            return None, True
+            return None, chain.cause != CAUSE_ROW_FULL
         elif chain is not None and chain.prompt == CHAIN_RENDERED and chain.cause == CAUSE_FIRST_CALL:
             return None, False
         # No chain, rendered by a backend that takes no ids, or a chain that does not hold: the linear rule.

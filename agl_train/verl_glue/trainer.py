@@ -24,12 +24,13 @@ import numpy as np
 from agl_store.base import LightningStore
 from agl_store.models import RolloutConfig
 
+from ..core.aggregate import LEVEL_TRAJECTORY
 from ..runner.dispatch import WORKER_ID, RolloutDispatcher
 from ..runner.factory import make_runner
 from ..runner.groups import GroupTracker
 from ..runner.loop_thread import LoopThread
 from ..runner.ownership import RunIdentity, take_over
-from ..runner.proxy_control import ProxyControl, pause_for_update, publish_replicas
+from ..runner.proxy_control import ROW_TOKENS, ProxyControl, pause_for_update, publish_replicas
 from ..runner.retention import after_checkpoint
 from ._verl import (
     DataProto,
@@ -180,7 +181,7 @@ class AglTrainer(RayPPOTrainer):
         """The replicas and the sampling to the proxy, the resource set to the store. Both go to
         the proxy at every publish: a proxy restarted meanwhile has forgotten them."""
         assert self._store is not None
-        await self.proxy.set_sampling(self.sampling_by_mode())
+        await self.proxy.set_sampling(self.proxy_sampling_by_mode())
         return await publish_replicas(
             self._store,
             self.proxy,
@@ -213,6 +214,18 @@ class AglTrainer(RayPPOTrainer):
                 "max_tokens": max_tokens,
             },
         }
+
+    def proxy_sampling_by_mode(self) -> dict[str, dict[str, Any]]:
+        """What the proxy enforces: `sampling_by_mode`, and in a trajectory-level run the row budget
+        of training calls (`row_tokens` = `trajectory_max_response_length`, what the aggregator keeps
+        of a row's response part): a call may generate what its row still holds, so no row is
+        truncated, while `rollout.response_length` still caps each call. Validation rows are not
+        trained: their calls keep the per-call cap only."""
+        by_mode = self.sampling_by_mode()
+        settings = self.agl_settings
+        if settings.level == LEVEL_TRAJECTORY:
+            by_mode["train"][ROW_TOKENS] = settings.limits.max_response_length
+        return by_mode
 
     async def _rollouts(self, new_inputs: Sequence[Any]) -> StepData:
         assert self._store is not None and self._tracker is not None

@@ -116,6 +116,25 @@ def test_a_branched_call_is_a_new_root_with_a_prefix_break_record() -> None:
     assert aggregation.metrics["training/rows_per_rollout/max"] == 2
 
 
+def test_the_call_after_a_full_row_starts_a_row_with_its_bridged_prompt_and_no_break_record() -> None:
+    # B's row had no room left under the proxy's row budget: C's bridged prompt starts a row of its own.
+    c = llm_call_span(
+        B_PROMPT + [12, 22],
+        [13, 14],
+        sequence_id=3,
+        span_id="C",
+        chain={"prompt": "branched", "parent": "B", "cause": "row_full"},
+    )
+    trace = trace_from_spans("ro-1", [A, B, c, reward(1.0)])
+    aggregation = aggregate([trace], "trajectory", WIDE)
+
+    first, second = aggregation.rows
+    assert (first.n_calls, first.response_ids) == (2, [10, 11, 20, 21, 12])
+    assert (second.prompt_ids, second.response_ids, second.response_mask) == (B_PROMPT + [12, 22], [13, 14], [1, 1])
+    assert aggregation.breaks == []
+    assert aggregation.metrics["training/n_llm_calls/branched/row_full"] == 1
+
+
 def test_calls_without_a_chain_and_calls_a_backend_rendered_merge_by_prefix_as_before() -> None:
     rendered = {"prompt": "rendered", "cause": "backend_renders"}
     plain = [

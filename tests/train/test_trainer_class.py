@@ -332,3 +332,47 @@ async def test_groups_left_in_flight_by_the_last_step_are_cancelled_and_reported
         assert "1 groups in flight cancelled and 1 drawn prompts not submitted" in caplog.text
     finally:
         await store.close()
+
+
+@pytest.mark.vllm
+async def test_a_trajectory_run_gives_the_proxy_each_training_row_s_budget(tokenizer, vllm_server, tmp_path) -> None:
+    from agl_proxy.proxy import LLMProxy
+    from agl_store.sqlite import SQLiteStore
+    from agl_train.verl_glue.cpu_workers import ExternalReplicas
+
+    store = await SQLiteStore(str(tmp_path / "agl.db")).open()
+    proxy = LLMProxy(model_list=[], store=store, port=0, key="sekret", hold_s=0)
+    await proxy.start()
+    address = vllm_server.base_url.removeprefix("http://").removesuffix("/v1")  # as verl reports it
+    trainers = []
+    try:
+        for level in ("trajectory", "transition"):
+            trainer = build(
+                tokenizer,
+                [
+                    f"agentlightning.agl_base_url={proxy.url}",
+                    "agentlightning.agl_key=sekret",
+                    f"agentlightning.trace_aggregator.level={level}",
+                    "actor_rollout_ref.rollout.response_length=512",
+                ],
+            )
+            trainers.append(trainer)
+            trainer._store = store
+            trainer.llm_server_manager = ExternalReplicas([address])
+            resources_id = await trainer._publish_replicas()
+
+            actor = trainer.sampling_by_mode()
+            registered = proxy.state.sampling.state()["by_mode"]
+            # Each call still capped at rollout.response_length; in a trajectory run a training call also
+            # gets no more than its row still holds (trajectory_max_response_length, config.yaml's 8192).
+            budget = {"row_tokens": 8192} if level == "trajectory" else {}
+            assert registered == {"train": {**actor["train"], **budget}, "val": actor["val"]}
+            assert actor["train"]["max_tokens"] == actor["val"]["max_tokens"] == 512
+            # Agents are given the actor's sampling: the budget is the proxy's, not a request field.
+            resources = await store.get_resources_by_id(resources_id)
+            assert resources.resources["main_llm"].sampling_parameters == actor["train"]
+    finally:
+        for trainer in trainers:
+            await trainer.proxy.aclose()
+        await proxy.stop()
+        await store.close()
