@@ -20,8 +20,6 @@ from typing import Any
 import httpx
 import orjson
 
-from agl_store.web.http_transport import AiohttpTransport
-
 from .backend import Call, RequestOptions, request_fields
 from .call_record import CallRecord
 from .chain_links import Link
@@ -30,6 +28,7 @@ from .chain_messages import SYSTEM_ROLES
 from .chain_stream import sse_chunks
 from .deployments import Deployment
 from .engine import DERENDER, GENERATE, RENDER, Engine, EngineProbes, EngineRejected, post_json
+from .engine_http import EngineHttp
 from .errors import BadRequestError
 from .forwarding import PassthroughBackend, backend_headers
 
@@ -115,7 +114,7 @@ class TokenChainBackend:
     def __init__(
         self,
         client: httpx.AsyncClient,
-        transport: AiohttpTransport,
+        transport: EngineHttp,
         deployment: Deployment,
         memory: ChainMemory,
         probes: EngineProbes,
