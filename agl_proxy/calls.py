@@ -284,5 +284,5 @@ class LLMCallEndpoint:
             and deployment.token_chain
             and state.settings.token_chain != "off"
         ):
-            return TokenChainBackend(client, state.engine_http, deployment, state.chains, state.engines)
+            return TokenChainBackend(client, state.engine_http, deployment, state.chains, state.engines, state.heads)
         return PassthroughBackend(client, deployment, self.operation)

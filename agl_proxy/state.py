@@ -18,6 +18,7 @@ from agl_store.web.http_transport import AiohttpTransport
 
 from .backend import RequestOptions
 from .balancing import Balancer
+from .chain_heads import ChainHeads
 from .chain_memory import ChainMemory
 from .deployments import ModelRegistry
 from .engine import EngineProbes
@@ -63,6 +64,8 @@ class ProxyState:
         """The token chain's remembered calls, per attempt."""
         self.engines = EngineProbes()
         """Which deployments take token ids, probed once each."""
+        self.heads = ChainHeads()
+        """The token chain's head renderings (system message, tools), so a bridge renders once."""
         self.engine_http = EngineHttp()
         """The token chain's connections to the engines (JSON requests answered whole)."""
         self.client: httpx.AsyncClient | None = None

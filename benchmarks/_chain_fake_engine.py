@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 
 import uvicorn
 from _proxy_fake_backend import request_body
@@ -80,13 +81,22 @@ def _answer(request: dict, path: str) -> object:
     return response
 
 
+REQUESTS: Counter[str] = Counter()
+"""POSTs answered, by path (`GET /requests`): how many engine requests a call made."""
+
+
 async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/openapi.json":
         await _send(send, {"paths": {p: {} for p in PATHS}})
         return
+    if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/requests":
+        await _send(send, REQUESTS)
+        return
     body = await request_body(scope, receive, send)  # a GET here is the model list
     if body is None:
         return
+    if scope["type"] == "http" and scope["method"] == "POST":
+        REQUESTS[scope["path"]] += 1
     await _send(send, _answer(json.loads(body or b"{}"), scope["path"]))
 
 

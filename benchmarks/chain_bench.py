@@ -115,6 +115,10 @@ async def _client_cpu(engine_url: str, n: int) -> dict[str, float]:
     return out
 
 
+def _engine_requests(engine_url: str) -> Counter[str]:
+    return Counter(httpx.get(engine_url.removesuffix("/v1") + "/requests").json())
+
+
 def _metric(url: str, name: str) -> float:
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line.startswith(name + " "):
@@ -161,10 +165,15 @@ def main() -> int:
                     for turns in args.turns:
                         [(rollout_id, attempt_id)] = asyncio.run(_agl_rollouts(url, 1))
                         base_url = rollout_base_url(url, rollout_id, attempt_id)
+                        before = _engine_requests(engine_url)
                         result = asyncio.run(_measure(base_url, [proxy.pid], turns, args.calls, args.batches))
+                        made = _engine_requests(engine_url) - before
                         kinds = asyncio.run(_chain_kinds(url, rollout_id))
                         result["store_reads"] = _metric(url, "agl_proxy_chain_store_reads_total")
-                        rows.append((name, turns, result, ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))))
+                        calls = turns + args.calls * args.batches  # the history built, then the measured ones
+                        per_call = ", ".join(f"{p.rsplit('/', 1)[-1]} {n / calls:.2f}" for p, n in sorted(made.items()))
+                        spans = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+                        rows.append((name, turns, result, f"{spans}; engine requests per call: {per_call}"))
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.batches} batches of "
           f"{args.calls} calls per row; medians")  # fmt: skip
     print(f"{'target':<9} {'turns':>5} {'proxy CPU ms/call':>18} {'latency ms':>11} {'proxy RSS MiB':>14}  spans")
