@@ -1,10 +1,10 @@
 """A lean HTTP/1.1 client for the token chain's JSON requests to the engine.
 
-A bridged call makes four engine requests (two renders, generate, derender), each a small
-JSON POST answered whole. aiohttp's request machinery (session, timeout objects, header
-multidicts, response objects) cost about 170 µs of proxy CPU per request on this path; this
-client writes the request head itself and reads the answer with asyncio's streams, about
-65 µs (`benchmarks/chain_bench.py --http-client`). Connections are kept alive per host and
+A bridged call makes three or four engine requests (one or two renders, generate, derender),
+each a small JSON POST answered whole. aiohttp's request machinery (session, timeout objects,
+header multidicts, response objects) cost about 170 µs of proxy CPU per request on this path;
+this client writes the request head itself and reads the answer with asyncio's streams, about
+80 µs (`benchmarks/chain_bench.py` prints both). Connections are kept alive per host and
 dropped once idle for longer than the server keeps them. Errors are httpx's, as the rest of
 the proxy handles them (`forwarding.backend_failures`).
 """
