@@ -27,11 +27,12 @@ Origin = tuple[str, str, int]
 
 
 class _Connection:
-    __slots__ = ("idle_since", "reader", "writer")
+    __slots__ = ("epoch", "idle_since", "reader", "writer")
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, epoch: int) -> None:
         self.reader = reader
         self.writer = writer
+        self.epoch = epoch
         self.idle_since = 0.0
 
     def close(self) -> None:
@@ -56,6 +57,8 @@ class EngineHttp:
         self.keepalive_s = keepalive_s
         self._idle: dict[Origin, list[_Connection]] = {}
         self._ssl: ssl.SSLContext | None = None
+        self._epoch = 0
+        """Counts `aclose` calls: a connection opened before the last one is closed once its request ends."""
 
     async def fetch(
         self,
@@ -102,6 +105,8 @@ class EngineHttp:
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
+        """Close the idle connections; those in use close when their request ends."""
+        self._epoch += 1
         idle, self._idle = self._idle, {}
         for connections in idle.values():
             for connection in connections:
@@ -129,7 +134,7 @@ class EngineHttp:
 
     def _put(self, origin: Origin, connection: _Connection) -> None:
         connections = self._idle.setdefault(origin, [])
-        if len(connections) >= _MAX_IDLE_PER_HOST:
+        if len(connections) >= _MAX_IDLE_PER_HOST or connection.epoch != self._epoch:
             connection.close()
             return
         connection.idle_since = time.monotonic()
@@ -149,7 +154,7 @@ class EngineHttp:
             raise httpx.ConnectTimeout(f"{url}: no connection within {timeout:g} s") from exc
         except OSError as exc:
             raise httpx.ConnectError(f"{url}: {exc}") from exc
-        return _Connection(reader, writer)
+        return _Connection(reader, writer, self._epoch)
 
 
 class _ClosedBeforeAnswer(Exception):

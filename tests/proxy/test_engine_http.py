@@ -87,6 +87,13 @@ async def test_posts_json_and_keeps_the_connection_alive() -> None:
             assert http.idle_connections == 1
             status, _, data = await http.fetch("POST", url + "/missing", content=b"{}", timeout=10)
             assert status == 404 and json.loads(data)["body"] == {}
+            # A request in flight when the client closes: its connection is closed after it, not kept.
+            in_flight = asyncio.ensure_future(http.fetch("POST", url + "/render", content=b"{}", timeout=10))
+            await asyncio.sleep(0)
+            await http.aclose()
+            assert (await in_flight)[0] == 200 and http.idle_connections == 0
+            await http.fetch("POST", url + "/render", content=b"{}", timeout=10)  # usable again
+            assert http.idle_connections == 1
     finally:
         await http.aclose()
     assert http.idle_connections == 0
@@ -117,7 +124,8 @@ async def test_connection_errors_are_httpx_errors() -> None:
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
-        await asyncio.sleep(5)
+        await reader.read()  # until the client gives up and closes
+        writer.close()
 
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
