@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,7 @@ def bridge_requests(body: Mapping[str, Any], new_from: int) -> tuple[dict[str, A
 
 
 def echoed_answer_end(
-    full_ids: list[int], head: tuple[int, ...], parent_prompt: Any, response_ids: Any, close: tuple[int, ...]
+    full_ids: list[int], head: Sequence[int], parent_prompt: Any, response_ids: Any, close: tuple[int, ...]
 ) -> int | None:
     """Where the echoed answer's turn ends in `full_ids` (the head, the echoed answer, the new
     messages) when the engine rendered that answer as the very ids it was sampled as; None otherwise.
@@ -94,7 +94,7 @@ def echoed_answer_end(
     otherwise, as Qwen3 drops an earlier turn's reasoning, or tool calls written differently) is
     None, and the bridge renders the echoed answer alone to see where it ends."""
     n = len(head)
-    if len(full_ids) <= n or tuple(full_ids[:n]) != head:
+    if len(full_ids) <= n or full_ids[:n] != list(head):
         return None
     answer = list(response_ids[:-1] if len(response_ids) and response_ids[-1] == close[0] else response_ids)
     if not answer:
@@ -291,12 +291,12 @@ class TokenChainBackend:
         alongside on its first use."""
         head_request = {**base_request, "messages": base_request["messages"][:-1]}
         key = head_key(self.deployment.key, head_request)
-        head = self.heads.get(key)
+        head: Sequence[int] | None = self.heads.get(key)
         if head is None:
             full, rendered = await asyncio.gather(
                 self._render(full_request, headers), self._render(head_request, headers)
             )
-            head = tuple(rendered["token_ids"])
+            head = rendered["token_ids"]
             if not rendered.get("features"):
                 self.heads.put(key, head)
         else:

@@ -200,11 +200,11 @@ def test_where_the_echoed_answer_ends_when_it_renders_as_its_sampled_ids() -> No
 
 
 def test_head_renderings_are_kept_per_head_request_and_bounded() -> None:
-    heads = ChainHeads(max_entries=2)
+    heads = ChainHeads(max_entries=2, max_ids=8)
     request = {"messages": [SYSTEM, {"role": "user", "content": "."}], "tools": TOOLS, "add_generation_prompt": False}
     key = head_key("vllm-a", request)
-    heads.put(key, (1, 5, 2))
-    assert heads.get(head_key("vllm-a", {**request, "tools": list(TOOLS)})) == (1, 5, 2)  # equal JSON
+    heads.put(key, [1, 5, 2])
+    assert list(heads.get(head_key("vllm-a", {**request, "tools": list(TOOLS)}))) == [1, 5, 2]  # equal JSON
     # Another system message, other tools, another field or deployment: another head.
     changed = [
         {**request, "messages": [{"role": "system", "content": "Answer in French."}, request["messages"][1]]},
@@ -213,9 +213,14 @@ def test_head_renderings_are_kept_per_head_request_and_bounded() -> None:
     ]
     assert len({key, head_key("vllm-b", request), *(head_key("vllm-a", r) for r in changed)}) == 5
     assert all(heads.get(head_key("vllm-a", r)) is None for r in changed)
-    heads.put(head_key("vllm-a", changed[0]), (1, 6, 2))
-    assert heads.get(key) == (1, 5, 2)  # used last: kept over the next one
-    heads.put(head_key("vllm-a", changed[1]), (1, 7, 2))
-    assert len(heads) == 2 and heads.get(key) == (1, 5, 2) and heads.get(head_key("vllm-a", changed[0])) is None
+    heads.put(head_key("vllm-a", changed[0]), [1, 6, 2])
+    assert list(heads.get(key)) == [1, 5, 2]  # used last: kept over the next one
+    heads.put(head_key("vllm-a", changed[1]), [1, 7, 2])
+    assert len(heads) == 2 and heads.get(head_key("vllm-a", changed[0])) is None
+    # At most `max_ids` ids in all: the least recently used go first, a longer head is not kept.
+    heads.put(head_key("vllm-a", changed[2]), [1, 8, 8, 2])
+    assert len(heads) == 2 and heads.size == 7 and heads.get(key) is None
+    heads.put(key, list(range(9)))
+    assert heads.get(key) is None and heads.size == 7
     with pytest.raises(ValueError, match="max_entries"):
         ChainHeads(max_entries=0)
