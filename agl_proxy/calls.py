@@ -288,6 +288,5 @@ class LLMCallEndpoint:
             and deployment.token_chain
             and state.settings.token_chain != "off"
         ):
-            assert state.transport is not None
-            return TokenChainBackend(client, state.transport, deployment, state.chains, state.engines)
+            return TokenChainBackend(client, state.engine_http, deployment, state.chains, state.engines, state.heads)
         return PassthroughBackend(client, deployment, self.operation)

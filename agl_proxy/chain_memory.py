@@ -59,7 +59,8 @@ def chain_entry(
     return ChainEntry(
         span_id=span_id,
         keys=keys,
-        prompt_ids=array("l", prompt_ids),
+        # An array is the chain's own (a bridge joined kept ids into it): kept as it is.
+        prompt_ids=prompt_ids if isinstance(prompt_ids, array) else array("l", prompt_ids),
         choices=tuple(ChainChoice(array("l", ids), Answer.of(message)) for ids, message in choices),
         root_prompt_len=len(prompt_ids) if root_prompt_len is None else root_prompt_len,
     )

@@ -19,6 +19,11 @@ from typing import Any
 
 import orjson
 
+try:  # vLLM's dependency: 5x blake2b's speed on a long history's JSON, which every call hashes
+    import blake3
+except ImportError:  # pragma: no cover - a proxy host without vLLM's packages
+    blake3 = None  # type: ignore[assignment]
+
 Digest = bytes
 
 SYSTEM_ROLES = ("system", "developer")
@@ -173,7 +178,7 @@ def raw_json(messages: list[Any], prefixes: Sequence[RawJson] = ()) -> tuple[Raw
     messages; the JSON is read once, whatever the number of prefixes."""
     data = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
     view = memoryview(data)
-    hasher = hashlib.blake2b(digest_size=16)
+    hasher: Any = blake3.blake3() if blake3 is not None else hashlib.blake2b(digest_size=16)
     at, found = 0, []
     for prefix in sorted(prefixes, key=lambda p: p.length):
         cut = prefix.length - 1
@@ -181,12 +186,16 @@ def raw_json(messages: list[Any], prefixes: Sequence[RawJson] = ()) -> tuple[Raw
             break
         hasher.update(view[at:cut])
         at = cut
-        if data[cut] == ord(",") and hasher.copy().digest() == prefix.open:
+        if data[cut] == ord(",") and _digest16(hasher.copy()) == prefix.open:
             found.append(prefix)
     hasher.update(view[at : len(data) - 1])
-    opened = hasher.copy().digest()
+    opened = _digest16(hasher.copy())
     hasher.update(view[len(data) - 1 :])
-    return RawJson(hasher.digest(), opened, len(data)), found
+    return RawJson(_digest16(hasher), opened, len(data)), found
+
+
+def _digest16(hasher: Any) -> Digest:
+    return bytes(hasher.digest()[:16])
 
 
 def context_keys(body: Mapping[str, Any]) -> tuple[Digest, Digest]:

@@ -18,10 +18,9 @@ from typing import Any
 import httpx
 import orjson
 
-from agl_store.web.http_transport import AiohttpTransport
-
 from .backend import RetryableBackendError
 from .deployments import Deployment
+from .engine_http import EngineHttp
 from .errors import BackendFailedError
 from .forwarding import backend_failures, backend_headers, error_message, json_object_or_none
 
@@ -63,7 +62,7 @@ def server_root(api_base: str) -> str:
 
 
 async def post_json(
-    transport: AiohttpTransport, deployment: Deployment, path: str, body: Mapping[str, Any], headers: Mapping[str, str]
+    transport: EngineHttp, deployment: Deployment, path: str, body: Mapping[str, Any], headers: Mapping[str, str]
 ) -> dict[str, Any]:
     """POST `body` to the engine's `path`; its JSON object answer.
 
@@ -108,9 +107,7 @@ class EngineProbes:
         self._known: dict[str, Engine | None] = {}
         self.probes = 0
 
-    async def engine(
-        self, client: httpx.AsyncClient, transport: AiohttpTransport, deployment: Deployment
-    ) -> Engine | None:
+    async def engine(self, client: httpx.AsyncClient, transport: EngineHttp, deployment: Deployment) -> Engine | None:
         """The deployment's token-in engine, or None when it has none (or could not be reached:
         then it is asked again on a later call)."""
         if deployment.key in self._known:
@@ -132,9 +129,7 @@ class EngineProbes:
             )
         return engine
 
-    async def _probe(
-        self, client: httpx.AsyncClient, transport: AiohttpTransport, deployment: Deployment
-    ) -> Engine | None:
+    async def _probe(self, client: httpx.AsyncClient, transport: EngineHttp, deployment: Deployment) -> Engine | None:
         root = server_root(deployment.api_base or "")
         headers = backend_headers(deployment, "", "")
         response = await client.get(f"{root}/openapi.json", headers=headers, timeout=_PROBE_TIMEOUT_S)
@@ -150,7 +145,7 @@ class EngineProbes:
 
     @staticmethod
     async def _text_of(
-        transport: AiohttpTransport, deployment: Deployment, headers: Mapping[str, str], ids: tuple[int, ...]
+        transport: EngineHttp, deployment: Deployment, headers: Mapping[str, str], ids: tuple[int, ...]
     ) -> str:
         if not ids:
             return ""
@@ -162,9 +157,7 @@ class EngineProbes:
         return text.strip() if isinstance(text, str) else ""
 
     @staticmethod
-    async def _turn_close(
-        transport: AiohttpTransport, deployment: Deployment, headers: Mapping[str, str]
-    ) -> tuple[int, ...]:
+    async def _turn_close(transport: EngineHttp, deployment: Deployment, headers: Mapping[str, str]) -> tuple[int, ...]:
         """The ids after an assistant turn's content: the common tail of two one-turn
         conversations whose answers differ ("a" and "b"), shown only when the rest differs."""
         rendered = []

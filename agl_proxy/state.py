@@ -18,9 +18,11 @@ from agl_store.web.http_transport import AiohttpTransport
 
 from .backend import RequestOptions
 from .balancing import Balancer
+from .chain_heads import ChainHeads
 from .chain_memory import ChainMemory
 from .deployments import ModelRegistry
 from .engine import EngineProbes
+from .engine_http import EngineHttp
 from .exporter import SpanExporter
 from .litellm_path import import_litellm
 from .metrics import ProxyMetrics
@@ -62,6 +64,10 @@ class ProxyState:
         """The token chain's remembered calls, per attempt."""
         self.engines = EngineProbes()
         """Which deployments take token ids, probed once each."""
+        self.heads = ChainHeads()
+        """The token chain's head renderings (system message, tools), so a bridge renders once."""
+        self.engine_http = EngineHttp()
+        """The token chain's connections to the engines (JSON requests answered whole)."""
         self.client: httpx.AsyncClient | None = None
         self.transport: AiohttpTransport | None = None
         """The client's transport, opened and closed with it."""
@@ -97,6 +103,7 @@ class ProxyState:
             await self.client.aclose()
             self.client = None
             self.transport = None
+        await self.engine_http.aclose()
 
     def gauges(self) -> dict[str, Any]:
         """The gauge part of `/metrics`: name -> (help, read function)."""

@@ -3,7 +3,9 @@ own earlier tokens where the call continues an earlier one.
 
 Per call: the link to the attempt's earlier calls (`chain_memory`), the prompt ids (the
 parent's prompt + its choice's ids + the template's turn close + only the new messages as
-the engine renders them, after a dummy assistant turn; or the request rendered whole),
+the engine renders them after the echoed answer, one small render where the answer shows
+where it ends (`echoed_answer_end`, the head's rendering kept in `chain_heads`), two where
+not; or the request rendered whole),
 `/inference/v1/generate`, and the client's answer made from the generated ids by the
 engine's own parsers (`/v1/chat/completions/derender`). A deployment without those
 endpoints is served by the pass-through, and its spans say so.
@@ -13,23 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 import orjson
 
-from agl_store.web.http_transport import AiohttpTransport
-
 from .backend import Call, RequestOptions, request_fields
 from .call_record import CallRecord
-from .chain_links import Link
+from .chain_heads import ChainHeads, head_key
+from .chain_links import ChainEntry, Link
 from .chain_memory import ChainMemory, chain_entry
 from .chain_messages import SYSTEM_ROLES
 from .chain_stream import sse_chunks
 from .deployments import Deployment
 from .engine import DERENDER, GENERATE, RENDER, Engine, EngineProbes, EngineRejected, post_json
+from .engine_http import EngineHttp
 from .errors import BadRequestError
 from .forwarding import PassthroughBackend, backend_headers
 from .row_budget import fit_row
@@ -37,6 +40,8 @@ from .row_budget import fit_row
 _SAMPLING_PARAMS_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default."""
 _DUMMY_USER = {"role": "user", "content": "."}
+_MAX_HEADER = 32
+"""The most ids an assistant turn's header (role, channel, think opener) is looked for in."""
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
 
@@ -57,6 +62,8 @@ class Prompt:
 
     link: Link
     token_ids: list[int]
+    stored: array[int] | None
+    """`token_ids` as the chain keeps them, where they were made from kept ids (a bridge's)."""
     render: dict[str, Any]
     """The render endpoint's answer (sampling params, request id) for the request below."""
     chat_request: dict[str, Any]
@@ -65,13 +72,43 @@ class Prompt:
 def bridge_requests(body: Mapping[str, Any], new_from: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Two small requests whose renderings differ by exactly what follows the echoed answer:
     (system, a dummy user turn, the echoed answer, the new messages; with the request's own
-    generation prompt) and the same without the new messages or a generation prompt."""
+    generation prompt) and the same without the new messages or a generation prompt (whose
+    messages but the last are the head `chain_heads` keeps)."""
     messages = body["messages"]
     head = [messages[0]] if isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES else []
     head += [_DUMMY_USER, messages[new_from - 1]]
     full = {**body, "messages": head + list(messages[new_from:])}
     base = {**body, "messages": head, "add_generation_prompt": False, "continue_final_message": False}
     return full, base
+
+
+def echoed_answer_end(
+    full_ids: list[int], head: Sequence[int], parent_prompt: Any, response_ids: Any, close: tuple[int, ...]
+) -> int | None:
+    """Where the echoed answer's turn ends in `full_ids` (the head, the echoed answer, the new
+    messages) when the engine rendered that answer as the very ids it was sampled as; None otherwise.
+
+    `full_ids` must start with `head` (the system message and the dummy user turn rendered alone).
+    The answer's turn is then the ids its prompt ended with (the assistant header, as generate was
+    given it), the sampled ids without their stop id, and `close`, found at the first place past the
+    head where the sampled ids and the close are; anything else (a template that renders the answer
+    otherwise, as Qwen3 drops an earlier turn's reasoning, or tool calls written differently) is
+    None, and the bridge renders the echoed answer alone to see where it ends."""
+    n = len(head)
+    if len(full_ids) <= n or full_ids[:n] != list(head):
+        return None
+    answer = list(response_ids[:-1] if len(response_ids) and response_ids[-1] == close[0] else response_ids)
+    if not answer:
+        return None
+    turn = [*answer, *close]
+    first = answer[0]
+    for at in range(n + 1, min(n + 1 + _MAX_HEADER, len(full_ids) - len(turn) + 1)):
+        if full_ids[at] == first and full_ids[at : at + len(turn)] == turn:
+            header = full_ids[n:at]
+            if list(parent_prompt[-len(header) :]) == header:
+                return at + len(turn)
+            return None
+    return None
 
 
 def turn_glue(response_ids: Any, close: tuple[int, ...]) -> list[int]:
@@ -111,17 +148,19 @@ def new_messages_start(
 class TokenChainBackend:
     """Serves chat calls from a vLLM deployment through its token-in endpoints."""
 
-    __slots__ = ("client", "deployment", "memory", "probes", "transport")
+    __slots__ = ("client", "deployment", "heads", "memory", "probes", "transport")
 
     def __init__(
         self,
         client: httpx.AsyncClient,
-        transport: AiohttpTransport,
+        transport: EngineHttp,
         deployment: Deployment,
         memory: ChainMemory,
         probes: EngineProbes,
+        heads: ChainHeads,
     ) -> None:
         self.client = client
+        self.heads = heads
         self.transport = transport
         self.deployment = deployment
         self.memory = memory
@@ -163,7 +202,7 @@ class TokenChainBackend:
             chain_entry(
                 record.span_id,
                 keys,
-                prompt.token_ids,
+                prompt.stored if prompt.stored is not None else prompt.token_ids,
                 [(c["token_ids"], c["message"]) for c in response["choices"]],
                 row.root_prompt_len,
             ),
@@ -186,7 +225,7 @@ class TokenChainBackend:
         ids = list(render["token_ids"])
         if link.kind == "retry" and link.parent is not None:
             ids = list(link.parent.prompt_ids)
-        return Prompt(link, ids, render, body)
+        return Prompt(link, ids, None, render, body)
 
     async def _bridge(
         self, engine: Engine, body: dict[str, Any], headers: Mapping[str, str], link: Link
@@ -194,21 +233,31 @@ class TokenChainBackend:
         """The bridged prompt, or None when the renderings do not show where the new messages start."""
         assert link.parent is not None and link.choice is not None
         full_request, base_request = bridge_requests(body, link.new_from)
-        full, base = await asyncio.gather(
-            post_json(self.transport, self.deployment, RENDER, full_request, headers),
-            post_json(self.transport, self.deployment, RENDER, base_request, headers),
-        )
-        full_ids, base_ids = full["token_ids"], base["token_ids"]
+        parent = link.parent
+        choice = parent.choices[link.choice]
+        response_ids = choice.token_ids
         close = engine.close
-        echoed = body["messages"][link.new_from - 1]
-        start = (
-            None if full.get("features") else new_messages_start(full_ids, base_ids, close, engine.close_text, echoed)
-        )
+        base: dict[str, Any] | None = None
+        if choice.answer.reasoning is None:
+            full, start = await self._render_bridge(full_request, base_request, headers, parent, response_ids, close)
+        else:
+            # A template may drop an earlier turn's reasoning (Qwen3): the echoed answer is then
+            # not its sampled ids, so it is rendered alone at once.
+            full, base = await asyncio.gather(self._render(full_request, headers), self._render(base_request, headers))
+            start = None
+        if full.get("features"):
+            return None
+        full_ids = full["token_ids"]
+        if start is None:
+            if base is None:
+                base = await self._render(base_request, headers)
+            echoed = body["messages"][link.new_from - 1]
+            start = new_messages_start(full_ids, base["token_ids"], close, engine.close_text, echoed)
         if start is None:
             return None
-        parent = link.parent
-        response_ids = parent.choices[link.choice].token_ids
-        ids = [*parent.prompt_ids, *response_ids, *turn_glue(response_ids, close), *full_ids[start:]]
+        # Kept ids joined as arrays (a copy of memory), made a list once for the JSON.
+        stored = parent.prompt_ids + response_ids + array("l", [*turn_glue(response_ids, close), *full_ids[start:]])
+        ids = stored.tolist()
         sampling = dict(full["sampling_params"])
         # The render counted only the small request's prompt against the context.
         requested = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -232,7 +281,36 @@ class TokenChainBackend:
             sampling["max_tokens"] = min(requested, room) if isinstance(requested, int) else room
         else:
             sampling["max_tokens"] = requested if isinstance(requested, int) else _SAMPLING_PARAMS_MAX_TOKENS
-        return Prompt(link, ids, {**full, "sampling_params": sampling}, full_request)
+        return Prompt(link, ids, stored, {**full, "sampling_params": sampling}, full_request)
+
+    async def _render_bridge(
+        self,
+        full_request: dict[str, Any],
+        base_request: dict[str, Any],
+        headers: Mapping[str, str],
+        parent: ChainEntry,
+        response_ids: Any,
+        close: tuple[int, ...],
+    ) -> tuple[dict[str, Any], int | None]:
+        """The small request's rendering, and where its new messages start when the echoed answer
+        shows it (`echoed_answer_end`); the head's rendering comes from `heads`, or is rendered
+        alongside on its first use."""
+        head_request = {**base_request, "messages": base_request["messages"][:-1]}
+        key = head_key(self.deployment.key, head_request)
+        head: Sequence[int] | None = self.heads.get(key)
+        if head is None:
+            full, rendered = await asyncio.gather(
+                self._render(full_request, headers), self._render(head_request, headers)
+            )
+            head = rendered["token_ids"]
+            if not rendered.get("features"):
+                self.heads.put(key, head)
+        else:
+            full = await self._render(full_request, headers)
+        return full, echoed_answer_end(full["token_ids"], head, parent.prompt_ids, response_ids, close)
+
+    async def _render(self, request: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+        return await post_json(self.transport, self.deployment, RENDER, request, headers)
 
     async def _answer(self, engine: Engine, prompt: Prompt, headers: Mapping[str, str]) -> dict[str, Any]:
         render = prompt.render

@@ -19,5 +19,5 @@ def make_transport() -> AiohttpTransport:
 
 def make_client(transport: AiohttpTransport) -> httpx.AsyncClient:
     """The proxy's upstream client on `transport`, without a client-side timeout (calls set their own).
-    Calls that need no stream (the token chain's) go through `transport.fetch`, without httpx's request objects."""
+    The token chain's engine requests go through `engine_http.EngineHttp` instead."""
     return httpx.AsyncClient(transport=transport, timeout=None)

@@ -4,8 +4,10 @@
 
 It answers `/v1/chat/completions` (vLLM's rendered path, `return_token_ids` fields) and, for the
 token chain, `/openapi.json`, `/v1/models`, `/v1/chat/completions/render`, `/inference/v1/generate`
-and `/v1/chat/completions/derender`. Every answer is the same text; prompt ids are 8 per message,
-so what a proxy parses grows with the history as with a real model. It costs little, so the
+and `/v1/chat/completions/derender`. Every answer is the same text; prompt ids are 8 per message
+and an echoed answer renders as its 16 sampled ids (within its turn's header and close), so what a
+proxy parses grows with the history as with a real model, and a bridged prompt is as long as the
+rendered one. It costs little, so the
 proxy's CPU dominates; it is not a model (its ids are not a tokenizer's).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 
 import uvicorn
 from _proxy_fake_backend import request_body
@@ -23,6 +26,8 @@ IDS_PER_MESSAGE = 8
 TOKEN_IDS = list(range(300, 300 + N_TOKENS))
 CONTENT = "tok " * N_TOKENS
 CLOSE = [2, 107]
+OPENER = [1, 435, 107]
+"""The generation prompt (an assistant turn's header)."""
 PATHS = ["/v1/chat/completions/render", "/inference/v1/generate", "/v1/chat/completions/derender"]
 
 
@@ -31,6 +36,10 @@ def _prompt(messages: list[dict]) -> list[int]:
     for i, message in enumerate(messages):
         if message.get("role") == "assistant" and message.get("content") in ("a", "b"):
             ids += [1, 9, 35 if message["content"] == "a" else 36, *CLOSE]  # the turn-close probe
+        elif message.get("role") == "assistant" and message.get("content") == CONTENT:
+            # An echoed answer renders as the ids it was sampled as, as a real template's
+            # does: the rendered prompt is then as long as the bridged one.
+            ids += [*OPENER, *TOKEN_IDS, *CLOSE]
         else:
             ids += [1, *range(10 + i % 50, 10 + i % 50 + IDS_PER_MESSAGE - 3), *CLOSE]
     return ids
@@ -39,7 +48,7 @@ def _prompt(messages: list[dict]) -> list[int]:
 def _render(request: dict) -> dict:
     ids = _prompt(request.get("messages") or [])
     if request.get("add_generation_prompt", True):
-        ids += [1, 435, 107]
+        ids += OPENER
     sampling = {"temperature": request.get("temperature", 1.0), "max_tokens": request.get("max_tokens", 16)}
     return {"request_id": "chatcmpl-bench", "token_ids": ids, "sampling_params": sampling, "model": "bench"}
 
@@ -72,13 +81,22 @@ def _answer(request: dict, path: str) -> object:
     return response
 
 
+REQUESTS: Counter[str] = Counter()
+"""POSTs answered, by path (`GET /requests`): how many engine requests a call made."""
+
+
 async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/openapi.json":
         await _send(send, {"paths": {p: {} for p in PATHS}})
         return
+    if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/requests":
+        await _send(send, REQUESTS)
+        return
     body = await request_body(scope, receive, send)  # a GET here is the model list
     if body is None:
         return
+    if scope["type"] == "http" and scope["method"] == "POST":
+        REQUESTS[scope["path"]] += 1
     await _send(send, _answer(json.loads(body or b"{}"), scope["path"]))
 
 

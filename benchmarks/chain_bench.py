@@ -18,18 +18,25 @@ includes the span build and export. A tool-less agent loop builds the history to
 (not measured), then `--batches` batches of `--calls` more calls are measured: each proxy
 process's CPU (user + system) per call and the median latency per call. Quote medians and the
 load average: the machine is shared.
+
+A bridged call makes four engine requests where the pass-through makes one, so the run also
+times the HTTP clients on one of them (a bridge's render, `--http-requests` sequential posts
+from this process): the chain's `EngineHttp`, aiohttp (`AiohttpTransport.fetch`, what the chain
+used before) and httpx, as client CPU per request.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,20 @@ OBSERVATION = "observation " * 25
 
 def _next_messages(history: list[dict[str, Any]], answer: dict[str, Any], turn: int) -> list[dict[str, Any]]:
     return [*history, answer, {"role": "user", "content": f"{OBSERVATION} {turn}"}]
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """The processes' CPU in seconds: the scheduler's nanoseconds per thread where Linux shows them
+    (`/proc/PID/task/*/schedstat`; the proxy's threads live as long as it), else psutil's user +
+    system, which the OS counts in 10 ms ticks (0.3 ms per call over a batch of 32)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+            total += sum(int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0]) for t in tasks) / 1e9
+        except (OSError, ValueError, IndexError):
+            return cpu_seconds(pids)
+    return total
 
 
 async def _call(client: httpx.AsyncClient, url: str, history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -60,20 +81,56 @@ async def _measure(base_url: str, pids: list[int], turns: int, calls: int, batch
         for turn in range(turns):
             history = _next_messages(history, await _call(client, url, history), turn)
         for _ in range(batches):
-            before = cpu_seconds(pids)
+            before = _cpu_s(pids)
             for turn in range(calls):
                 t0 = time.perf_counter()
                 answer = await _call(client, url, history)
                 latency.append(time.perf_counter() - t0)
                 history = _next_messages(history, answer, turn)
             if pids:
-                cpu.append((cpu_seconds(pids) - before) / calls)
+                cpu.append((_cpu_s(pids) - before) / calls)
     rss = sum(psutil.Process(p).memory_info().rss for p in pids) / 2**20 if pids else 0.0
     return {
         "cpu_ms": statistics.median(cpu) * 1e3 if cpu else 0.0,
         "latency_ms": statistics.median(latency) * 1e3,
         "rss_mib": rss,
     }
+
+
+async def _client_cpu(engine_url: str, n: int) -> dict[str, float]:
+    """This process's CPU per request (µs) of each HTTP client posting a bridge's render to the
+    fake engine: the chain's own (`EngineHttp`), the aiohttp path it replaced, and httpx."""
+    from agl_proxy.engine_http import EngineHttp
+    from agl_store.web.http_transport import AiohttpTransport
+
+    url = engine_url.removesuffix("/v1") + "/v1/chat/completions/render"
+    messages = [{"role": "system", "content": "You are a bench."}, {"role": "user", "content": "."},
+                {"role": "assistant", "content": "tok " * 16}, {"role": "user", "content": OBSERVATION}]  # fmt: skip
+    body = json.dumps({"model": "bench", "messages": messages}).encode()
+    headers = {"content-type": "application/json", "x-rollout-id": "ro-bench", "x-attempt-id": "at-bench"}
+    request: dict[str, Any] = {"content": body, "headers": headers, "timeout": 60}
+    out: dict[str, float] = {}
+    lean, aio = EngineHttp(), AiohttpTransport()
+    async with httpx.AsyncClient(timeout=60) as client:
+        senders: dict[str, Callable[[], Awaitable[object]]] = {
+            "EngineHttp (the chain's client)": lambda: lean.fetch("POST", url, **request),
+            "aiohttp (AiohttpTransport.fetch)": lambda: aio.fetch("POST", url, **request),
+            "httpx (its own transport)": lambda: client.post(url, content=body, headers=headers),
+        }  # fmt: skip
+        for name, send in senders.items():
+            for _ in range(50):
+                await send()
+            before = time.process_time()
+            for _ in range(n):
+                await send()
+            out[name] = (time.process_time() - before) / n * 1e6
+    await lean.aclose()
+    await aio.aclose()
+    return out
+
+
+def _engine_requests(engine_url: str) -> Counter[str]:
+    return Counter(httpx.get(engine_url.removesuffix("/v1") + "/requests").json())
 
 
 def _metric(url: str, name: str) -> float:
@@ -97,6 +154,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--calls", type=int, default=16, help="calls per measured batch")
     parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--http-requests", type=int, default=2000, help="per HTTP client (0: skip that part)")
     args = parser.parse_args()
     agl = str(Path(sys.executable).parent / "agl")
     rows: list[tuple[str, int, dict[str, float], str]] = []
@@ -107,6 +165,7 @@ def main() -> int:
         with process(engine_cmd, work / "engine.log") as engine:
             engine_url = f"http://127.0.0.1:{engine_port}/v1"
             wait_ready(engine_url + "/models", engine, work / "engine.log")
+            clients = asyncio.run(_client_cpu(engine_url, args.http_requests)) if args.http_requests else {}
             for turns in args.turns:
                 result = asyncio.run(_measure(engine_url, [], turns, args.calls, args.batches))
                 rows.append(("direct", turns, result, "fake backend"))
@@ -120,10 +179,15 @@ def main() -> int:
                     for turns in args.turns:
                         [(rollout_id, attempt_id)] = asyncio.run(_agl_rollouts(url, 1))
                         base_url = rollout_base_url(url, rollout_id, attempt_id)
+                        before = _engine_requests(engine_url)
                         result = asyncio.run(_measure(base_url, [proxy.pid], turns, args.calls, args.batches))
+                        made = _engine_requests(engine_url) - before
                         kinds = asyncio.run(_chain_kinds(url, rollout_id))
                         result["store_reads"] = _metric(url, "agl_proxy_chain_store_reads_total")
-                        rows.append((name, turns, result, ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))))
+                        calls = turns + args.calls * args.batches  # the history built, then the measured ones
+                        per_call = ", ".join(f"{p.rsplit('/', 1)[-1]} {n / calls:.2f}" for p, n in sorted(made.items()))
+                        spans = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+                        rows.append((name, turns, result, f"{spans}; engine requests per call: {per_call}"))
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.batches} batches of "
           f"{args.calls} calls per row; medians")  # fmt: skip
     print(f"{'target':<9} {'turns':>5} {'proxy CPU ms/call':>18} {'latency ms':>11} {'proxy RSS MiB':>14}  spans")
@@ -131,11 +195,18 @@ def main() -> int:
         print(f"{name:<9} {turns:>5} {result['cpu_ms']:>18.2f} {result['latency_ms']:>11.2f} "
               f"{result['rss_mib']:>14.0f}  {kinds}; store reads {result.get('store_reads', 0):.0f}")  # fmt: skip
     by = {(name, turns): result for name, turns, result, _ in rows}
+    print(f"\n{'turns':>5} {'CPU rendered':>12} {'CPU chain':>10} {'chain/rendered':>14} "
+          f"{'+latency rendered':>17} {'+latency chain':>14}   (ms per call; +latency: over direct)")  # fmt: skip
     for turns in args.turns:
-        chain, rendered = by[("chain", turns)], by[("rendered", turns)]
-        print(f"{turns:>4} turns: chain / rendered CPU per call {chain['cpu_ms'] / rendered['cpu_ms']:.2f}, "
-              f"added latency over direct: chain {chain['latency_ms'] - by[('direct', turns)]['latency_ms']:+.2f} ms, "
-              f"rendered {rendered['latency_ms'] - by[('direct', turns)]['latency_ms']:+.2f} ms")  # fmt: skip
+        chain, rendered, direct = by[("chain", turns)], by[("rendered", turns)], by[("direct", turns)]
+        print(f"{turns:>5} {rendered['cpu_ms']:>12.2f} {chain['cpu_ms']:>10.2f} "
+              f"{chain['cpu_ms'] / rendered['cpu_ms']:>14.2f} {rendered['latency_ms'] - direct['latency_ms']:>+17.2f} "
+              f"{chain['latency_ms'] - direct['latency_ms']:>+14.2f}")  # fmt: skip
+    if clients:
+        aiohttp_us = clients["aiohttp (AiohttpTransport.fetch)"]
+        print(f"\nHTTP client CPU per engine request (a bridge's render, {args.http_requests} sequential):")
+        for name, us in clients.items():
+            print(f"  {name:<34} {us:>6.0f} µs  ({us / aiohttp_us:.2f} of aiohttp)")
     return 0
 
 

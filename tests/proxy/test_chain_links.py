@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
+from agl_proxy.chain_heads import ChainHeads, head_key
 from agl_proxy.chain_links import decide
 from agl_proxy.chain_memory import ChainMemory, chain_entry
 from agl_proxy.chain_messages import Answer, message_keys, request_keys
 from agl_proxy.engine import common_suffix
-from agl_proxy.token_chain import bridge_requests, new_messages_start, turn_glue
+from agl_proxy.token_chain import bridge_requests, echoed_answer_end, new_messages_start, turn_glue
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 QUESTION = {"role": "user", "content": "Weather in Paris?"}
@@ -178,3 +179,48 @@ def test_where_the_new_messages_start_in_the_rendering() -> None:
     assert new_messages_start(base + new, last, close, text, {"content": "a <|im_end|> b"}) is None
     assert new_messages_start(base + new, last[:-1], close, text, echoed) is None
     assert new_messages_start(base + new, last, close, "", echoed) is None
+
+
+def test_where_the_echoed_answer_ends_when_it_renders_as_its_sampled_ids() -> None:
+    close = (2, 107)
+    head = (1, 5, 2, 107, 1, 8, 2, 107)  # system, dummy user
+    parent_prompt = [1, 5, 2, 107, 1, 6, 2, 107, 1, 9]  # ... the assistant opener (1, 9)
+    answer = [1, 9, 60, 61, 2, 107]  # opener, the sampled ids, the close
+    new = [1, 7, 70, 2, 107, 1, 9]
+    full = [*head, *answer, *new]
+    assert echoed_answer_end(full, head, parent_prompt, [60, 61, 2], close) == len(head) + len(answer)
+    assert echoed_answer_end(full, head, parent_prompt, [60, 61], close) == len(head) + len(answer)  # cut
+    # Rendered otherwise than sampled (a dropped think block, tool calls written anew): not shown.
+    assert echoed_answer_end(full, head, parent_prompt, [40, 41, 60, 61, 2], close) is None
+    # The ids before the answer are not what its prompt ended with (a forced think block).
+    assert echoed_answer_end(full, head, [*parent_prompt, 40], [60, 61, 2], close) is None
+    # A head the rendering does not start with (another system message), or an empty answer.
+    assert echoed_answer_end(full, (1, 4, 2, 107), parent_prompt, [60, 61, 2], close) is None
+    assert echoed_answer_end(full, head, parent_prompt, [2], close) is None
+
+
+def test_head_renderings_are_kept_per_head_request_and_bounded() -> None:
+    heads = ChainHeads(max_entries=2, max_ids=8)
+    request = {"messages": [SYSTEM, {"role": "user", "content": "."}], "tools": TOOLS, "add_generation_prompt": False}
+    key = head_key("vllm-a", request)
+    heads.put(key, [1, 5, 2])
+    assert list(heads.get(head_key("vllm-a", {**request, "tools": list(TOOLS)}))) == [1, 5, 2]  # equal JSON
+    # Another system message, other tools, another field or deployment: another head.
+    changed = [
+        {**request, "messages": [{"role": "system", "content": "Answer in French."}, request["messages"][1]]},
+        {**request, "tools": []},
+        {**request, "chat_template_kwargs": {"enable_thinking": False}},
+    ]
+    assert len({key, head_key("vllm-b", request), *(head_key("vllm-a", r) for r in changed)}) == 5
+    assert all(heads.get(head_key("vllm-a", r)) is None for r in changed)
+    heads.put(head_key("vllm-a", changed[0]), [1, 6, 2])
+    assert list(heads.get(key)) == [1, 5, 2]  # used last: kept over the next one
+    heads.put(head_key("vllm-a", changed[1]), [1, 7, 2])
+    assert len(heads) == 2 and heads.get(head_key("vllm-a", changed[0])) is None
+    # At most `max_ids` ids in all: the least recently used go first, a longer head is not kept.
+    heads.put(head_key("vllm-a", changed[2]), [1, 8, 8, 2])
+    assert len(heads) == 2 and heads.size == 7 and heads.get(key) is None
+    heads.put(key, list(range(9)))
+    assert heads.get(key) is None and heads.size == 7
+    with pytest.raises(ValueError, match="max_entries"):
+        ChainHeads(max_entries=0)
