@@ -36,6 +36,7 @@ from .engine_http import EngineHttp
 from .errors import BadRequestError
 from .forwarding import PassthroughBackend, backend_headers
 from .row_budget import fit_row
+from .sampling import MAX_TOKENS_ALIASES
 
 _SAMPLING_PARAMS_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default."""
@@ -56,6 +57,23 @@ def chat_body(body: Mapping[str, Any], deployment: Deployment, options: RequestO
     return out
 
 
+def over_context(body: dict[str, Any], max_model_len: int | None) -> bool:
+    """Whether the request's token limit is over the model's whole context; then the limit is
+    taken out of `body` (the render sizes the prompt without it) and the call generates what the
+    context leaves (`Prompt.within_context`).
+
+    Agents size `max_tokens` for the models they were written for (Claude Code asks for 128,000);
+    vLLM refuses a limit above its context outright, and reserves one within it for the output,
+    so the agent's call would be refused."""
+    if max_model_len is None:
+        return False
+    over = any(isinstance(body.get(name), int) and body[name] > max_model_len for name in MAX_TOKENS_ALIASES)
+    if over:
+        for name in MAX_TOKENS_ALIASES:
+            body.pop(name, None)
+    return over
+
+
 @dataclass(frozen=True, slots=True)
 class Prompt:
     """What generate is called with, and the chat request derender parses the answer with."""
@@ -67,6 +85,11 @@ class Prompt:
     render: dict[str, Any]
     """The render endpoint's answer (sampling params, request id) for the request below."""
     chat_request: dict[str, Any]
+
+    def within_context(self, max_model_len: Any) -> Prompt:
+        """This prompt generating at most what the model's context leaves after it."""
+        sampling = {**self.render["sampling_params"], "max_tokens": max(1, max_model_len - len(self.token_ids))}
+        return replace(self, render={**self.render, "sampling_params": sampling})
 
 
 def bridge_requests(body: Mapping[str, Any], new_from: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -174,6 +197,7 @@ class TokenChainBackend:
             return
         record = call.record
         body = chat_body(call.body, self.deployment, call.options)
+        over = over_context(body, engine.max_model_len)
         record.deployment = self.deployment
         record.request = body
         messages = body.get("messages")
@@ -183,6 +207,8 @@ class TokenChainBackend:
         try:
             link, keys = await self.memory.link(record.rollout_id, record.attempt_id, body)
             prompt = await self._prompt(engine, body, headers, link)
+            if over:
+                prompt = prompt.within_context(engine.max_model_len)
             # The row budget (row_budget.py): the cap by what the call's training row still holds.
             row = fit_row(prompt.link, len(prompt.token_ids), call.row_tokens)
             prompt = replace(prompt, link=row.link, render=row.capped_render(prompt.render))

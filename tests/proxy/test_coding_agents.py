@@ -2,7 +2,9 @@
 
 Codex CLI (installed from npm into `.cache/codex` by scripts/setup.sh) runs `codex exec` with its
 model provider pointed at a rollout's base URL (`wire_api = "responses"`); Claude Code runs the
-same way when `claude` is on PATH (it cannot be installed here). The tiny random model's turns go
+same way when `claude` is on PATH (its licence is Anthropic's own, so scripts/setup.sh does not
+install it; `npm install --prefix /tmp/claude @anthropic-ai/claude-code` and that prefix's
+`node_modules/.bin` on PATH runs it). The tiny random model's turns go
 as a trained one's do because its vLLM runs `examples.tiny_vllm.end_turn.EndTurnAfter`: no stop
 token before 8 tokens, then only `<|im_end|>`. Everything else is real: the agent's own
 requests, the proxy, vLLM's sampling, the spans with their token ids.
@@ -44,6 +46,7 @@ def ending_vllm(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory)
         "--hf-overrides", json.dumps({"max_position_embeddings": 65536}),
         "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
         "--logits-processors", "examples.tiny_vllm.end_turn:EndTurnAfter",
+        "--enable-scale-out",  # as the docs start vLLM: the agents' calls go through the token chain
     )  # fmt: skip
     env = {
         AFTER_ENV: str(TURN_TOKENS),
