@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
+from starlette.types import Receive
 
 from .backend import Call, RequestOptions, request_fields
 from .call_record import CallRecord
@@ -38,6 +39,7 @@ from .forwarding import PassthroughBackend, backend_headers
 from .row_budget import fit_row
 from .sampling import MAX_TOKENS_ALIASES
 
+T = TypeVar("T")
 _SAMPLING_PARAMS_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default."""
 _DUMMY_USER = {"role": "user", "content": "."}
@@ -213,13 +215,16 @@ class TokenChainBackend:
             row = fit_row(prompt.link, len(prompt.token_ids), call.row_tokens)
             prompt = replace(prompt, link=row.link, render=row.capped_render(prompt.render))
             record.row = row.attributes(prompt.render)
-            response = await self._answer(engine, prompt, headers)
+            response = await until_client_leaves(call.receive, self._answer(engine, prompt, headers))
         except EngineRejected as exc:
             record.fail("backend_rejected", exc.message, exc.status)
             await call.send({"type": "http.response.start", "status": exc.status, "headers": _JSON})
             await call.send({"type": "http.response.body", "body": exc.data})
             return
         record.chain = prompt.link.attribute()
+        if response is None:
+            record.fail("client_disconnected", "the client went away before its answer; generation stopped", 499)
+            return
         record.response = response
         record.status_code = 200
         self.memory.remember(
@@ -368,6 +373,24 @@ class TokenChainBackend:
             if choice.get("finish_reason") == "stop" and (choice.get("message") or {}).get("tool_calls"):
                 choice["finish_reason"] = "tool_calls"
         return response
+
+
+async def until_client_leaves(receive: Receive | None, work: Coroutine[Any, Any, T]) -> T | None:
+    """`work`'s result, or None once the client went away first (`work` cancelled: the engine
+    request's connection closes, and vLLM aborts the generation, as it does for any client)."""
+    if receive is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    # The request body is read, so the next ASGI message is the client's disconnect.
+    watcher = asyncio.ensure_future(receive())
+    try:
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return task.result() if task in done else None
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _send_answer(call: Call, record: CallRecord, response: dict[str, Any], body: Mapping[str, Any]) -> None:

@@ -7,10 +7,12 @@ an edited history (branched, with its cause) and an identical retry (its prompt 
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -240,3 +242,29 @@ async def test_greedy_answers_equal_vllm_s_own_chat_endpoint(proxy_factory, vllm
                                               choice.finish_reason)  # fmt: skip
     assert answers["auto", "auto"] == answers["off", "auto"]
     assert answers["auto", "required"] == answers["off", "required"]
+
+
+async def _generated_tokens(http: httpx.AsyncClient, vllm_server) -> float:
+    metrics = (await http.get(vllm_server.base_url.removesuffix("/v1") + "/metrics")).text
+    counters = [line for line in metrics.splitlines() if line.startswith("vllm:generation_tokens_total")]
+    return sum(float(line.split()[-1]) for line in counters)
+
+
+async def test_a_client_that_goes_away_stops_the_generation(chain_proxy, vllm_server, new_rollout, store) -> None:
+    """The call's engine request is dropped when the client leaves, and vLLM aborts the generation."""
+    ids = await new_rollout()
+    async with httpx.AsyncClient(timeout=30) as http:
+        before = await _generated_tokens(http, vllm_server)
+        client = openai.AsyncOpenAI(base_url=chain_proxy.as_resource().get_base_url(*ids), api_key="-", max_retries=0,
+                                    timeout=0.3)  # fmt: skip
+        with pytest.raises(openai.APITimeoutError):
+            await client.chat.completions.create(
+                model=vllm_server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=450, temperature=1.0
+            )
+        await client.close()
+        [span] = await wait_for_spans(store, ids[0], 1)
+        await asyncio.sleep(1.0)  # what vLLM would still generate, had it not aborted
+        generated = await _generated_tokens(http, vllm_server) - before
+
+    assert span.attributes["agl.error"]["type"] == "client_disconnected"
+    assert generated < 450
