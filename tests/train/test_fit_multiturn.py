@@ -79,7 +79,9 @@ def run_recorded(served: Served, out: Path, steps: int, level: str, extra: Seque
 
 @pytest.fixture(scope="module")
 def trajectory(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    return run_recorded(served, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory")
+    """4 steps at the lowercase example's lr 0.05 (the example's 0.03 is for 16 steps)."""
+    extra = ["actor_rollout_ref.actor.optim.lr=0.05"]
+    return run_recorded(served, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory", extra=extra)
 
 
 @pytest.fixture(scope="module")
@@ -173,8 +175,9 @@ def test_every_follow_up_is_bridged_from_the_models_ids_but_the_turn_counters(
         )
         assert breaks == (TURNS - 1) * counters == metrics["training/n_prefix_breaks"], step
         assert metrics["training/n_llm_calls/bridged"] == (TURNS - 1) * (len(traces) - counters), step
-        assert metrics["training/n_llm_calls/branched"] == metrics["training/n_llm_calls/branched/system_changed"]
-        assert metrics["training/n_llm_calls/branched"] == breaks
+        branched = metrics["training/n_llm_calls/branched"]
+        # A cause's metric is there only in the steps that had such a call.
+        assert branched == breaks == metrics.get("training/n_llm_calls/branched/system_changed", 0)
         assert metrics["training/rows_per_rollout/max"] == (TURNS if counters else 1)
 
 
