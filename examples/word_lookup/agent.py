@@ -2,27 +2,30 @@
 
 A plain OpenAI-SDK agent: `OpenAI()` takes its base URL and key from `OPENAI_BASE_URL` /
 `OPENAI_API_KEY` (agl's proxy and the agents' key), and every request offers the `lookup`
-tool. Each turn the model writes a few words; the words go through `lookup` (a fixed weather
-glossary), whose answer is appended as a tool result before the next turn. A model that calls
-the tool itself gets its call run as it made it; one that answers in plain text (the tiny random
-model always does) gets its answer looked up by the agent, which records that call in the
-assistant message, as a tool-calling model would have written it. The reward is the mean over
-the turns of the share of generated tokens that are glossary words.
+tool. Each turn the model writes a few tokens, sampled freely at temperature 1; they go through
+`lookup` (a fixed weather glossary), whose answer is appended as a tool result before the next
+turn. A model that calls the tool itself gets its call run as it made it; one that answers in
+plain text (the tiny random model always does) gets its answer looked up by the agent, which
+records that call as an assistant turn of its own after the answer. The answer itself goes back
+as the SDK returned it, so the proxy recognises it and bridges the next prompt from the ids the
+model sampled (agl_proxy/token_chain.py). The
+reward is the mean over the turns of the share of generated tokens that are lowercase words
+(`examples.lowercase_words.agent.lowercase_share`).
 
-The task (`AGL_INPUT`) is `{"prompt": str, "allowed_token_ids": [int, ...]}`
-and optionally `"system"`, a system prompt with `{turn}` in it, rewritten before every call.
-`allowed_token_ids` (vLLM's sampling parameter) restricts the answers to tokens that come back
-as the same ids when the history is rendered again, so the turns of a rollout merge into one
-training row; a system prompt that changes every turn (a turn counter, a timestamp) changes the
-start of every prompt, so each call of such a rollout becomes a row of its own (see README.md).
+The task (`AGL_INPUT`) is `{"prompt": str}` and optionally `"system"`, a system prompt with
+`{turn}` in it, rewritten before every call: it changes the start of every prompt, as a turn
+counter or a timestamp does, so each call of such a rollout becomes a row of its own (see
+README.md). A task may also carry vLLM's `allowed_token_ids`, passed on as they are (the tests
+force equal answers with one allowed token); the example's tasks do not.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from typing import Any
+
+from examples.lowercase_words.agent import lowercase_share
 
 TURNS = 3
 MAX_TOKENS = 8
@@ -47,25 +50,23 @@ def lookup(words: str) -> str:
     return f"known: {' '.join(known)} ({len(known)} of {len(given)})"
 
 
-def glossary_share(tokens: Sequence[str]) -> float:
-    """A turn's reward: the share of `tokens` that are glossary words (0.0 for no token)."""
-    return sum(token.strip().lower() in GLOSSARY for token in tokens) / len(tokens) if tokens else 0.0
-
-
 def tool_messages(message: Any, turn: int) -> list[dict[str, Any]]:
-    """The assistant message and the tool results that follow it in the history."""
-    calls = [call.model_dump(exclude_none=True) for call in message.tool_calls or []]
-    if not calls:  # a plain answer: the agent looks its words up for the model
-        arguments = json.dumps({"words": message.content or ""})
+    """What follows the model's answer in the history: the answer as the SDK returned it, the
+    agent's own `lookup` call when the model made none, and the tool results."""
+    answer = message.model_dump(exclude_none=True)
+    calls = answer.get("tool_calls", [])
+    messages = [answer]
+    if not calls:  # a plain answer: the agent looks its words up for the model, as a turn of its own
+        arguments = json.dumps({"words": message.content or ""}, ensure_ascii=False)
         calls = [{"id": f"lookup_{turn}", "type": "function", "function": {"name": "lookup", "arguments": arguments}}]
-    results = []
+        messages.append({"role": "assistant", "content": "", "tool_calls": calls})
     for call in calls:
         try:
             words = str(json.loads(call["function"]["arguments"]).get("words", ""))
         except (ValueError, AttributeError):
             words = ""
-        results.append({"role": "tool", "tool_call_id": call["id"], "content": lookup(words)})
-    return [{"role": "assistant", "content": message.content or "", "tool_calls": calls}, *results]
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": lookup(words)})
+    return messages
 
 
 class WordLookupAgent:
@@ -90,10 +91,10 @@ class WordLookupAgent:
                 max_tokens=MAX_TOKENS,
                 temperature=1.0,  # the trainer imposes its rollout temperature on the proxy anyway
                 logprobs=True,
-                extra_body={"allowed_token_ids": task["allowed_token_ids"]},
+                extra_body={"allowed_token_ids": task["allowed_token_ids"]} if "allowed_token_ids" in task else None,
             ).choices[0]
             content = choice.logprobs.content if choice.logprobs is not None else None
-            shares.append(glossary_share([entry.token for entry in content or []]))
+            shares.append(lowercase_share([entry.token for entry in content or []]))
             if turn < TURNS - 1:
                 messages += tool_messages(choice.message, turn)
         return sum(shares) / len(shares)

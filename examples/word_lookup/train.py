@@ -1,20 +1,24 @@
-"""Train the tiny random model on a three-turn, tool-using task: a whole agl + verl run on the CPU.
+"""Train the tiny real-vocabulary model on a three-turn, tool-using task: a whole agl + verl run on the CPU.
 
     python -m examples.word_lookup.train [--steps 16] [--level trajectory|transition] [--out DIR] [--png PATH]
 
 The same run as examples/lowercase_words (vLLM in dev mode, `agl proxy serve --logprobs`, agents
-as subprocesses, `AglTrainer.fit()` through `agl_train.verl_glue.cpu_run.run_ppo_on_cpu`), with the
-agent of `agent.py`: three model calls per rollout with the `lookup` tool offered in each, its
-results appended between them, rewarded on every turn. At the trajectory level (default) the
-calls of a rollout merge into one row, the inserted tool results and template glue masked out.
+as subprocesses, `AglTrainer.fit()` through `agl_train.verl_glue.cpu_run.run_ppo_on_cpu`), on the
+tiny model with Qwen2.5's vocabulary and chat template (examples/tiny_vllm/real_vocab.py), its vLLM
+serving token in, token out (`--enable-scale-out`), and with the agent of `agent.py`: three model
+calls per rollout with the `lookup` tool offered in each, its results appended between them,
+rewarded on every turn. At the trajectory level (default) the proxy bridges each follow-up's
+prompt from the model's own ids, so the calls of a rollout merge into one row, the inserted tool
+results and template glue masked out.
 """
 
 from __future__ import annotations
 
-import re
+import contextlib
+import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,6 @@ from examples.lowercase_words import train as lowercase
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "artifacts" / "word_lookup"
 AGENT_CLASS = "examples.word_lookup.agent:WordLookupAgent"
-WORD_TOKEN = re.compile(r" [A-Za-z]+")
 REPLACED_KEYS = (
     "agentlightning.local.agent_class",
     "agentlightning.local.env_map.PROMPT",
@@ -32,43 +35,51 @@ REPLACED_KEYS = (
     "actor_rollout_ref.actor.optim.lr",
 )
 LIMITS = {
-    # Prompts run from ~300 tokens (the template's tool preamble) to ~475 (the third call: each
-    # call adds its 8-token answer and ~80 inserted tokens: the recorded tool call, the tool result
-    # and the turn markers); a row that starts at a later call, after a prefix break, has such a prompt.
+    # Prompts run from ~160 tokens (the template's tool preamble) to ~290 (the third call: each
+    # call adds its 8-token answer and ~60 inserted tokens: the agent's lookup call, the tool
+    # result and the turn markers); a row that starts at a later call, after a prefix break, has
+    # such a prompt. A trajectory row's response (three answers and what came between) is ~145.
     "trajectory": [
-        "agentlightning.trace_aggregator.trajectory_max_prompt_length=504",
-        "agentlightning.trace_aggregator.trajectory_max_response_length=208",
+        "agentlightning.trace_aggregator.trajectory_max_prompt_length=384",
+        "agentlightning.trace_aggregator.trajectory_max_response_length=256",
     ],
-    "transition": ["data.max_prompt_length=504", "data.max_response_length=8"],
+    "transition": ["data.max_prompt_length=384", "data.max_response_length=8"],
 }
+VLLM_ARGS = ("--enable-scale-out",)  # the token-in endpoints the proxy's token chain calls
 
 
-def allowed_token_ids(model_path: Path) -> list[int]:
-    """The answers' vocabulary: tokens that are a space and letters and encode back to themselves
-    (so an answer sent back as text becomes the same ids), and the end-of-turn token."""
-    from transformers import AutoTokenizer
+@contextlib.contextmanager
+def fresh_run(out: Path) -> Iterator[tuple[Path, str]]:
+    """Empty `out`, copy the real-vocabulary model into `out/model` (vLLM reloads trained weights
+    there; the cache stays as built) and serve it with a dev-mode vLLM that takes token ids:
+    yields the model path and vLLM's address."""
+    from examples.tiny_vllm.real_vocab import QWEN2_5
+    from examples.tiny_vllm.vllm_server import build_real_vocab_model, running_vllm_server
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    words = [
-        token_id
-        for token_id in range(len(tokenizer))
-        if WORD_TOKEN.fullmatch(text := tokenizer.decode([token_id]))
-        and tokenizer.encode(text, add_special_tokens=False) == [token_id]
-    ]
-    return [*words, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    model = out / "model"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(build_real_vocab_model(QWEN2_5), model)
+    print(f"starting vLLM on {model} (about a minute on a CPU)", flush=True)
+    with running_vllm_server(
+        model,
+        log_path=out / "vllm.log",
+        served_model_name=QWEN2_5.served_model_name,
+        extra_args=VLLM_ARGS,
+        extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+    ) as vllm:
+        yield model, vllm.base_url.removeprefix("http://").removesuffix("/v1")
 
 
 TURN_COUNTER = "Turn {turn} of 3."
 """The system prompt of every eighth task: rewritten each turn, it splits those rollouts into a row per call."""
 
 
-def tasks(allowed: Sequence[int], count: int, offset: int = 0) -> list[dict[str, Any]]:
+def tasks(count: int, offset: int = 0) -> list[dict[str, Any]]:
     """`count` tasks cycling through the lowercase example's 8 prompts; the last prompt's tasks
     have a turn counter in their system prompt."""
     cycle = len(lowercase.PROMPTS)
     return [
-        {"prompt": prompt["prompt"], "allowed_token_ids": list(allowed)}
-        | ({"system": TURN_COUNTER} if (offset + i) % cycle == cycle - 1 else {})
+        {"prompt": prompt["prompt"]} | ({"system": TURN_COUNTER} if (offset + i) % cycle == cycle - 1 else {})
         for i, prompt in enumerate(lowercase.tasks(count, offset))
     ]
 
@@ -124,7 +135,6 @@ def train(
     metrics_path = out / "metrics.jsonl"
     for stale in (metrics_path, out / "agl.db", out / "agl.db-wal", out / "agl.db-shm"):
         stale.unlink(missing_ok=True)
-    allowed = allowed_token_ids(model_path)
     with (
         lowercase._environment("VERL_FILE_LOGGER_PATH", str(metrics_path)),
         lowercase.running_proxy(out) as proxy_url,
@@ -133,8 +143,8 @@ def train(
         config = compose_config(overrides(model_path, proxy_url, steps, out, level, seed, extra))
         trainer = run_ppo_on_cpu(
             config,
-            list(train_tasks) if train_tasks is not None else tasks(allowed, 4 * steps),
-            tasks(allowed, 4, offset=1),
+            list(train_tasks) if train_tasks is not None else tasks(4 * steps),
+            tasks(4, offset=1),
             [vllm_address],
             out / "weights",
         )
@@ -147,9 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     out: Path = args.out.resolve()
-    with lowercase.fresh_run(out) as (model, address):
+    with fresh_run(out) as (model, address):
         train(model, address, out, args.steps, level=args.level, seed=args.seed)
-    title = f"word-lookup task (3 turns, {args.level} rows), tiny model, CPU"
+    title = f"word-lookup task (3 turns, {args.level} rows), tiny real-vocabulary model, CPU"
     lowercase.report(out, args.steps, args.png or out / "training-curve.png", title, started)
     return 0
 

@@ -1,15 +1,16 @@
 """`AglTrainer.fit()` on the CPU with a multi-turn, tool-using agent (examples/word_lookup): three
-model calls per rollout, a tool result appended between them. What agl adds to verl is checked on
-the batches the actor really trained on (recorded by `RolloutHooks.on_batch`,
-tests/train/recording_hooks.py) against the calls in the store: trajectory rows, masks, prefix
-breaks, the rollout-level advantage, `per_rollout_mean` and the update cap. Two runs share the
-session's dev-mode vLLM: 16 trajectory-level steps (which must learn) and one capped
-transition-level step."""
+model calls per rollout on the real-vocabulary tiny model, sampled freely at temperature 1, a tool
+result appended between them. What agl adds to verl is checked on the batches the actor really
+trained on (recorded by `RolloutHooks.on_batch`, tests/train/recording_hooks.py) against the calls
+in the store: follow-up prompts bridged from the model's own ids, trajectory rows, masks, prefix
+breaks, the rollout-level advantage, `per_rollout_mean` and the update cap. Two runs share one
+dev-mode vLLM with the token-in endpoints (the example's): 4 trajectory-level steps (which must
+learn) and one capped transition-level step."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 
 from examples.lowercase_words.train import Run, improvement, rewards_by_version
 from examples.word_lookup.agent import TURNS
-from examples.word_lookup.train import allowed_token_ids, tasks, train
+from examples.word_lookup.train import TURN_COUNTER, fresh_run, tasks, train
 from tests.train import recording_hooks
 from tests.train.fit_helpers import llm_calls_by_version, traces_by_step
 from tests.train.recording_hooks import StepBatch
@@ -30,11 +31,12 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]
 
-STEPS = 16
+STEPS = 4
 ROLLOUTS_PER_STEP = 16  # data.train_batch_size 4 × rollout.n 4
 MINI_BATCH_ROWS = 8  # ppo_mini_batch_size 2 × rollout.n 4
-WINDOW = 3
+WINDOW = 1
 CAPPED_STEPS = 1
+NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 MAX_PPO_UPDATE_TIMES = 2
 HOOKS = "agentlightning.hooks=tests.train.recording_hooks"
 
@@ -52,41 +54,52 @@ class Recorded:
         return self.run.history[step - 1]
 
 
-def run_recorded(server, out: Path, steps: int, level: str, extra: Sequence[str] = (), **kwargs) -> Recorded:
+@dataclass(frozen=True)
+class Served:
+    """The example's vLLM: a copy of the real-vocabulary model, dev mode, token-in endpoints."""
+
+    model_path: Path
+    address: str
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with fresh_run(tmp_path_factory.mktemp("real-dev-vllm")) as (model_path, address):
+        yield Served(model_path, address)
+
+
+def run_recorded(served: Served, out: Path, steps: int, level: str, extra: Sequence[str] = (), **kwargs) -> Recorded:
     recording_hooks.reset()
-    address = server.root_url.removeprefix("http://")
-    run = train(server.model_path, address, out, steps, level=level, print_lines=False, extra=[HOOKS, *extra], **kwargs)
+    extra = [HOOKS, *NO_VALIDATION, *extra]
+    run = train(served.model_path, served.address, out, steps, level=level, print_lines=False, extra=extra, **kwargs)
     recorded = Recorded(run, list(recording_hooks.CALLS), dict(recording_hooks.BATCHES), traces_by_step(run.db_path))
     recording_hooks.reset()
     return recorded
 
 
 @pytest.fixture(scope="module")
-def trajectory(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    return run_recorded(dev_vllm_server, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory")
+def trajectory(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    """4 steps at the lowercase example's lr 0.05 (the example's 0.03 is for 16 steps)."""
+    extra = ["actor_rollout_ref.actor.optim.lr=0.05"]
+    return run_recorded(served, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory", extra=extra)
 
 
 @pytest.fixture(scope="module")
-def capped_transition(dev_vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    """Transition rows (3 per rollout, 48 per step) capped at 2 mini-batches of 8 rows, without
-    validation. Each step trains two groups whose answers are forced equal (one allowed token:
+def capped_transition(served: Served, real_tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    """Transition rows (3 per rollout, 48 per step) capped at 2 mini-batches of 8 rows. Each step
+    trains two groups whose answers are forced equal (vLLM's `allowed_token_ids` with one token:
     the trainer imposes its sampling temperature on every call, so an agent cannot ask for greedy
     answers) and two sampled ones, in that order (`data.shuffle=false`)."""
-    allowed = allowed_token_ids(dev_vllm_server.model_path)
-    forced = [task | {"allowed_token_ids": [allowed[0]]} for task in tasks(allowed, 2)]
-    sampled = tasks(allowed, 2, offset=2)
+    (weather,) = real_tokenizer.encode(" weather", add_special_tokens=False)
+    forced = [task | {"allowed_token_ids": [weather]} for task in tasks(2)]
+    sampled = tasks(2, offset=2)
     in_order = [task for _ in range(CAPPED_STEPS) for pair in zip(forced, sampled, strict=True) for task in pair]
     return run_recorded(
-        dev_vllm_server,
+        served,
         tmp_path_factory.mktemp("transition"),
         CAPPED_STEPS,
         "transition",
-        extra=[
-            f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}",
-            "data.shuffle=false",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=-1",
-        ],
+        extra=[f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}", "data.shuffle=false"],
         train_tasks=in_order,
     )
 
@@ -145,12 +158,35 @@ def test_every_step_runs_three_calls_per_rollout_through_verls_update(trajectory
     }
 
 
+def test_every_follow_up_is_bridged_from_the_models_ids_but_the_turn_counters(
+    trajectory: Recorded, real_tokenizer
+) -> None:
+    """Free sampling over 151,936 ids writes what the tokenizer would not give back from text; the
+    proxy bridges each follow-up's prompt from the sampled ids all the same. Only the turn-counter
+    tasks' follow-ups branch: their system prompt changed (one row per call, on purpose)."""
+    for step, traces in trajectory.traces.items():
+        metrics = trajectory.metrics(step)
+        first_turn = TURN_COUNTER.format(turn=1)
+        counters = sum(first_turn in real_tokenizer.decode(trace.calls[0].prompt_ids) for trace in traces)
+        breaks = sum(
+            not extends(call.prompt_ids, previous.prompt_ids, previous.response_ids)
+            for trace in traces
+            for previous, call in zip(trace.calls, trace.calls[1:], strict=False)
+        )
+        assert breaks == (TURNS - 1) * counters == metrics["training/n_prefix_breaks"], step
+        assert metrics["training/n_llm_calls/bridged"] == (TURNS - 1) * (len(traces) - counters), step
+        branched = metrics["training/n_llm_calls/branched"]
+        # A cause's metric is there only in the steps that had such a call.
+        assert branched == breaks == metrics.get("training/n_llm_calls/branched/system_changed", 0)
+        assert metrics["training/rows_per_rollout/max"] == (TURNS if counters else 1)
+
+
 def test_on_startup_runs_once_through_fit_before_the_first_batch(trajectory: Recorded) -> None:
     assert trajectory.calls == ["startup", *(f"batch {step}" for step in range(1, STEPS + 1))]
 
 
 def test_the_calls_of_a_rollout_merge_into_rows_with_the_inserted_tokens_masked(
-    trajectory: Recorded, tokenizer
+    trajectory: Recorded, real_tokenizer
 ) -> None:
     merged_calls: Counter[int] = Counter()
     inserted_text = ""
@@ -167,7 +203,7 @@ def test_the_calls_of_a_rollout_merge_into_rows_with_the_inserted_tokens_masked(
             assert prompt == list(row_calls[0].prompt_ids)
             assert [response[start:end] for start, end in runs] == [list(call.response_ids) for call in row_calls]
             assert prompt + response == [*row_calls[-1].prompt_ids, *row_calls[-1].response_ids]
-            inserted_text += tokenizer.decode([t for t, m in zip(response, mask, strict=True) if not m])
+            inserted_text += real_tokenizer.decode([t for t, m in zip(response, mask, strict=True) if not m])
     print(f"\ncalls merged per row, over the update rows of {STEPS} steps: {dict(sorted(merged_calls.items()))}")
     assert merged_calls[TURNS] > sum(merged_calls.values()) / 2  # most rollouts are one row of three calls
     assert "<tool_call>" in inserted_text and "<tool_response>" in inserted_text and "known:" in inserted_text
@@ -176,8 +212,8 @@ def test_the_calls_of_a_rollout_merge_into_rows_with_the_inserted_tokens_masked(
 def test_a_rollout_whose_history_was_rendered_differently_splits_and_is_counted(trajectory: Recorded) -> None:
     rows_per_rollout: Counter[int] = Counter()
     for step, traces in trajectory.traces.items():
-        # A split wherever a call's prompt does not extend the previous prompt + response, e.g.
-        # where the model ended its turn: the template renders the recorded tool call there.
+        # A split wherever a call's prompt does not extend the previous prompt + response: the
+        # turn-counter tasks' follow-ups (the proxy bridges every other one).
         breaks = {
             trace.rollout_id: sum(
                 not extends(call.prompt_ids, previous.prompt_ids, previous.response_ids)
