@@ -3,9 +3,11 @@
 `fixtures/codex_0.169.0_first_request.json` is the first request Codex CLI 0.169.0 sent to a
 capturing server (`codex exec "Say hello"`), `codex_0.169.0_after_a_tool_call.json` its second
 after the capturing server answered the first with this proxy's Responses events for a call of
-`exec_command {"cmd": "echo hi"}` (Codex ran it); `fixtures/claude_code_requests.json` is written by
-hand from Anthropic's docs (Claude Code cannot be installed here). The model's calls back are
-written out as chat answers: a tiny random model never makes one.
+`exec_command {"cmd": "echo hi"}` (Codex ran it). `claude_code_2.1.332_first_request.json` is the first
+request Claude Code 2.1.332 sent to a capturing server (`claude -p "Say hello."`), its prose left out
+(Anthropic's licence); `fixtures/claude_code_requests.json` is written by hand from Anthropic's docs:
+the typed client tools, server tools and history blocks a first call does not show. The model's calls
+back are written out as chat answers: a tiny random model never makes one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CODEX = json.loads((FIXTURES / "codex_0.169.0_first_request.json").read_text())
 CODEX_AFTER_CALL = json.loads((FIXTURES / "codex_0.169.0_after_a_tool_call.json").read_text())
 CLAUDE = json.loads((FIXTURES / "claude_code_requests.json").read_text())
+CLAUDE_FIRST = json.loads((FIXTURES / "claude_code_2.1.332_first_request.json").read_text())["request"]
 
 PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": {
     "type": "grammar", "syntax": "lark", "definition": "start: begin_patch hunk+ end_patch"}}  # fmt: skip
@@ -143,6 +146,18 @@ def test_codex_history_items_become_chat_turns() -> None:
         {"role": "assistant", "content": None, "tool_calls": [call("lookup", "{}", "c3")]},
         {"role": "tool", "tool_call_id": "c3", "content": "found"},
     ]  # fmt: skip
+
+
+def test_claude_code_s_own_first_request_maps_whole() -> None:
+    """Its 12 tools as functions, its system blocks and the inline system message (a reminder it sends as a
+    message) as system turns, its adaptive thinking, context edits and effort accepted, its 128,000 tokens
+    asked as the chat limit (the token chain lowers a limit over the model's context)."""
+    chat = MESSAGES.chat_request(CLAUDE_FIRST)
+    assert names(chat) == [tool["name"] for tool in CLAUDE_FIRST["tools"]] and len(chat["tools"]) == 12
+    assert MESSAGES.tools_left_out(CLAUDE_FIRST) == []
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "system"]
+    assert chat["messages"][1]["content"][-1] == {"type": "text", "text": "Say hello."}
+    assert chat["max_tokens"] == 128_000 and chat["stream"] is True
 
 
 def test_claude_code_requests_map_with_server_tools_left_out() -> None:
