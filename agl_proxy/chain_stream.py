@@ -12,6 +12,9 @@ The client gets each choice's role and deltas (with their `token_ids`; `prompt_t
 the first chunk), then, once the answer is whole, the finish reasons and usage of the one
 non-streamed derender the call's span and the chain record, so what the client is told ends
 its answer is what the span says.
+
+`sse_chunks` streams a whole answer instead, for `n` > 1, which vLLM 0.31's streamed generate
+fails: per choice a role chunk, the reasoning, content and tool calls, then the finish reason.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ class ChainStream:
                 with backend_failures(deployment, "did not answer", "failed"):
                     data = await response.aread()
                 engine_answer(deployment, GENERATE, response.status_code, response.headers, data)
-            request_id = await self._relay(response)
+            request_id = await self._relay(response, generate_body.get("request_id"))
         except (EngineRejected, RetryableBackendError, ProxyError) as exc:
             if not self.started:
                 raise
@@ -163,9 +166,9 @@ class ChainStream:
             ],
         }
 
-    async def _relay(self, response: httpx.Response) -> str | None:
+    async def _relay(self, response: httpx.Response, request_id_sent: str | None) -> str | None:
         wake = asyncio.Event()
-        request_id: list[str | None] = [None]
+        request_id = [request_id_sent]
         reader = asyncio.ensure_future(self._read(response, wake, request_id))
         try:
             while True:
@@ -195,7 +198,13 @@ class ChainStream:
                     payload = line[len("data: ") :]
                     if payload == "[DONE]":
                         break
-                    self._take(orjson.loads(payload), request_id)
+                    try:
+                        chunk = orjson.loads(payload)
+                    except orjson.JSONDecodeError as exc:
+                        raise RetryableBackendError(
+                            BackendFailedError(f"backend {self.deployment.label} streamed data that is not JSON")
+                        ) from exc
+                    self._take(chunk, request_id)
                     wake.set()
             # The engine leaves out a finish that comes without ids.
             for choice in self.choices:
