@@ -79,6 +79,13 @@ async def post_json(
             raise RetryableBackendError(
                 BackendFailedError(f"backend {deployment.label} refused the connection: {exc}")
             ) from exc
+    return engine_answer(deployment, path, status, answer_headers, data)
+
+
+def engine_answer(
+    deployment: Deployment, path: str, status: int, answer_headers: Mapping[str, str], data: bytes
+) -> dict[str, Any]:
+    """The engine's JSON object answer to a request to `path`; raises as `post_json` says."""
     parsed = json_object_or_none(data)
     if status < 300 and parsed is not None:
         return parsed

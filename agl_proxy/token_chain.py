@@ -25,12 +25,11 @@ import orjson
 from starlette.types import Receive
 
 from .backend import Call, RequestOptions, request_fields
-from .call_record import CallRecord
 from .chain_heads import ChainHeads, head_key
 from .chain_links import ChainEntry, Link
 from .chain_memory import ChainMemory, chain_entry
 from .chain_messages import SYSTEM_ROLES
-from .chain_stream import sse_chunks
+from .chain_stream import SSE, ChainStream, StreamFailed, sse_chunks
 from .deployments import Deployment
 from .engine import DERENDER, GENERATE, RENDER, Engine, EngineProbes, EngineRejected, post_json
 from .engine_http import EngineHttp
@@ -46,7 +45,6 @@ _DUMMY_USER = {"role": "user", "content": "."}
 _MAX_HEADER = 32
 """The most ids an assistant turn's header (role, channel, think opener) is looked for in."""
 _JSON = [(b"content-type", b"application/json")]
-_SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
 
 
 def chat_body(body: Mapping[str, Any], deployment: Deployment, options: RequestOptions) -> dict[str, Any]:
@@ -206,6 +204,7 @@ class TokenChainBackend:
         if not isinstance(messages, list) or not messages:
             raise BadRequestError("messages must be a non-empty list of chat messages")
         headers = backend_headers(self.deployment, record.rollout_id, record.attempt_id)
+        stream: ChainStream | None = None
         try:
             link, keys = await self.memory.link(record.rollout_id, record.attempt_id, body)
             prompt = await self._prompt(engine, body, headers, link)
@@ -215,11 +214,21 @@ class TokenChainBackend:
             row = fit_row(prompt.link, len(prompt.token_ids), call.row_tokens)
             prompt = replace(prompt, link=row.link, render=row.capped_render(prompt.render))
             record.row = row.attributes(prompt.render)
-            response = await until_client_leaves(call.receive, self._answer(engine, prompt, headers))
+            # vLLM 0.31's streamed generate fails for n > 1 (an IndexError in its stream
+            # generator): those calls get their stream once the answer is whole.
+            if body.get("stream") and (prompt.render["sampling_params"].get("n") or 1) == 1:
+                stream = ChainStream(call, self.transport, self.deployment, headers, prompt.token_ids)
+            response = await until_client_leaves(call.receive, self._answer(engine, prompt, headers, stream))
         except EngineRejected as exc:
             record.fail("backend_rejected", exc.message, exc.status)
             await call.send({"type": "http.response.start", "status": exc.status, "headers": _JSON})
             await call.send({"type": "http.response.body", "body": exc.data})
+            return
+        except StreamFailed as exc:
+            assert stream is not None
+            record.chain = prompt.link.attribute()
+            record.fail(exc.error_type, exc.message, exc.status)
+            await stream.fail(exc)
             return
         record.chain = prompt.link.attribute()
         if response is None:
@@ -238,7 +247,13 @@ class TokenChainBackend:
                 row.root_prompt_len,
             ),
         )
-        await _send_answer(call, record, response, body)
+        if stream is not None:
+            await stream.finish(response)
+        elif body.get("stream"):
+            await _send_whole_stream(call, response, body)
+        else:
+            await call.send({"type": "http.response.start", "status": 200, "headers": _JSON})
+            await call.send({"type": "http.response.body", "body": orjson.dumps(response)})
 
     async def _prompt(self, engine: Engine, body: dict[str, Any], headers: Mapping[str, str], link: Link) -> Prompt:
         if link.kind == "bridged" and link.parent is not None and link.choice is not None:
@@ -343,7 +358,10 @@ class TokenChainBackend:
     async def _render(self, request: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
         return await post_json(self.transport, self.deployment, RENDER, request, headers)
 
-    async def _answer(self, engine: Engine, prompt: Prompt, headers: Mapping[str, str]) -> dict[str, Any]:
+    async def _answer(
+        self, engine: Engine, prompt: Prompt, headers: Mapping[str, str], stream: ChainStream | None
+    ) -> dict[str, Any]:
+        """The chat answer; with `stream`, the client is streamed it as it is generated."""
         render = prompt.render
         generate_body = {
             "request_id": render.get("request_id"),
@@ -355,15 +373,16 @@ class TokenChainBackend:
             "priority": render.get("priority", 0),
             "stream": False,
         }
-        generated = await post_json(self.transport, self.deployment, GENERATE, generate_body, headers)
+        chat_request = {**{k: v for k, v in prompt.chat_request.items() if k != "stream_options"}, "stream": False}
+        if stream is None:
+            generated = await post_json(self.transport, self.deployment, GENERATE, generate_body, headers)
+        else:
+            generated = await stream.relay(self.client, generate_body, chat_request)
         derender_body = {
             "model": self.deployment.model,
             "generate_response": generated,
             "prompt_tokens": len(prompt.token_ids),
-            "chat_request": {
-                **{k: v for k, v in prompt.chat_request.items() if k != "stream_options"},
-                "stream": False,
-            },
+            "chat_request": chat_request,
         }
         response = await post_json(self.transport, self.deployment, DERENDER, derender_body, headers)
         response["prompt_token_ids"] = prompt.token_ids
@@ -372,6 +391,8 @@ class TokenChainBackend:
             # As vLLM's chat endpoint says it: an answer the tool parser found calls in.
             if choice.get("finish_reason") == "stop" and (choice.get("message") or {}).get("tool_calls"):
                 choice["finish_reason"] = "tool_calls"
+        if stream is not None:
+            stream.pin_tool_call_ids(response)
         return response
 
 
@@ -393,15 +414,11 @@ async def until_client_leaves(receive: Receive | None, work: Coroutine[Any, Any,
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def _send_answer(call: Call, record: CallRecord, response: dict[str, Any], body: Mapping[str, Any]) -> None:
-    if not body.get("stream"):
-        await call.send({"type": "http.response.start", "status": 200, "headers": _JSON})
-        await call.send({"type": "http.response.body", "body": orjson.dumps(response)})
-        return
-    await call.send({"type": "http.response.start", "status": 200, "headers": _SSE})
+async def _send_whole_stream(call: Call, response: dict[str, Any], body: Mapping[str, Any]) -> None:
+    await call.send({"type": "http.response.start", "status": 200, "headers": SSE})
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     for data in sse_chunks(response, include_usage):
         await call.send({"type": "http.response.body", "body": data, "more_body": True})
-        if record.ttft_s is None:
-            record.ttft_s = time.perf_counter() - call.t0
+        if call.record.ttft_s is None:
+            call.record.ttft_s = time.perf_counter() - call.t0
     await call.send({"type": "http.response.body", "body": b"", "more_body": False})
