@@ -135,12 +135,7 @@ class ChainStream:
             timeout=timeout,
         )
         with backend_failures(deployment, "did not answer", "failed"):
-            try:
-                response = await client.send(request, stream=True)
-            except httpx.ConnectError as exc:
-                raise RetryableBackendError(
-                    BackendFailedError(f"backend {deployment.label} refused the connection: {exc}")
-                ) from exc
+            response = await client.send(request, stream=True)
         try:
             if response.status_code >= 300:
                 with backend_failures(deployment, "did not answer", "failed"):

@@ -71,14 +71,9 @@ async def post_json(
     """
     url = server_root(deployment.api_base or "") + path
     with backend_failures(deployment, "did not answer", "failed"):
-        try:
-            status, answer_headers, data = await transport.fetch(
-                "POST", url, content=orjson.dumps(body), headers=headers, timeout=deployment.timeout_s
-            )
-        except httpx.ConnectError as exc:
-            raise RetryableBackendError(
-                BackendFailedError(f"backend {deployment.label} refused the connection: {exc}")
-            ) from exc
+        status, answer_headers, data = await transport.fetch(
+            "POST", url, content=orjson.dumps(body), headers=headers, timeout=deployment.timeout_s
+        )
     return engine_answer(deployment, path, status, answer_headers, data)
 
 

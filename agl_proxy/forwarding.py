@@ -109,7 +109,6 @@ class PassthroughBackend:
         request_body = backend_body(call.body, deployment, record.operation, call.options)
         record.deployment = deployment
         record.request = request_body
-        label = deployment.label
         timeout = httpx.Timeout(deployment.timeout_s, connect=min(CONNECT_TIMEOUT_S, deployment.timeout_s))
         request = client.build_request(
             "POST",
@@ -120,15 +119,10 @@ class PassthroughBackend:
         )
         with backend_failures(deployment, "did not answer", "failed"):
             try:
-                try:
-                    response = await client.send(request, stream=True)
-                except httpx.RemoteProtocolError:
-                    # A kept-alive connection the server had just closed: the request never ran.
-                    response = await client.send(request, stream=True)
-            except httpx.ConnectError as exc:
-                raise RetryableBackendError(
-                    BackendFailedError(f"backend {label} refused the connection: {exc}")
-                ) from exc
+                response = await client.send(request, stream=True)
+            except httpx.RemoteProtocolError:
+                # A kept-alive connection the server had just closed: the request never ran.
+                response = await client.send(request, stream=True)
         try:
             is_stream = response.headers.get("content-type", "").startswith("text/event-stream")
             if is_stream and response.status_code < 300:
@@ -142,11 +136,15 @@ class PassthroughBackend:
 @contextlib.contextmanager
 def backend_failures(deployment: Deployment, timed_out: str, failed: str) -> Iterator[None]:
     """Backend I/O errors as the proxy's: a timeout → `BackendTimeoutError` ("backend X
-    `timed_out` within N s"); a broken connection → a retryable `BackendFailedError`."""
+    `timed_out` within N s"); a refused or broken connection → a retryable `BackendFailedError`."""
     try:
         yield
     except httpx.TimeoutException as exc:
         raise BackendTimeoutError(f"backend {deployment.label} {timed_out} within {deployment.timeout_s:g} s") from exc
+    except httpx.ConnectError as exc:
+        raise RetryableBackendError(
+            BackendFailedError(f"backend {deployment.label} refused the connection: {exc}")
+        ) from exc
     except httpx.TransportError as exc:
         raise RetryableBackendError(
             BackendFailedError(f"backend {deployment.label} {failed}: {type(exc).__name__}: {exc}")
