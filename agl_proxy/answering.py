@@ -5,10 +5,16 @@ error event rather than a 503), and with `require_token_ids` it keeps back what 
 commit the call as a success (a whole non-streamed answer, a stream's `data: [DONE]`)
 until the call's token ids are checked, so that a call without them is answered 502
 (or, mid-stream, with an error event the OpenAI SDKs raise on).
+
+It also holds the answer's last bytes until the call's sequence number is issued (at most
+`NUMBER_WAIT_S`), so that a call an agent makes after another's answer always numbers
+after it, also when the two go to different proxies of a fleet. A real engine call outlasts
+the store's reply, so this costs nothing but for a slow or lost store.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.types import Message, Send
@@ -17,6 +23,8 @@ from .call_record import CallRecord
 from .errors import ProxyError, TokenIdsError, send_error
 
 DONE = b"data: [DONE]\n\n"
+NUMBER_WAIT_S = 1.0
+"""How long an answer's end waits for the call's sequence number at most."""
 
 
 class ClientAnswer:
@@ -31,6 +39,8 @@ class ClientAnswer:
         self.finished = False
         self._held_start: Message | None = None
         self._held_done = False
+        self.number: asyncio.Future[int] | None = None
+        """The call's sequence number as the store issues it; the answer's end waits for it."""
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -76,6 +86,7 @@ class ClientAnswer:
         if self._held_done:
             await self._send({"type": "http.response.body", "body": DONE, "more_body": True})
         self.finished = True
+        await self._numbered()
         await self._send({**message, "body": body})
 
     async def fail(self, error: ProxyError) -> None:
@@ -83,8 +94,13 @@ class ClientAnswer:
         if self.finished:
             return
         self.finished = True
+        await self._numbered()
         if not self.started:
             await send_error(self._send, error)
             return
         end: dict[str, Any] = {"type": "http.response.body", "body": error.sse_event(), "more_body": False}
         await self._send(end)
+
+    async def _numbered(self) -> None:
+        if self.number is not None and not self.number.done():
+            await asyncio.wait((self.number,), timeout=NUMBER_WAIT_S)

@@ -190,7 +190,7 @@ class LLMCallEndpoint:
         try:
             if rollout_id and not attempt_id:
                 record.attempt_id = attempt_id = await state.latest_attempt_id(rollout_id)
-            sequence = state.exporter.reserve_sequence(rollout_id, attempt_id)
+            sequence = answer.number = state.exporter.reserve_sequence(rollout_id, attempt_id)
             if no_backend is not None:
                 raise no_backend
             await self._dispatch(replicas, record, body, receive, answer, t0)

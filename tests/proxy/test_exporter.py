@@ -4,12 +4,13 @@ answered call: when the store falls behind, new calls wait for room or are refus
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from agl_proxy.call_record import CallRecord
 from agl_proxy.exporter import SpanExporter
 
 from .conftest import chat_body
-from .helpers import model_entry, wait_for_spans
+from .helpers import FlakyStore, model_entry, wait_for_spans
 
 
 async def test_calls_succeed_while_the_store_is_down_and_spans_arrive_after(new_rollout, proxy, store, http) -> None:
@@ -42,6 +43,33 @@ async def test_sequence_ids_follow_call_order(new_rollout, proxy, store, http) -
     spans = await wait_for_spans(store, rollout_id, 5)
     assert [s.sequence_id for s in spans] == [1, 2, 3, 4, 5]
     assert [s.start_time for s in spans] == sorted(s.start_time for s in spans)
+
+
+class SlowNumbers(FlakyStore):
+    """The shared store, as seen by a proxy whose sequence-number requests take `delay_s` to come back."""
+
+    def __init__(self, inner: FlakyStore, delay_s: float) -> None:
+        super().__init__(inner)
+        self.delay_s = delay_s
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
+        await asyncio.sleep(self.delay_s)
+        return await super().get_many_span_sequence_ids(rollout_attempt_ids)
+
+
+async def test_a_call_made_after_an_answer_numbers_after_it_on_another_proxy(
+    new_rollout, proxy_factory, backend, store, http
+) -> None:
+    """The first proxy's store replies late; its answer still ends only once the call has its number."""
+    rollout_id, _ = ids = await new_rollout()
+    slow = await proxy_factory([model_entry("tiny", backend[1])], store=SlowNumbers(store, delay_s=0.3))
+    fast = await proxy_factory([model_entry("tiny", backend[1])])
+    for proxy in (slow, fast):
+        response = await http.post(proxy.as_resource().get_base_url(*ids) + "/chat/completions", json=chat_body())
+        assert response.status_code == 200
+    spans = await wait_for_spans(store, rollout_id, 2)
+    by_start = sorted(spans, key=lambda s: s.start_time)
+    assert [s.sequence_id for s in by_start] == [1, 2]
 
 
 async def test_sustained_load_through_a_small_buffer_loses_no_span(
