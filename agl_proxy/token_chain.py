@@ -57,21 +57,25 @@ def chat_body(body: Mapping[str, Any], deployment: Deployment, options: RequestO
     return out
 
 
-def over_context(body: dict[str, Any], max_model_len: int | None) -> bool:
-    """Whether the request's token limit is over the model's whole context; then the limit is
-    taken out of `body` (the render sizes the prompt without it) and the call generates what the
-    context leaves (`Prompt.within_context`).
+def take_limit(body: dict[str, Any], max_model_len: int | None) -> int | None:
+    """The request's token limit, taken out of `body` where the model's context is known (the
+    render then sizes the prompt without it); the call generates at most that limit and what the
+    context leaves after its prompt (`Prompt.within_context`). A limit that is not a positive
+    integer stays, for vLLM's render to refuse by name.
 
-    Agents size `max_tokens` for the models they were written for (Claude Code asks for 128,000);
-    vLLM refuses a limit above its context outright, and reserves one within it for the output,
-    so the agent's call would be refused."""
+    vLLM reserves a request's limit for the output before it reads the prompt, and refuses a
+    prompt that does not fit in the rest (by its characters, before tokenizing). Agents size the
+    limit for the models they were written for (Claude Code asks for 64,000 or 128,000 tokens), so
+    against a smaller context their calls would be refused."""
     if max_model_len is None:
-        return False
-    over = any(isinstance(body.get(name), int) and body[name] > max_model_len for name in MAX_TOKENS_ALIASES)
-    if over:
-        for name in MAX_TOKENS_ALIASES:
-            body.pop(name, None)
-    return over
+        return None
+    given = [body[name] for name in MAX_TOKENS_ALIASES if body.get(name) is not None]
+    if not given or any(type(limit) is not int or limit < 1 for limit in given):
+        return None
+    for name in MAX_TOKENS_ALIASES:
+        body.pop(name, None)
+    # vLLM's order: max_completion_tokens over the legacy max_tokens.
+    return given[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +90,11 @@ class Prompt:
     """The render endpoint's answer (sampling params, request id) for the request below."""
     chat_request: dict[str, Any]
 
-    def within_context(self, max_model_len: Any) -> Prompt:
-        """This prompt generating at most what the model's context leaves after it."""
-        sampling = {**self.render["sampling_params"], "max_tokens": max(1, max_model_len - len(self.token_ids))}
+    def within_context(self, limit: int, max_model_len: int) -> Prompt:
+        """This prompt generating at most `limit` tokens and what the model's context leaves after it."""
+        sampling = self.render["sampling_params"]
+        room = min(sampling.get("max_tokens", limit), max_model_len - len(self.token_ids))
+        sampling = {**sampling, "max_tokens": max(1, min(limit, room))}
         return replace(self, render={**self.render, "sampling_params": sampling})
 
 
@@ -197,7 +203,7 @@ class TokenChainBackend:
             return
         record = call.record
         body = chat_body(call.body, self.deployment, call.options)
-        over = over_context(body, engine.max_model_len)
+        limit = take_limit(body, engine.max_model_len)
         record.deployment = self.deployment
         record.request = body
         messages = body.get("messages")
@@ -208,8 +214,8 @@ class TokenChainBackend:
         try:
             link, keys = await self.memory.link(record.rollout_id, record.attempt_id, body)
             prompt = await self._prompt(engine, body, headers, link)
-            if over:
-                prompt = prompt.within_context(engine.max_model_len)
+            if limit is not None and engine.max_model_len is not None:
+                prompt = prompt.within_context(limit, engine.max_model_len)
             # The row budget (row_budget.py): the cap by what the call's training row still holds.
             row = fit_row(prompt.link, len(prompt.token_ids), call.row_tokens)
             prompt = replace(prompt, link=row.link, render=row.capped_render(prompt.render))

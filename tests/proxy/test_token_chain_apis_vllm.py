@@ -166,21 +166,29 @@ async def test_two_proxies_of_a_fleet_bridge_responses_and_messages_calls_that_a
     _assert_chain(await wait_for_spans(store, ids[0], CALLS), answers, "messages", False)
 
 
-async def test_a_token_limit_over_the_model_s_context_gets_what_the_context_leaves(
-    chain_proxy, vllm_server, new_rollout, store
+@pytest.mark.parametrize("under", [None, 8], ids=["over-the-context", "just-under-it"])
+async def test_a_token_limit_the_prompt_does_not_fit_beside_gets_what_the_context_leaves(
+    chain_proxy, vllm_server, new_rollout, store, under: int | None
 ) -> None:
-    """Agents size `max_tokens` for their own models (Claude Code sends 128,000); vLLM refuses a limit over
-    its context, so the proxy lets such a call generate what the context leaves after the prompt."""
+    """Agents size `max_tokens` for their own models (Claude Code sends 64,000 or 128,000). vLLM reserves
+    the limit before it reads the prompt and refuses a prompt that does not fit beside it (a limit over
+    its context outright), so the proxy lets such a call generate what the context leaves after the prompt."""
+    async with httpx.AsyncClient() as http:
+        [card] = (await http.get(f"{vllm_server.base_url}/models")).json()["data"]
+    limit = 128_000 if under is None else card["max_model_len"] - under
     ids = await new_rollout()
     root = chain_proxy.as_resource().get_base_url(*ids).removesuffix("/v1")
+    long_prompt = "Tell me about the weather in every city you know. " * 4  # more than `under` tokens
     async with anthropic.AsyncAnthropic(base_url=root, api_key="-", max_retries=0) as client:
-        request = {"model": vllm_server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 128_000}
+        request = {
+            "model": vllm_server.model,
+            "messages": [{"role": "user", "content": long_prompt}],
+            "max_tokens": limit,
+        }
         async with client.messages.stream(**request) as events:  # the SDK streams a call this long, as Claude Code
             answer = await events.get_final_message()
 
     [span] = await wait_for_spans(store, ids[0], 1)
-    async with httpx.AsyncClient() as http:
-        [card] = (await http.get(f"{vllm_server.base_url}/models")).json()["data"]
     prompt, generated = len(span.attributes["agl.prompt_token_ids"]), answer.usage.output_tokens
     assert prompt + generated == card["max_model_len"]
     assert answer.stop_reason == "end_turn"  # cut by the context, short of the agent's own limit
