@@ -57,25 +57,23 @@ def chat_body(body: Mapping[str, Any], deployment: Deployment, options: RequestO
     return out
 
 
-def take_limit(body: dict[str, Any], max_model_len: int | None) -> int | None:
-    """The request's token limit, taken out of `body` where the model's context is known (the
-    render then sizes the prompt without it); the call generates at most that limit and what the
-    context leaves after its prompt (`Prompt.within_context`). A limit that is not a positive
-    integer stays, for vLLM's render to refuse by name.
+def take_limit(body: dict[str, Any], max_model_len: int | None) -> tuple[dict[str, Any], int | None]:
+    """The request to render, without its token limit where the model's context is known, and
+    that limit; the call generates at most the limit and what the context leaves after its prompt
+    (`Prompt.within_context`). A limit that is not a positive integer stays, for vLLM's render to
+    refuse by name; `body` itself, which the span keeps, is left as the client sent it.
 
     vLLM reserves a request's limit for the output before it reads the prompt, and refuses a
     prompt that does not fit in the rest (by its characters, before tokenizing). Agents size the
     limit for the models they were written for (Claude Code asks for 64,000 or 128,000 tokens), so
     against a smaller context their calls would be refused."""
     if max_model_len is None:
-        return None
+        return body, None
     given = [body[name] for name in MAX_TOKENS_ALIASES if body.get(name) is not None]
     if not given or any(type(limit) is not int or limit < 1 for limit in given):
-        return None
-    for name in MAX_TOKENS_ALIASES:
-        body.pop(name, None)
+        return body, None
     # vLLM's order: max_completion_tokens over the legacy max_tokens.
-    return given[-1]
+    return {name: value for name, value in body.items() if name not in MAX_TOKENS_ALIASES}, given[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,9 +201,9 @@ class TokenChainBackend:
             return
         record = call.record
         body = chat_body(call.body, self.deployment, call.options)
-        limit = take_limit(body, engine.max_model_len)
         record.deployment = self.deployment
         record.request = body
+        body, limit = take_limit(body, engine.max_model_len)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequestError("messages must be a non-empty list of chat messages")
