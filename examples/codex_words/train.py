@@ -135,6 +135,7 @@ def fresh_run(out: Path) -> Iterator[tuple[Path, str]]:
         "--max-model-len", str(CONTEXT),
         "--kv-cache-memory-bytes", str(512 * 1024 * 1024),  # 4 rollouts × ~25 MiB of KV cache each, and room
         "--logits-processors", "examples.tiny_vllm.end_turn:EndTurnAfter",
+        "--enable-scale-out",  # the token-in endpoints of the proxy's token chain, as the trainer's vLLM has them
     )  # fmt: skip
     env = {
         "VLLM_SERVER_DEV_MODE": "1",
