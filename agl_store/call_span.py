@@ -1,6 +1,6 @@
 """The span of one LLM call: its name and attribute names, written once.
 
-The proxy writes these spans (`agl_proxy.call_record`), the trainer reads them
+The proxy writes these spans (`agl_proxy.recording.call_record`), the trainer reads them
 (`agl_train.core.traces`) and the web view shows them (`agl_train.view`); all three spell the
 names through this module. docs/spans.md describes each attribute for people. The reward
 span, the other span agl defines, is `agl_store.models.reward_span`.

@@ -1,17 +1,14 @@
 """Old module paths of agl_train, before its split into `core`, `algo`, `runner`, `verl_glue`.
 
 `import agl_train.entry` (or `python -m agl_train.entry`) fails with a message naming the new
-path instead of a bare "No module named". The finder is consulted last, only for names no
-other finder found, so it costs nothing on a working import.
+path instead of a bare "No module named" (`agl_store.moved_modules`).
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
-from collections.abc import Sequence
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType
+
+from agl_store import moved_modules
 
 _PACKAGE_OF = {
     "core": ("traces", "aggregate", "prefix_break", "update_cap"),
@@ -46,19 +43,6 @@ MOVED = MappingProxyType(
 )
 
 
-class MovedModuleFinder(importlib.abc.MetaPathFinder):
-    """Raises ModuleNotFoundError naming the new path of a module that moved."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        new = MOVED.get(fullname)
-        if new is None:
-            return None
-        raise ModuleNotFoundError(f"{fullname} moved to {new}: import it from there", name=fullname)
-
-
 def install() -> None:
-    """Append the finder to `sys.meta_path` once (the package's `__init__` calls it)."""
-    if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
-        sys.meta_path.append(MovedModuleFinder())
+    """Make the old paths fail naming the new ones (the package's `__init__` calls it)."""
+    moved_modules.install(MOVED)

@@ -100,7 +100,7 @@ async def _measure(base_url: str, pids: list[int], turns: int, calls: int, batch
 async def _client_cpu(engine_url: str, n: int) -> dict[str, float]:
     """This process's CPU per request (µs) of each HTTP client posting a bridge's render to the
     fake engine: the chain's own (`EngineHttp`), the aiohttp path it replaced, and httpx."""
-    from agl_proxy.engine_http import EngineHttp
+    from agl_proxy.chain.engine_http import EngineHttp
     from agl_store.web.http_transport import AiohttpTransport
 
     url = engine_url.removesuffix("/v1") + "/v1/chat/completions/render"

@@ -4,13 +4,14 @@
 dependencies, and no package imports one that depends on it: agl_store imports neither
 agl_proxy nor agl_train, agl_proxy does not import agl_train, and none of them imports the
 repository's examples, benchmarks or tests (an installed agl has none of those). Within them,
-module by module: no import circle, and agl_train's subpackages import only the layers below
-their own (`TRAIN_LAYERS`).
+module by module: no import circle, and the subpackages of agl_train and of agl_proxy import
+only the layers below their own (`TRAIN_LAYERS`, `PROXY_LAYERS`).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Set
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from agl_train._moved import MOVED, MovedModuleFinder
+from agl_proxy._moved import MOVED as PROXY_MOVED
+from agl_store.moved_modules import MovedModuleFinder
+from agl_train._moved import MOVED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "litellm", "verl", "transformers")
@@ -37,6 +40,23 @@ AGL_PACKAGES = tuple(FORBIDDEN)
 #   view       the web view: core's rows, runner's outcome metadata and LLM resource name
 #   verl_glue  the trainer on verl: all of the above except the view
 TRAIN_LAYERS: tuple[tuple[str, ...], ...] = (("core",), ("algo",), ("runner",), ("view", "verl_glue"))
+# agl_proxy's subpackages, lowest first, under the same rule:
+#   common     errors, deployments, credentials, metrics
+#   controls   the trainer's controls: the pause gate, sampling by mode
+#   recording  a call recorded, its span, its sequence number, the exporter
+#   translate  the Responses and Messages APIs over chat completions
+#   backends   the Backend interface, the pass-through, LiteLLM, replicas, the HTTP client
+#   chain      the token chain (a backend; remembers calls by their translated requests)
+#   server     the app, a call's endpoint, state, settings, LLMProxy, the CLI
+PROXY_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("common",),
+    ("controls",),
+    ("recording",),
+    ("translate", "backends"),
+    ("chain",),
+    ("server",),
+)
+LAYERS = {"agl_train": TRAIN_LAYERS, "agl_proxy": PROXY_LAYERS}
 
 
 def test_store_serve_imports_no_heavy_dependency(tmp_path: Path) -> None:
@@ -175,23 +195,25 @@ def find_cycle(graph: Mapping[str, Set[str]]) -> list[str] | None:
 
 
 def layer_of(module: str) -> int | None:
-    """The index in `TRAIN_LAYERS` of an agl_train module's subpackage; None for the package's own
-    modules (`agl_train`, `agl_train._moved`), which sit above every layer."""
-    parts = module.split(".")
-    for index, layer in enumerate(TRAIN_LAYERS):
-        if len(parts) > 1 and parts[1] in layer:
+    """The index in its package's layers (`LAYERS`) of a module's subpackage; None for the
+    package's own modules (`agl_train`, `agl_proxy._moved`), which sit above every layer."""
+    package, *parts = module.split(".")
+    for index, layer in enumerate(LAYERS[package]):
+        if parts and parts[0] in layer:
             return index
     return None
 
 
 def upward_imports(graph: Mapping[str, Set[str]]) -> list[str]:
-    """agl_train's imports that go to a sibling or higher layer, or to the package's own modules."""
+    """Imports from a layered package's subpackage to a sibling or higher layer of the same
+    package, or to the package's own modules."""
     found = []
     for module, targets in sorted(graph.items()):
+        package = module.split(".")[0]
         layer = layer_of(module)
         if layer is None:
             continue
-        for target in sorted(target for target in targets if target.split(".")[0] == "agl_train"):
+        for target in sorted(target for target in targets if target.split(".")[0] == package):
             if target.split(".")[1] == module.split(".")[1]:
                 continue  # within one subpackage
             target_layer = layer_of(target)
@@ -204,14 +226,19 @@ def test_no_module_import_circle() -> None:
     assert find_cycle(module_graph(AGL_PACKAGES)) is None
 
 
-def test_agl_train_layers_import_only_downward() -> None:
-    assert upward_imports(module_graph(("agl_train",))) == []
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_layers_import_only_downward(package: str) -> None:
+    assert upward_imports(module_graph((package,))) == []
 
 
-def test_every_agl_train_module_lies_in_a_layer() -> None:
-    # A new module directly in agl_train/ would sit outside the layers the test above checks.
-    outside = {module for module in module_graph(("agl_train",)) if layer_of(module) is None}
-    assert outside == {"agl_train", "agl_train._moved"}
+@pytest.mark.parametrize(
+    ("package", "own_modules"),
+    [("agl_train", {"agl_train", "agl_train._moved"}), ("agl_proxy", {"agl_proxy", "agl_proxy._moved"})],
+)
+def test_every_module_lies_in_a_layer(package: str, own_modules: set[str]) -> None:
+    # A new module directly in the package would sit outside the layers the test above checks.
+    outside = {module for module in module_graph((package,)) if layer_of(module) is None}
+    assert outside == own_modules
 
 
 def test_the_graph_checks_catch_a_planted_circle_and_upward_import() -> None:
@@ -234,12 +261,51 @@ def test_the_graph_checks_catch_a_planted_circle_and_upward_import() -> None:
     assert find_cycle(planted) == ["agl_train.core.traces", "agl_train.verl_glue.step", "agl_train.core.traces"]
 
 
-def test_an_old_module_path_names_its_new_one() -> None:
+def test_the_proxy_checks_catch_a_planted_circle_and_upward_import() -> None:
+    graph = {module: set(targets) for module, targets in module_graph(("agl_proxy",)).items()}
+    assert "agl_proxy.chain.links" in graph["agl_proxy.chain.backend"]  # `from .links import`
+    assert "agl_proxy.backends.base" in graph["agl_proxy.chain.backend"]  # `from ..backends.base import`
+    assert upward_imports(graph) == [] and find_cycle(graph) is None
+    graph["agl_proxy.common.errors"].add("agl_proxy.server.calls")  # the lowest layer importing the highest
+    graph["agl_proxy.backends.forwarding"].add("agl_proxy.translate.base")  # a sibling layer
+    assert upward_imports(graph) == [
+        "agl_proxy.backends.forwarding imports agl_proxy.translate.base",
+        "agl_proxy.common.errors imports agl_proxy.server.calls",
+    ]
+    cycle = find_cycle(graph)
+    assert cycle is not None and cycle[0] == cycle[-1] and "agl_proxy.common.errors" in cycle
+
+
+@pytest.mark.parametrize(
+    ("moved", "old", "new", "unmoved"),
+    [
+        (MOVED, "agl_train.entry", "agl_train.verl_glue.entry", "agl_train.core.traces"),
+        (PROXY_MOVED, "agl_proxy.token_chain", "agl_proxy.chain.backend", "agl_proxy.chain.links"),
+    ],
+)
+def test_an_old_module_path_names_its_new_one(moved: Mapping[str, str], old: str, new: str, unmoved: str) -> None:
     # The finder called directly: a checkout beside an editable install may find the old file elsewhere.
-    assert MOVED["agl_train.trainer"] == "agl_train.verl_glue.trainer"
-    with pytest.raises(ModuleNotFoundError, match=r"^agl_train\.entry moved to agl_train\.verl_glue\.entry: "):
-        MovedModuleFinder().find_spec("agl_train.entry", None)
-    assert MovedModuleFinder().find_spec("agl_train.core.traces", None) is None
-    new_paths = [REPO_ROOT / (new.split(" ")[0].replace(".", "/") + ".py") for new in MOVED.values()]
+    assert moved[old] == new
+    with pytest.raises(ModuleNotFoundError, match=rf"^{re.escape(old)} moved to {re.escape(new)}: "):
+        MovedModuleFinder(moved).find_spec(old, None)
+    assert MovedModuleFinder(moved).find_spec(unmoved, None) is None
+    new_paths = [REPO_ROOT / (path.split(" ")[0].replace(".", "/") + ".py") for path in moved.values()]
     assert [path for path in new_paths if not path.is_file()] == []
-    assert any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path)  # `import agl_train` put it there
+    # `import agl_train` / `import agl_proxy` put the finder there
+    assert any(isinstance(finder, MovedModuleFinder) and finder.moved is moved for finder in sys.meta_path)
+
+
+def test_the_proxys_public_names_and_cli_keep_working() -> None:
+    script = (
+        "import agl_proxy\n"
+        "from agl_proxy import LLMProxy, ProxyError, ProxySettings\n"
+        "from agl_store.cli import main\n"
+        "try:\n"
+        "    import agl_proxy.cli\n"
+        "except ModuleNotFoundError as error:\n"
+        "    print(error)\n"
+        "main(['proxy', 'serve', '--help'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert done.stdout.startswith("agl_proxy.cli moved to agl_proxy.server.cli: import it from there\n"), done.stderr
+    assert "usage: agl proxy serve" in done.stdout

@@ -13,9 +13,9 @@ from starlette.types import Message, Send
 from agl_store.bounds import MAX_JSON_DEPTH, check_json_depth
 from agl_store.errors import InvalidInputError
 
-from ..assembly import SSEParser
-from ..call_record import CallRecord
-from ..errors import BadRequestError
+from ..common.errors import BadRequestError
+from ..recording.assembly import SSEParser
+from ..recording.call_record import CallRecord
 
 
 class StreamTranslator(ABC):

@@ -177,7 +177,7 @@ async def served_model_name(server_address: str, timeout_s: float = 30.0) -> str
 
 
 ROW_TOKENS = "row_tokens"
-"""The sampling field of the row budget (`set_sampling`; the proxy's `agl_proxy.sampling.ROW_TOKENS`)."""
+"""The sampling field of the row budget (`set_sampling`; the proxy's `agl_proxy.controls.sampling.ROW_TOKENS`)."""
 ANY_MODEL = "*"
 """The wildcard model name (LiteLLM's spelling) the trained model is registered under too."""
 

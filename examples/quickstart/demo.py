@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from agl_proxy.cli import positive_int
+from agl_proxy.server.cli import positive_int
 from agl_store.client import LightningStoreClient
 
 from .run import agl_proxy_serve, print_spans, rollout_spans, run_rollout

@@ -8,7 +8,7 @@ turn. A model that calls the tool itself gets its call run as it made it; one th
 plain text (the tiny random model always does) gets its answer looked up by the agent, which
 records that call as an assistant turn of its own after the answer. The answer itself goes back
 as the SDK returned it, so the proxy recognises it and bridges the next prompt from the ids the
-model sampled (agl_proxy/token_chain.py). The
+model sampled (agl_proxy/chain/backend.py). The
 reward is the mean over the turns of the share of generated tokens that are lowercase words
 (`examples.lowercase_words.agent.lowercase_share`).
 

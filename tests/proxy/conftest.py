@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 from agl_store.sqlite import SQLiteStore
 
 from .fake_backend import FakeBackend

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from agl_proxy.assembly import StreamAssembler
+from agl_proxy.recording.assembly import StreamAssembler
 
 
 def sse(*chunks: dict) -> bytes:

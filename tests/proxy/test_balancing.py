@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from agl_proxy.balancing import Balancer
-from agl_proxy.deployments import parse_deployment
+from agl_proxy.backends.balancing import Balancer
+from agl_proxy.common.deployments import parse_deployment
 
 from .conftest import chat_body
 from .fake_backend import FakeBackend

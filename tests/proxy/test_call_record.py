@@ -1,8 +1,8 @@
-"""agl_proxy.call_record: a finished call becomes a span with exactly the attributes of agl_store.call_span."""
+"""agl_proxy.recording.call_record: a finished call becomes a span with the attributes of agl_store.call_span."""
 
 from __future__ import annotations
 
-from agl_proxy.call_record import CallRecord, build_llm_span
+from agl_proxy.recording.call_record import CallRecord, build_llm_span
 from agl_store import call_span
 
 

@@ -6,8 +6,8 @@ import openai
 import orjson
 import pytest
 
-from agl_proxy.deployments import parse_deployment
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.common.deployments import parse_deployment
+from agl_proxy.server.proxy import LLMProxy
 
 from .conftest import chat_body
 from .fake_backend import WORDS, fake_token_ids, word_ids

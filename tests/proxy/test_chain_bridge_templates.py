@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agl_proxy.token_chain import echoed_answer_end, new_messages_start
+from agl_proxy.chain.backend import echoed_answer_end, new_messages_start
 from examples.tiny_vllm.real_vocab import QWEN2_5, QWEN3
 from tests.support.conversations import TOOL_RESULT, tools
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from agl_proxy.chain_heads import ChainHeads, head_key
-from agl_proxy.chain_links import decide
-from agl_proxy.chain_memory import ChainMemory, chain_entry
-from agl_proxy.chain_messages import Answer, message_keys, request_keys
-from agl_proxy.engine import common_suffix
-from agl_proxy.token_chain import bridge_requests, echoed_answer_end, new_messages_start, turn_glue
+from agl_proxy.chain.backend import bridge_requests, echoed_answer_end, new_messages_start, turn_glue
+from agl_proxy.chain.digests import Answer, message_keys, request_keys
+from agl_proxy.chain.engine import common_suffix
+from agl_proxy.chain.heads import ChainHeads, head_key
+from agl_proxy.chain.links import decide
+from agl_proxy.chain.memory import ChainMemory, chain_entry
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 QUESTION = {"role": "user", "content": "Weather in Paris?"}

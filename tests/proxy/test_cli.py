@@ -140,7 +140,7 @@ async def test_a_backend_that_is_not_http_is_refused_at_start() -> None:
 def test_the_admin_key_defaults_to_the_agents_key_and_the_store_key_to_the_admin_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from agl_proxy.cli import Keys
+    from agl_proxy.server.cli import Keys
     from agl_store.cli import build_parser
 
     for name in ("AGL_KEY", "AGL_ADMIN_KEY", "AGL_STORE_KEY"):

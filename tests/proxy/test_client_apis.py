@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 from agl_proxy.translate.messages import MESSAGES
 from agl_proxy.translate.responses import RESPONSES
 

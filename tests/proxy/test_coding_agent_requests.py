@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 from agl_proxy.translate.messages import MESSAGES
 from agl_proxy.translate.responses import RESPONSES
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agl_proxy.engine_http import EngineHttp
+from agl_proxy.chain.engine_http import EngineHttp
 
 from .helpers import serve
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 
 from .conftest import chat_body
 from .helpers import model_entry, wait_for_spans

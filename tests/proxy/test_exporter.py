@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from agl_proxy.call_record import CallRecord
-from agl_proxy.exporter import SpanExporter
+from agl_proxy.recording.call_record import CallRecord
+from agl_proxy.recording.exporter import SpanExporter
 
 from .conftest import chat_body
 from .helpers import FlakyStore, model_entry, wait_for_spans

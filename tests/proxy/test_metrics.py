@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agl_proxy.metrics import ProxyMetrics
+from agl_proxy.common.metrics import ProxyMetrics
 
 
 def test_render_counts_histograms_and_gauges() -> None:

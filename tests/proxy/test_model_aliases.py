@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agl_proxy.cli import model_list_from_args
-from agl_proxy.deployments import ModelRegistry
+from agl_proxy.common.deployments import ModelRegistry
+from agl_proxy.server.cli import model_list_from_args
 from agl_store.cli import build_parser
 
 from .helpers import model_entry, wait_for_spans

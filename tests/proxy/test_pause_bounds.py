@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 from agl_train.runner.proxy_control import ProxyControl, pause_for_update
 
 from .conftest import chat_body

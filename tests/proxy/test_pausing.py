@@ -9,7 +9,7 @@ from typing import Any
 
 import openai
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 
 from .conftest import chat_body
 from .helpers import model_entry, wait_for_spans

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from agl_proxy.chain_links import Link
-from agl_proxy.chain_memory import chain_entry, root_prompt_lengths
-from agl_proxy.chain_messages import request_keys
-from agl_proxy.cli import settings_from_args
-from agl_proxy.errors import BadRequestError
-from agl_proxy.proxy import LLMProxy
-from agl_proxy.row_budget import ROW_FULL, fit_row
-from agl_proxy.sampling import Enforcement, checked_by_mode
+from agl_proxy.chain.digests import request_keys
+from agl_proxy.chain.links import Link
+from agl_proxy.chain.memory import chain_entry, root_prompt_lengths
+from agl_proxy.chain.row_budget import ROW_FULL, fit_row
+from agl_proxy.common.errors import BadRequestError
+from agl_proxy.controls.sampling import Enforcement, checked_by_mode
+from agl_proxy.server.cli import settings_from_args
+from agl_proxy.server.proxy import LLMProxy
 from agl_store.cli import build_parser
 from agl_store.models import Span, TraceStatus
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agl_proxy.cli import settings_from_args
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.cli import settings_from_args
+from agl_proxy.server.proxy import LLMProxy
 from agl_store.cli import build_parser
 
 from .conftest import chat_body

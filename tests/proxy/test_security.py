@@ -13,9 +13,9 @@ import openai
 import orjson
 import pytest
 
-from agl_proxy.app import pause_request
-from agl_proxy.errors import BadRequestError
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.common.errors import BadRequestError
+from agl_proxy.server.app import pause_request
+from agl_proxy.server.proxy import LLMProxy
 
 from .conftest import chat_body
 from .helpers import model_entry, wait_for_spans

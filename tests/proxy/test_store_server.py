@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 from agl_store.client import LightningStoreClient
 
 from .conftest import chat_body

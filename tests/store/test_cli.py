@@ -51,7 +51,7 @@ class BrokenEntryPoint:
     """A plug-in whose dependency is not installed: importing it raises like a missing `litellm` would."""
 
     name = "proxy"
-    value = "agl_proxy.cli:add_proxy_commands"
+    value = "agl_proxy.server.cli:add_proxy_commands"
 
     def load(self) -> object:
         raise ModuleNotFoundError("No module named 'litellm'", name="litellm")
@@ -63,7 +63,7 @@ def test_a_group_that_fails_to_import_is_an_error_saying_what_to_install(
     monkeypatch.setattr(cli, "entry_points", lambda group: [BrokenEntryPoint()])
     assert cli.main(["proxy", "serve"]) == 2
     err = capsys.readouterr().err
-    assert "agl proxy: cannot import agl_proxy.cli:add_proxy_commands: No module named 'litellm'" in err
+    assert "agl proxy: cannot import agl_proxy.server.cli:add_proxy_commands: No module named 'litellm'" in err
     assert "pip install 'agl[proxy]'" in err
 
 

@@ -28,7 +28,7 @@ class Stack:
 
 @pytest.fixture
 async def stack(vllm_server, tmp_path: Path) -> AsyncIterator[Stack]:
-    from agl_proxy.proxy import LLMProxy
+    from agl_proxy.server.proxy import LLMProxy
     from agl_store.server import create_app as create_store_app
     from agl_store.sqlite import SQLiteStore
 

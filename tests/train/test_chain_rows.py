@@ -23,7 +23,7 @@ WIDE = Limits(max_prompt_length=4096, max_response_length=4096)
 
 @pytest.fixture
 async def stack(real_vllm_server, tmp_path):
-    from agl_proxy.proxy import LLMProxy
+    from agl_proxy.server.proxy import LLMProxy
     from agl_store.sqlite import SQLiteStore
 
     store = await SQLiteStore(str(tmp_path / "agl.db")).open()

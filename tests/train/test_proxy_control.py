@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 from agl_train.runner.proxy_control import ProxyControl, ProxyControlError, vllm_model_list
 
 

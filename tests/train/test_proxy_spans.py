@@ -35,7 +35,7 @@ TOOLS = [
 @pytest.fixture
 async def stack(vllm_server, tmp_path):
     """A SQLite store and a proxy in front of the tiny vLLM (logprobs on)."""
-    from agl_proxy.proxy import LLMProxy
+    from agl_proxy.server.proxy import LLMProxy
     from agl_store.sqlite import SQLiteStore
 
     store = SQLiteStore(str(tmp_path / "agl.db"))

@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from agl_proxy.proxy import LLMProxy
+from agl_proxy.server.proxy import LLMProxy
 from agl_store.sqlite import SQLiteStore
 from agl_train.runner.proxy_control import ProxyControl, publish_replicas
 from tests.proxy.helpers import serve

@@ -336,7 +336,7 @@ async def test_groups_left_in_flight_by_the_last_step_are_cancelled_and_reported
 
 @pytest.mark.vllm
 async def test_a_trajectory_run_gives_the_proxy_each_training_row_s_budget(tokenizer, vllm_server, tmp_path) -> None:
-    from agl_proxy.proxy import LLMProxy
+    from agl_proxy.server.proxy import LLMProxy
     from agl_store.sqlite import SQLiteStore
     from agl_train.verl_glue.cpu_workers import ExternalReplicas
 

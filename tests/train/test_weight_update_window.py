@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 async def bare_proxy(vllm_server, tmp_path):
     """A proxy with no backend (as `agl proxy serve --config` with an empty list starts) and its store."""
-    from agl_proxy.proxy import LLMProxy
+    from agl_proxy.server.proxy import LLMProxy
     from agl_store.server import create_app as create_store_app
     from agl_store.sqlite import SQLiteStore
 

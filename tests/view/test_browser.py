@@ -72,7 +72,7 @@ def expect(locator: Any) -> Any:
 
 
 async def test_pages_render_a_store_filled_by_a_real_proxy_run(vllm_server, store, page) -> None:
-    from agl_proxy.proxy import LLMProxy
+    from agl_proxy.server.proxy import LLMProxy
 
     entry = {
         "model_name": "tiny",

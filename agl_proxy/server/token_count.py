@@ -12,13 +12,13 @@ import httpx
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from ..backends.forwarding import CONNECT_TIMEOUT_S, backend_headers
+from ..common.errors import BackendFailedError, BadRequestError, ProxyError
+from ..translate.base import check_depth, expect
+from ..translate.messages import MESSAGES, chat_messages
+from ..translate.messages_tools import chat_tools
 from .calls import json_object, read_body
-from .errors import BackendFailedError, BadRequestError, ProxyError
-from .forwarding import CONNECT_TIMEOUT_S, backend_headers
 from .state import ProxyState
-from .translate.base import check_depth, expect
-from .translate.messages import MESSAGES, chat_messages
-from .translate.messages_tools import chat_tools
 
 
 class CountTokensEndpoint:

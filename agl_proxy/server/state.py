@@ -16,20 +16,20 @@ import httpx
 from agl_store.base import LightningStore
 from agl_store.web.http_transport import AiohttpTransport
 
-from .backend import RequestOptions
-from .balancing import Balancer
-from .chain_heads import ChainHeads
-from .chain_memory import ChainMemory
-from .deployments import ModelRegistry
-from .engine import EngineProbes
-from .engine_http import EngineHttp
-from .exporter import SpanExporter
-from .litellm_path import import_litellm
-from .metrics import ProxyMetrics
-from .pausing import PauseGate
-from .sampling import SamplingPolicy
+from ..backends.balancing import Balancer
+from ..backends.base import RequestOptions
+from ..backends.litellm_path import import_litellm
+from ..backends.upstream import make_client, make_transport
+from ..chain.engine import EngineProbes
+from ..chain.engine_http import EngineHttp
+from ..chain.heads import ChainHeads
+from ..chain.memory import ChainMemory
+from ..common.deployments import ModelRegistry
+from ..common.metrics import ProxyMetrics
+from ..controls.pausing import PauseGate
+from ..controls.sampling import SamplingPolicy
+from ..recording.exporter import SpanExporter
 from .settings import ProxySettings
-from .upstream import make_client, make_transport
 
 logger = logging.getLogger(__name__)
 

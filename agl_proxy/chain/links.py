@@ -1,7 +1,7 @@
 """Which earlier call of an attempt a chat call continues, and if none, why not.
 
 `decide` takes the calls the chain remembers (`ChainEntry`) and the new request's digests
-(`chain_messages.RequestKeys`) and returns a `Link`: `retry` (the same prompt as an earlier
+(`digests.RequestKeys`) and returns a `Link`: `retry` (the same prompt as an earlier
 call), `bridged` (an earlier call's messages, then the proxy's answer to it as the client
 echoed it, then new messages), or `branched` / `rendered` with the cause
 `agl_store.call_span.CallChain` names. `quick_link` finds a retry or a bridge from the
@@ -17,7 +17,7 @@ from typing import Any
 
 from agl_store.call_span import CallChain
 
-from .chain_messages import Answer, RequestKeys, context_keys, message_keys, messages_of, raw_json, shared_prefix
+from .digests import Answer, RequestKeys, context_keys, message_keys, messages_of, raw_json, shared_prefix
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 
-from .deployments import Deployment
+from ..common.deployments import Deployment
 
 DEFAULT_COOLDOWN_S = 30.0
 # Sticky assignments kept; the oldest are forgotten first (a rollout that long idle has

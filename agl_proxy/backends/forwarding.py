@@ -19,11 +19,11 @@ import httpx
 import orjson
 from starlette.types import Receive, Send
 
-from .assembly import StreamAssembler
-from .backend import Call, RequestOptions, RetryableBackendError, request_fields
-from .call_record import CallRecord
-from .deployments import Deployment
-from .errors import BackendFailedError, BackendTimeoutError, ProxyError, short_text
+from ..common.deployments import Deployment
+from ..common.errors import BackendFailedError, BackendTimeoutError, ProxyError, short_text
+from ..recording.assembly import StreamAssembler
+from ..recording.call_record import CallRecord
+from .base import Call, RequestOptions, RetryableBackendError, request_fields
 
 CONNECT_TIMEOUT_S = 10.0
 _PATHS = {"chat": "/chat/completions", "text_completion": "/completions"}

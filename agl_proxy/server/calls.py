@@ -21,11 +21,12 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from .answering import ClientAnswer
-from .backend import Backend, Call, RetryableBackendError
-from .call_record import CallRecord
-from .deployments import Deployment
-from .errors import (
+from ..backends.base import Backend, Call, RetryableBackendError
+from ..backends.forwarding import PassthroughBackend
+from ..backends.litellm_path import LiteLLMBackend
+from ..chain.backend import TokenChainBackend
+from ..common.deployments import Deployment
+from ..common.errors import (
     BadRequestError,
     CancelledForUpdateError,
     ModelNotFoundError,
@@ -35,13 +36,12 @@ from .errors import (
     SpanBacklogError,
     send_error,
 )
-from .forwarding import PassthroughBackend
-from .litellm_path import LiteLLMBackend
-from .pausing import CallHandle
-from .sampling import ROW_TOKENS, SAMPLING_FIELDS
+from ..controls.pausing import CallHandle
+from ..controls.sampling import ROW_TOKENS, SAMPLING_FIELDS
+from ..recording.call_record import CallRecord
+from ..translate.base import ClientApi, TranslatingSend
+from .answering import ClientAnswer
 from .state import ProxyState
-from .token_chain import TokenChainBackend
-from .translate.base import ClientApi, TranslatingSend
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .chain_links import Link
-from .sampling import ROW_TOKENS
+from ..controls.sampling import ROW_TOKENS
+from .links import Link
 
 ROW_FULL = "row_full"
 """The `agl.chain` cause of a call whose parent's row has no room left: its prompt starts a row."""

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .chain_messages import Digest, digest
+from .digests import Digest, digest
 
 DEFAULT_MAX_ENTRIES = 256
 DEFAULT_MAX_IDS = 1_000_000

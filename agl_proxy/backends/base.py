@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from starlette.types import Receive, Send
 
-from .call_record import CallRecord
-from .errors import ProxyError
+from ..common.errors import ProxyError
+from ..recording.call_record import CallRecord
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,13 @@ from starlette.types import ASGIApp
 from agl_store.web import auth as store_auth
 from agl_store.web.cross_site import CrossSiteGuard, is_loopback
 
+from ..common.errors import BadRequestError, ModelNotFoundError, ProxyError, render_error
+from ..translate.messages import MESSAGES
+from ..translate.responses import RESPONSES
 from .auth import BearerKeyMiddleware
 from .calls import LLMCallEndpoint, json_object
-from .errors import BadRequestError, ModelNotFoundError, ProxyError, render_error
 from .state import ProxyState
 from .token_count import CountTokensEndpoint
-from .translate.messages import MESSAGES
-from .translate.responses import RESPONSES
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 CANCEL_GRACE_S = 10.0

@@ -13,9 +13,9 @@ from agl_store import call_span
 from agl_store.call_span import CallChain, CallChoice, CallError
 from agl_store.models import Span, TraceStatus, new_span_id
 
-from .deployments import Deployment
-from .errors import ProxyError
-from .sampling import SAMPLING_FIELDS
+from ..common.deployments import Deployment
+from ..common.errors import ProxyError
+from ..controls.sampling import SAMPLING_FIELDS
 
 OPERATION_APIS = {"chat": "chat.completions", "text_completion": "completions"}
 """The `agl.api` of a call made in the operation's own OpenAI API."""

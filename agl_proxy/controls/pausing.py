@@ -15,8 +15,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .errors import PausedError, short_text
-from .metrics import Histogram
+from ..common.errors import PausedError, short_text
+from ..common.metrics import Histogram
 
 DEFAULT_RETRY_AFTER_S = 5
 DEFAULT_HOLD_S = 600.0

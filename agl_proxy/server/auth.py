@@ -8,7 +8,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agl_store.web import auth as store_auth
 
-from .errors import AuthenticationError
+from ..common.errors import AuthenticationError
 
 
 def render_openai_error(message: str) -> bytes:

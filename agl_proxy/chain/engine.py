@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import orjson
 
-from .backend import RetryableBackendError
-from .deployments import Deployment
+from ..backends.base import RetryableBackendError
+from ..backends.forwarding import backend_failures, backend_headers, error_message, json_object_or_none
+from ..common.deployments import Deployment
+from ..common.errors import BackendFailedError
 from .engine_http import EngineHttp
-from .errors import BackendFailedError
-from .forwarding import backend_failures, backend_headers, error_message, json_object_or_none
 
 logger = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from typing import Any
 import httpx
 import orjson
 
-from .backend import Call, RetryableBackendError
-from .deployments import Deployment
+from ..backends.base import Call, RetryableBackendError
+from ..backends.forwarding import CONNECT_TIMEOUT_S, backend_failures
+from ..common.deployments import Deployment
+from ..common.errors import BackendFailedError, ProxyError, short_text
 from .engine import DERENDER, GENERATE, EngineRejected, engine_answer, post_json, server_root
 from .engine_http import EngineHttp
-from .errors import BackendFailedError, ProxyError, short_text
-from .forwarding import CONNECT_TIMEOUT_S, backend_failures
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
 

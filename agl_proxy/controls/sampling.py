@@ -23,7 +23,7 @@ from typing import Any
 
 from agl_store.base import LightningStore
 
-from .errors import BadRequestError
+from ..common.errors import BadRequestError
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """The token chain: chat calls served token in, token out, each prompt made from the model's
 own earlier tokens where the call continues an earlier one.
 
-Per call: the link to the attempt's earlier calls (`chain_memory`), the prompt ids (the
+Per call: the link to the attempt's earlier calls (`memory`), the prompt ids (the
 parent's prompt + its choice's ids + the template's turn close + only the new messages as
 the engine renders them after the echoed answer, one small render where the answer shows
-where it ends (`echoed_answer_end`, the head's rendering kept in `chain_heads`), two where
+where it ends (`echoed_answer_end`, the head's rendering kept in `heads`), two where
 not; or the request rendered whole),
 `/inference/v1/generate`, and the client's answer made from the generated ids by the
 engine's own parsers (`/v1/chat/completions/derender`). A deployment without those
@@ -24,19 +24,19 @@ import httpx
 import orjson
 from starlette.types import Receive
 
-from .backend import Call, RequestOptions, request_fields
-from .chain_heads import ChainHeads, head_key
-from .chain_links import ChainEntry, Link
-from .chain_memory import ChainMemory, chain_entry
-from .chain_messages import SYSTEM_ROLES
-from .chain_stream import SSE, ChainStream, StreamFailed, sse_chunks
-from .deployments import Deployment
+from ..backends.base import Call, RequestOptions, request_fields
+from ..backends.forwarding import PassthroughBackend, backend_headers
+from ..common.deployments import Deployment
+from ..common.errors import BadRequestError
+from ..controls.sampling import MAX_TOKENS_ALIASES
+from .digests import SYSTEM_ROLES
 from .engine import DERENDER, GENERATE, RENDER, Engine, EngineProbes, EngineRejected, post_json
 from .engine_http import EngineHttp
-from .errors import BadRequestError
-from .forwarding import PassthroughBackend, backend_headers
+from .heads import ChainHeads, head_key
+from .links import ChainEntry, Link
+from .memory import ChainMemory, chain_entry
 from .row_budget import fit_row
-from .sampling import MAX_TOKENS_ALIASES
+from .stream import SSE, ChainStream, StreamFailed, sse_chunks
 
 T = TypeVar("T")
 _SAMPLING_PARAMS_MAX_TOKENS = 16
@@ -100,7 +100,7 @@ def bridge_requests(body: Mapping[str, Any], new_from: int) -> tuple[dict[str, A
     """Two small requests whose renderings differ by exactly what follows the echoed answer:
     (system, a dummy user turn, the echoed answer, the new messages; with the request's own
     generation prompt) and the same without the new messages or a generation prompt (whose
-    messages but the last are the head `chain_heads` keeps)."""
+    messages but the last are the head `heads` keeps)."""
     messages = body["messages"]
     head = [messages[0]] if isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES else []
     head += [_DUMMY_USER, messages[new_from - 1]]

@@ -19,11 +19,11 @@ from agl_store.server import PAGE_SETTING_HELP, PageSettings, parse_page_setting
 from agl_store.server import create_app as create_store_app
 from agl_store.web.key_option import KeyOption
 
-from .deployments import ModelRegistry, with_aliases
-from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
-from .pausing import DEFAULT_HOLD_S
+from ..common.deployments import ModelRegistry, with_aliases
+from ..controls.pausing import DEFAULT_HOLD_S
+from ..controls.sampling import MODE_FIELDS, ON_CONFLICT, checked_by_mode
+from ..recording.exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 from .proxy import DEFAULT_PORT, LLMProxy
-from .sampling import MODE_FIELDS, ON_CONFLICT, checked_by_mode
 from .settings import TOKEN_CHAIN_MODES, ProxySettings
 
 ROLLOUT_MODES = get_args(RolloutMode)

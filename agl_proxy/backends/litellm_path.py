@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from .assembly import StreamAssembler
-from .backend import Call, RetryableBackendError, request_fields
-from .deployments import Deployment
-from .errors import BackendFailedError, BackendTimeoutError, short_text
+from ..common.deployments import Deployment
+from ..common.errors import BackendFailedError, BackendTimeoutError, short_text
+from ..recording.assembly import StreamAssembler
+from .base import Call, RetryableBackendError, request_fields
 from .forwarding import relay_chunk
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from starlette.types import Message, Send
 
-from .call_record import CallRecord
-from .errors import ProxyError, TokenIdsError, send_error
+from ..common.errors import ProxyError, TokenIdsError, send_error
+from ..recording.call_record import CallRecord
 
 DONE = b"data: [DONE]\n\n"
 NUMBER_WAIT_S = 1.0

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .balancing import DEFAULT_COOLDOWN_S
-from .exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
-from .pausing import DEFAULT_HOLD_S, DEFAULT_RETRY_AFTER_S
+from ..backends.balancing import DEFAULT_COOLDOWN_S
+from ..controls.pausing import DEFAULT_HOLD_S, DEFAULT_RETRY_AFTER_S
+from ..recording.exporter import DEFAULT_BACKPRESSURE_WAIT_S, DEFAULT_MAX_BUFFER
 
 TOKEN_CHAIN_MODES = ("auto", "off")
 

@@ -20,12 +20,12 @@ from agl_store import call_span
 from agl_store.base import LightningStore
 from agl_store.models import Span
 
-from .chain_links import ChainChoice, ChainEntry, Link, decide, quick_link
-from .chain_messages import Answer, RequestKeys, messages_of, request_keys
-from .errors import BadRequestError
-from .translate.base import ClientApi
-from .translate.messages import MESSAGES
-from .translate.responses import RESPONSES
+from ..common.errors import BadRequestError
+from ..translate.base import ClientApi
+from ..translate.messages import MESSAGES
+from ..translate.responses import RESPONSES
+from .digests import Answer, RequestKeys, messages_of, request_keys
+from .links import ChainChoice, ChainEntry, Link, decide, quick_link
 
 logger = logging.getLogger(__name__)
 
