@@ -30,7 +30,16 @@ from ..common.deployments import Deployment
 from ..common.errors import BadRequestError
 from ..controls.sampling import MAX_TOKENS_ALIASES
 from .digests import SYSTEM_ROLES
-from .engine import DERENDER, GENERATE, RENDER, Engine, EngineProbes, EngineRejected, post_json
+from .engine import (
+    DERENDER,
+    GENERATE,
+    RENDER,
+    Engine,
+    EngineProbes,
+    EngineRejected,
+    ends_on_stop_token,
+    post_json,
+)
 from .engine_http import EngineHttp
 from .heads import ChainHeads, head_key
 from .links import ChainEntry, Link
@@ -382,22 +391,48 @@ class TokenChainBackend:
             generated = await post_json(self.transport, self.deployment, GENERATE, generate_body, headers)
         else:
             generated = await stream.relay(self.client, generate_body, chat_request)
+        sampling = render["sampling_params"]
         derender_body = {
             "model": self.deployment.model,
-            "generate_response": generated,
+            "generate_response": shown_answer(generated, sampling),
             "prompt_tokens": len(prompt.token_ids),
             "chat_request": chat_request,
         }
         response = await post_json(self.transport, self.deployment, DERENDER, derender_body, headers)
         response["prompt_token_ids"] = prompt.token_ids
-        for choice, sampled in zip(response.get("choices") or (), generated.get("choices") or (), strict=False):
-            choice["token_ids"] = sampled.get("token_ids")
+        sampled_choices = generated.get("choices") or ()
+        for choice, sampled in zip(response.get("choices") or (), sampled_choices, strict=False):
+            ids = sampled.get("token_ids")
+            # The span and the chain keep every sampled id, the stop id too (the trainer trains on it).
+            choice["token_ids"] = ids
+            if len(ids or ()) == 1 and ends_on_stop_token(ids, sampled.get("finish_reason"), sampling):
+                # The answer is its stop token alone: no text, as the chat endpoint parses "".
+                choice["message"].update(content="", reasoning=None)
+                choice["message"].pop("tool_calls", None)
             # As vLLM's chat endpoint says it: an answer the tool parser found calls in.
             if choice.get("finish_reason") == "stop" and (choice.get("message") or {}).get("tool_calls"):
                 choice["finish_reason"] = "tool_calls"
+        usage = response.get("usage")
+        if isinstance(usage, dict):
+            # The derender counted the ids it was given, without the stop ids.
+            usage["completion_tokens"] = sum(len(c.get("token_ids") or ()) for c in sampled_choices)
+            usage["total_tokens"] = usage["completion_tokens"] + len(prompt.token_ids)
         if stream is not None:
             stream.pin_tool_call_ids(response)
         return response
+
+
+def shown_answer(generated: Mapping[str, Any], sampling_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The generated answer as the derender is given it: each choice without the stop id whose
+    text vLLM's chat endpoint leaves out (`ends_on_stop_token`). A choice that is its stop id alone
+    keeps it (the derender refuses a choice without ids), and `_answer` empties its message."""
+    choices = []
+    for choice in generated.get("choices") or ():
+        ids = choice.get("token_ids") or []
+        if len(ids) > 1 and ends_on_stop_token(ids, choice.get("finish_reason"), sampling_params):
+            choice = {**choice, "token_ids": ids[:-1]}
+        choices.append(choice)
+    return {**generated, "choices": choices}
 
 
 async def until_client_leaves(receive: Receive | None, work: Coroutine[Any, Any, T]) -> T | None:

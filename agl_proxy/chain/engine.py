@@ -11,7 +11,7 @@ template closes an assistant turn) and keeps the answer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,21 @@ def engine_answer(
             f"backend {deployment.label} answered {path} with HTTP {status}: {error_message(response, data, parsed)}"
         )
     )
+
+
+def ends_on_stop_token(token_ids: Sequence[int], finish_reason: str | None, sampling_params: Mapping[str, Any]) -> bool:
+    """Whether the engine stopped this answer on its last id (the end-of-sequence or a stop token
+    id), whose text vLLM's detokenizer then leaves out of the answer its chat endpoint gives
+    (`vllm/v1/engine/detokenizer.py`, `BaseIncrementalDetokenizer.update`: `stop_terminated`),
+    unless the request asks for it (`include_stop_str_in_output`).
+
+    The derender decodes every id it is given (its parser path keeping special tokens), so it is
+    given the answer without that id. A stop string ends an answer with "stop" too, on an id of its
+    own text: with stop strings, only a last id among the request's `stop_token_ids` is known to be
+    a stop token."""
+    if finish_reason != "stop" or not token_ids or sampling_params.get("include_stop_str_in_output"):
+        return False
+    return not sampling_params.get("stop") or token_ids[-1] in (sampling_params.get("stop_token_ids") or ())
 
 
 def common_suffix(a: list[int], b: list[int]) -> tuple[int, ...]:

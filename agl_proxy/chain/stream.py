@@ -32,7 +32,7 @@ from ..backends.base import Call, RetryableBackendError
 from ..backends.forwarding import CONNECT_TIMEOUT_S, backend_failures
 from ..common.deployments import Deployment
 from ..common.errors import BackendFailedError, ProxyError, short_text
-from .engine import DERENDER, GENERATE, EngineRejected, engine_answer, post_json, server_root
+from .engine import DERENDER, GENERATE, EngineRejected, ends_on_stop_token, engine_answer, post_json, server_root
 from .engine_http import EngineHttp
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
@@ -82,6 +82,7 @@ class ChainStream:
         "headers",
         "include_usage",
         "request",
+        "sampling",
         "transport",
     )
 
@@ -103,6 +104,7 @@ class ChainStream:
         self._prompt_ids = prompt_ids
         self._first = True
         self.request: dict[str, Any] = {}
+        self.sampling: Mapping[str, Any] = {}
 
     @property
     def started(self) -> bool:
@@ -117,6 +119,7 @@ class ChainStream:
         Failures before the client's answer began raise as `post_json` does; after it,
         `StreamFailed`."""
         deployment = self.deployment
+        self.sampling = generate_body["sampling_params"]
         # What every streamed derender repeats, serialized once.
         self.request = {
             "stream": True,
@@ -229,7 +232,10 @@ class ChainStream:
     async def _derender(self, choice: _Choice, request_id: str | None) -> tuple[dict[str, Any], list[int]]:
         ids = choice.ids[choice.sent :]
         finish = choice.finish_reason
-        part = {"index": choice.index, "token_ids": ids, "finish_reason": finish}
+        # The stop id comes with the finish; its text is not the answer's (`ends_on_stop_token`),
+        # so the parser is not given it, and the client still gets the id.
+        shown = ids[:-1] if ends_on_stop_token(choice.ids, finish, self.sampling) else ids
+        part = {"index": choice.index, "token_ids": shown, "finish_reason": finish}
         body = {
             **self.request,
             "generate_chunk": {"request_id": request_id, "choices": [part]},
@@ -274,6 +280,7 @@ class ChainStream:
                 "delta": {},
                 "logprobs": None,
                 "finish_reason": choice.get("finish_reason"),
+                "stop_reason": choice.get("stop_reason"),
             }
             await self._send(response, [end])
         if self.include_usage:
@@ -329,7 +336,13 @@ def _deltas(choice: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     ]
     if calls:
         yield {"index": index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
-    yield {"index": index, "delta": {}, "logprobs": None, "finish_reason": choice.get("finish_reason")}
+    yield {
+        "index": index,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": choice.get("finish_reason"),
+        "stop_reason": choice.get("stop_reason"),
+    }
 
 
 def sse_chunks(response: Mapping[str, Any], include_usage: bool) -> Iterator[bytes]:
