@@ -3,8 +3,8 @@
 `import agl_proxy.token_chain` (or `python -m agl_train.entry`) then fails with a message naming
 the new path instead of a bare "No module named". A package's `__init__` installs one finder
 with its own table; the finder is consulted last, only for names no other finder found, so it
-costs nothing on a working import. agl_proxy and agl_train both use it, and agl_store is the one
-package both may import.
+costs nothing on a working import. agl_proxy uses it (agl_train has its own: importing it must
+not import agl_store).
 """
 
 from __future__ import annotations

@@ -1,14 +1,19 @@
 """Old module paths of agl_train, before its split into `core`, `algo`, `runner`, `verl_glue`.
 
 `import agl_train.entry` (or `python -m agl_train.entry`) fails with a message naming the new
-path instead of a bare "No module named" (`agl_store.moved_modules`).
+path instead of a bare "No module named". The finder is consulted last, only for names no
+other finder found, so it costs nothing on a working import. It is this package's own, not
+agl_store's `moved_modules` (agl_proxy's): `import agl_train` must not import agl_store, since
+the rollout launcher (`agl_train.runner.launch`) starts one process per rollout.
 """
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
-from agl_store import moved_modules
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Sequence
+from types import MappingProxyType, ModuleType
 
 _PACKAGE_OF = {
     "core": ("traces", "aggregate", "prefix_break", "update_cap"),
@@ -43,6 +48,19 @@ MOVED = MappingProxyType(
 )
 
 
+class MovedModuleFinder(importlib.abc.MetaPathFinder):
+    """Raises ModuleNotFoundError naming the new path of a module that moved."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = MOVED.get(fullname)
+        if new is None:
+            return None
+        raise ModuleNotFoundError(f"{fullname} moved to {new}: import it from there", name=fullname)
+
+
 def install() -> None:
-    """Make the old paths fail naming the new ones (the package's `__init__` calls it)."""
-    moved_modules.install(MOVED)
+    """Append the finder to `sys.meta_path` once (the package's `__init__` calls it)."""
+    if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
+        sys.meta_path.append(MovedModuleFinder())
