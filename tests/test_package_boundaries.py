@@ -11,6 +11,7 @@ only the layers below their own (`TRAIN_LAYERS`, `PROXY_LAYERS`).
 from __future__ import annotations
 
 import ast
+import importlib.abc
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 
 from agl_proxy._moved import MOVED as PROXY_MOVED
 from agl_store.moved_modules import MovedModuleFinder
+from agl_train import _moved as train_moved
 from agl_train._moved import MOVED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +41,8 @@ AGL_PACKAGES = tuple(FORBIDDEN)
 #   runner     rollouts, groups, the proxy's control, retention: the store only
 #   view       the web view: core's rows, runner's outcome metadata and LLM resource name
 #   verl_glue  the trainer on verl: all of the above except the view
-TRAIN_LAYERS: tuple[tuple[str, ...], ...] = (("core",), ("algo",), ("runner",), ("view", "verl_glue"))
+#   command    `agl train`: a run file checked, vLLM and the proxy started, the trainer run (all of the above)
+TRAIN_LAYERS: tuple[tuple[str, ...], ...] = (("core",), ("algo",), ("runner",), ("view", "verl_glue"), ("command",))
 # agl_proxy's subpackages, lowest first, under the same rule:
 #   common     errors, deployments, credentials, metrics
 #   controls   the trainer's controls: the pause gate, sampling by mode
@@ -277,22 +280,37 @@ def test_the_proxy_checks_catch_a_planted_circle_and_upward_import() -> None:
 
 
 @pytest.mark.parametrize(
-    ("moved", "old", "new", "unmoved"),
+    ("moved", "finder", "old", "new", "unmoved"),
     [
-        (MOVED, "agl_train.entry", "agl_train.verl_glue.entry", "agl_train.core.traces"),
-        (PROXY_MOVED, "agl_proxy.token_chain", "agl_proxy.chain.backend", "agl_proxy.chain.links"),
+        (
+            MOVED,
+            train_moved.MovedModuleFinder(),
+            "agl_train.entry",
+            "agl_train.verl_glue.entry",
+            "agl_train.core.traces",
+        ),
+        (
+            PROXY_MOVED,
+            MovedModuleFinder(PROXY_MOVED),
+            "agl_proxy.token_chain",
+            "agl_proxy.chain.backend",
+            "agl_proxy.chain.links",
+        ),
     ],
+    ids=["agl_train", "agl_proxy"],
 )
-def test_an_old_module_path_names_its_new_one(moved: Mapping[str, str], old: str, new: str, unmoved: str) -> None:
+def test_an_old_module_path_names_its_new_one(
+    moved: Mapping[str, str], finder: importlib.abc.MetaPathFinder, old: str, new: str, unmoved: str
+) -> None:
     # The finder called directly: a checkout beside an editable install may find the old file elsewhere.
     assert moved[old] == new
     with pytest.raises(ModuleNotFoundError, match=rf"^{re.escape(old)} moved to {re.escape(new)}: "):
-        MovedModuleFinder(moved).find_spec(old, None)
-    assert MovedModuleFinder(moved).find_spec(unmoved, None) is None
+        finder.find_spec(old, None)
+    assert finder.find_spec(unmoved, None) is None
     new_paths = [REPO_ROOT / (path.split(" ")[0].replace(".", "/") + ".py") for path in moved.values()]
     assert [path for path in new_paths if not path.is_file()] == []
     # `import agl_train` / `import agl_proxy` put the finder there
-    assert any(isinstance(finder, MovedModuleFinder) and finder.moved is moved for finder in sys.meta_path)
+    assert any(type(installed) is type(finder) for installed in sys.meta_path)
 
 
 def test_the_proxys_public_names_and_cli_keep_working() -> None:

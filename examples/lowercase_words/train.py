@@ -14,22 +14,20 @@ One line per step; at the end the training curve goes to `--png`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import json
 import math
-import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agl_train.command import services
+from agl_train.command.curve import plot_curve
+from agl_train.command.run_store import rewards_by_version
+from agl_train.command.steps import StepPrinter
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "artifacts" / "lowercase_words"
@@ -44,12 +42,21 @@ PROMPTS = (
     "What happened today?",
     "Answer the question.",
 )
-PROXY_START_TIMEOUT_S = 60.0
 
 
 def tasks(count: int, offset: int = 0) -> list[dict[str, str]]:
     """`count` tasks `{"prompt": ...}` cycling through the fixed prompts."""
     return [{"prompt": PROMPTS[(offset + i) % len(PROMPTS)]} for i in range(count)]
+
+
+def train_tasks() -> list[dict[str, str]]:
+    """The tasks of `train.yaml` (`agl train`): 4 a step for its 16 steps."""
+    return tasks(4 * 16)
+
+
+def val_tasks() -> list[dict[str, str]]:
+    """The validation tasks of `train.yaml`, as `train()` validates."""
+    return tasks(4, offset=1)
 
 
 def overrides(
@@ -109,37 +116,15 @@ def overrides(
 
 @contextlib.contextmanager
 def running_proxy(out: Path) -> Iterator[str]:
-    """`agl proxy serve` with no backend (the trainer registers vLLM) and its embedded store in
-    `out/agl.db`, logging the sampled tokens' logprobs; yields its URL, stops it on exit."""
-    (out / "models.yaml").write_text("model_list: []\n")
-    log_path = out / "proxy.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "agl_store.cli", "proxy", "serve", "--config", str(out / "models.yaml"),
-             "--db", str(out / "agl.db"), "--port", "0", "--logprobs"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-        )  # fmt: skip
-    try:
-        yield _wait_for_listening(process, log_path)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    """`agl proxy serve` with its store in `out/agl.db` (`agl_train.command.services.running_proxy`),
+    run from the repository."""
+    with services.running_proxy(out, cwd=REPO) as url:
+        yield url
 
 
-def _wait_for_listening(process: subprocess.Popen[bytes], log_path: Path) -> str:
-    deadline = time.monotonic() + PROXY_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        match = re.search(r"listening on (http://\S+)", log_path.read_text(errors="replace"))
-        if match:
-            return match.group(1)
-        if process.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise RuntimeError(f"agl proxy serve did not start:\n{log_path.read_text(errors='replace')[-2000:]}")
+def _environment(name: str, value: str) -> contextlib.AbstractContextManager[None]:
+    """One environment variable set for the run (`agl_train.command.services.environment`)."""
+    return services.environment({name: value})
 
 
 @dataclass
@@ -165,70 +150,6 @@ class Run:
         """The run of `run_ppo_on_cpu`: one process holding the whole actor."""
         params = sum(p.numel() for p in trainer.actor_rollout_wg.model.parameters())
         return cls(history, validations, db_path, trainer, [(params, params)])
-
-
-class StepPrinter:
-    """Follows verl's file logger (`trainer.logger=[file]`) and prints one line per step."""
-
-    HEADER = "step  reward    pg_loss    rows  tokens/s  rollout_s  update_s  sync_s"
-
-    def __init__(self, path: Path, print_lines: bool = True) -> None:
-        self.path = path
-        self.print_lines = print_lines
-        self.history: list[dict[str, float]] = []
-        self.validations: list[dict[str, float]] = []  # the metrics of validations outside a step
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="step-printer", daemon=True)
-
-    def __enter__(self) -> StepPrinter:
-        if self.print_lines:
-            print(self.HEADER, flush=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _follow(self) -> None:
-        offset = 0
-        while True:
-            stopping = self._stop.is_set()
-            if self.path.exists():
-                with open(self.path, "rb") as handle:
-                    handle.seek(offset)
-                    for line in handle:
-                        if not line.endswith(b"\n"):
-                            break
-                        offset += len(line)
-                        self._step(json.loads(line))
-            if stopping:
-                return
-            time.sleep(0.2)
-
-    def _step(self, record: dict[str, Any]) -> None:
-        metrics = {"step": float(record["step"]), **record["data"]}
-        if "training/global_step" in metrics:
-            self.history.append(metrics)
-        else:
-            self.validations.append(metrics)
-        if self.print_lines:
-            print(format_step(metrics), flush=True)
-
-
-def format_step(m: dict[str, float]) -> str:
-    """One step as a line: reward, actor/pg_loss, rows, tokens/s, seconds in rollout / update / sync
-    (and the validation reward when the step validated); a validation before training as its own line."""
-    validation = f"  val reward {m['val/reward_mean']:.3f}" if "val/reward_mean" in m else ""
-    if "training/global_step" not in m:
-        return f"{int(m['step']):>4}{validation.rstrip()}"
-    update_s = m.get("timing_s/old_log_prob", 0.0) + m.get("timing_s/update_actor", 0.0)
-    tokens_per_s = m.get("training/n_tokens", 0.0) / max(m.get("timing_s/step", 0.0), 1e-9)
-    return (
-        f"{int(m['step']):>4}  {m.get('rollout/reward_mean', math.nan):6.3f}  {m.get('actor/pg_loss', math.nan):+.2e}"
-        f"  {int(m.get('training/n_update_rows', 0)):>6}  {tokens_per_s:8.0f}  {m.get('timing_s/gen', math.nan):9.2f}"
-        f"  {update_s:8.2f}  {m.get('timing_s/update_weights', math.nan):6.2f}{validation}"
-    )
 
 
 def train(
@@ -277,43 +198,6 @@ def train(
     return Run(printer.history, printer.validations, out / "agl.db", None, param_numel)
 
 
-@contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
-
-
-def rewards_by_version(db_path: Path) -> dict[int, list[float]]:
-    """Per-rollout rewards of the training rollouts in the store at `db_path`, by the weight
-    version (`agl.model_version`, the step) of their model call."""
-    from agl_store import call_span
-    from agl_store.sqlite import SQLiteStore
-    from agl_train.core.traces import final_reward
-
-    async def read() -> dict[int, list[float]]:
-        store = await SQLiteStore(str(db_path)).open()
-        try:
-            by_version: dict[int, list[float]] = {}
-            for rollout in await store.query_rollouts(mode="train", status_in=["succeeded"]):
-                spans = await store.query_spans(rollout.rollout_id, "latest")
-                versions = {s.attributes.get(call_span.MODEL_VERSION) for s in spans if s.name == call_span.NAME}
-                reward = final_reward(spans)
-                if len(versions) == 1 and reward is not None:
-                    by_version.setdefault(int(versions.pop()), []).append(reward)
-            return by_version
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
-
-
 def improvement(by_version: dict[int, list[float]], window: int) -> dict[str, float]:
     """Mean reward of the rollouts of the first and the last `window` steps, their difference,
     and the run's own noise: two standard errors of that difference, from the per-rollout rewards."""
@@ -328,53 +212,6 @@ def improvement(by_version: dict[int, list[float]], window: int) -> dict[str, fl
     (first_mean, first_var), (last_mean, last_var) = mean_and_var(first), mean_and_var(last)
     band = 2.0 * math.sqrt(first_var / len(first) + last_var / len(last))
     return {"first": first_mean, "last": last_mean, "gain": last_mean - first_mean, "band": band}
-
-
-def plot_curve(
-    by_version: dict[int, list[float]], path: Path, title: str = "lowercase-words task, tiny model, CPU"
-) -> None:
-    """The training curve as a PNG: each rollout's reward (dots) and the step mean ± one standard
-    deviation, by step. Drawn with Pillow (no plotting library needed)."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    width, height, left, right, top, bottom = 720, 420, 70, 20, 40, 50
-    image = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(image)
-    font = ImageFont.load_default()
-    steps = sorted(by_version)
-    x_min, x_max = steps[0] - 0.5, steps[-1] + 0.5
-
-    def xy(step: float, reward: float) -> tuple[float, float]:
-        x = left + (step - x_min) / (x_max - x_min) * (width - left - right)
-        return x, top + (1.0 - reward) * (height - top - bottom)
-
-    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
-        _, y = xy(x_min, tick)
-        draw.line([(left, y), (width - right, y)], fill=(230, 230, 230))
-        draw.text((left - 40, y - 6), f"{tick:.2f}", fill="black", font=font)
-    for step in steps:
-        x, _ = xy(step, 0.0)
-        draw.text((x - 4, height - bottom + 8), str(step), fill="black", font=font)
-    means, bands = [], []
-    for step in steps:
-        rewards = by_version[step]
-        mean = sum(rewards) / len(rewards)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-        for reward in rewards:
-            x, y = xy(step, reward)
-            draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=(160, 190, 230))
-        means.append(xy(step, mean))
-        bands.append((xy(step, min(1.0, mean + std)), xy(step, max(0.0, mean - std))))
-    for upper, lower in bands:
-        draw.line([upper, lower], fill=(30, 90, 180), width=2)
-    draw.line(means, fill=(200, 40, 40), width=3)
-    for x, y in means:
-        draw.ellipse([x - 4, y - 4, x + 4, y + 4], fill=(200, 40, 40))
-    draw.rectangle([left, top, width - right, height - bottom], outline="black")
-    draw.text((left, 12), f"{title}: reward per rollout (dots), step mean (red) ± std", fill="black", font=font)
-    draw.text(((width - left) // 2, height - 20), "training step (weight version)", fill="black", font=font)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path)
 
 
 @contextlib.contextmanager

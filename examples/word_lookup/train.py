@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from agl_train.command.services import environment
+from agl_train.command.steps import StepPrinter
 from examples.lowercase_words import train as lowercase
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +86,16 @@ def tasks(count: int, offset: int = 0) -> list[dict[str, Any]]:
     ]
 
 
+def train_tasks() -> list[dict[str, Any]]:
+    """The tasks of `train.yaml` (`agl train`): 4 a step for its 16 steps."""
+    return tasks(4 * 16)
+
+
+def val_tasks() -> list[dict[str, Any]]:
+    """The validation tasks of `train.yaml`, as `train()` validates."""
+    return tasks(4, offset=1)
+
+
 def overrides(
     model_path: Path, proxy_url: str, steps: int, out: Path, level: str, seed: int = 0, extra: Sequence[str] = ()
 ) -> list[str]:
@@ -136,9 +148,9 @@ def train(
     for stale in (metrics_path, out / "agl.db", out / "agl.db-wal", out / "agl.db-shm"):
         stale.unlink(missing_ok=True)
     with (
-        lowercase._environment("VERL_FILE_LOGGER_PATH", str(metrics_path)),
+        environment({"VERL_FILE_LOGGER_PATH": str(metrics_path)}),
         lowercase.running_proxy(out) as proxy_url,
-        lowercase.StepPrinter(metrics_path, print_lines) as printer,
+        StepPrinter(metrics_path, print_lines) as printer,
     ):
         config = compose_config(overrides(model_path, proxy_url, steps, out, level, seed, extra))
         trainer = run_ppo_on_cpu(
