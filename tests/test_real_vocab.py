@@ -112,11 +112,11 @@ def test_the_qwen3_template_drops_earlier_reasoning_at_a_new_user_turn(real_toke
     assert "<think>" not in after and "<|im_start|>assistant\n4<|im_end|>" in after
 
 
-@pytest.mark.slow  # builds the second flavour (about a minute)
-def test_the_qwen3_flavour_has_qwen3s_added_tokens(tmp_path) -> None:
+def test_the_qwen3_flavour_has_qwen3s_added_tokens() -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(build_real_vocab_model(QWEN3, tmp_path / "qwen3"))
+    # The cached build (scripts/setup.sh builds both flavours); built here, once, when missing.
+    tokenizer = AutoTokenizer.from_pretrained(build_real_vocab_model(QWEN3))
     assert [tokenizer.convert_ids_to_tokens(151643 + i) for i in range(26)] == [t for t, _ in QWEN3_ADDED]
     assert tokenizer.encode("<think>\n</think>", add_special_tokens=False) == [151667, 198, 151668]
     assert QWEN2_5.served_model_name != QWEN3.served_model_name

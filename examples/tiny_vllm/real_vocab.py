@@ -218,9 +218,10 @@ def add_class_directions(embeddings: Any, tokenizer: Any) -> None:
     names = [name for name, _ in TOKEN_CLASSES] + ["other", "added", "unused"]
     directions = torch.randn(len(names), embeddings.shape[1], generator=generator)
     directions *= CLASS_NORM / directions.norm(dim=1, keepdim=True)
-    n_ranks = len(tokenizer) - len(tokenizer.get_added_vocab())
+    n_tokens = len(tokenizer)  # once: a fast tokenizer's len() takes tens of ms (16 s over the added ids)
+    n_ranks = n_tokens - len(tokenizer.get_added_vocab())
     classes = [
-        names.index(token_class(tokenizer.decode([i])) if i < n_ranks else "added" if i < len(tokenizer) else "unused")
+        names.index(token_class(tokenizer.decode([i])) if i < n_ranks else "added" if i < n_tokens else "unused")
         for i in range(embeddings.shape[0])
     ]
     embeddings += directions.to(embeddings.dtype)[torch.tensor(classes)]

@@ -4,8 +4,10 @@ result appended between them. What agl adds to verl is checked on the batches th
 trained on (recorded by `RolloutHooks.on_batch`, tests/train/recording_hooks.py) against the calls
 in the store: follow-up prompts bridged from the model's own ids, trajectory rows, masks, prefix
 breaks, the rollout-level advantage, `per_rollout_mean` and the update cap. Two runs share one
-dev-mode vLLM with the token-in endpoints (the example's): 4 trajectory-level steps (which must
-learn) and one capped transition-level step."""
+dev-mode vLLM with the token-in endpoints (the example's): 2 trajectory-level steps (all 8 of the
+example's prompts, the turn-counter one among them) and one capped transition-level step. That the
+model learns is shown by `tests/train/test_fit_cpu.py` (the lowercase task, 16 steps) in the suite
+and by the example's own 16-step run (examples/word_lookup/README.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from examples.lowercase_words.train import Run, improvement, rewards_by_version
+from examples.lowercase_words.train import Run
 from examples.word_lookup.agent import TURNS
 from examples.word_lookup.train import TURN_COUNTER, fresh_run, tasks, train
 from tests.train import recording_hooks
@@ -31,10 +33,9 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]
 
-STEPS = 4
+STEPS = 2  # 8 tasks: each of the example's prompts once, the turn counter's too
 ROLLOUTS_PER_STEP = 16  # data.train_batch_size 4 × rollout.n 4
 MINI_BATCH_ROWS = 8  # ppo_mini_batch_size 2 × rollout.n 4
-WINDOW = 1
 CAPPED_STEPS = 1
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 MAX_PPO_UPDATE_TIMES = 2
@@ -79,7 +80,7 @@ def run_recorded(served: Served, out: Path, steps: int, level: str, extra: Seque
 
 @pytest.fixture(scope="module")
 def trajectory(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    """4 steps at the lowercase example's lr 0.05 (the example's 0.03 is for 16 steps)."""
+    """`STEPS` steps at lr 0.05 (the example's 0.03 is for 16 steps)."""
     extra = ["actor_rollout_ref.actor.optim.lr=0.05"]
     return run_recorded(served, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory", extra=extra)
 
@@ -248,20 +249,6 @@ def test_per_rollout_mean_weighs_every_rollout_by_its_advantage_over_the_rows_of
             # included (a row trained against its rollout's reward would show here).
             total = float(batch.advantages[rows].sum())
             assert total == pytest.approx(expected[rollout_id] / n_rows, rel=1e-4, abs=1e-7), (step, rollout_id)
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="4 steps sampled at temperature 1 without seeds: step 4 beat step 1 beyond the band in 2 of 3 runs seen "
-    "(0.336 -> 0.810; once 0.339 -> 0.284); the 16-step example run is the learning evidence",
-)
-def test_the_model_learns_the_multi_turn_task(trajectory: Recorded) -> None:
-    result = improvement(rewards_by_version(trajectory.run.db_path), WINDOW)
-    print(
-        f"\ntrajectory level: reward of the first {WINDOW} steps {result['first']:.3f}, of the last {WINDOW} "
-        f"{result['last']:.3f}: gain {result['gain']:+.3f}, noise band {result['band']:.3f}"
-    )
-    assert result["gain"] > result["band"], result
 
 
 # --- transition level, capped ----------------------------------------------------------------
