@@ -26,6 +26,9 @@ DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "peers"
 WORKER_SCRIPT = BENCH_DIR / "_peer_worker.py"
 # pip on 2 busy cores with litellm[proxy] in the closure takes minutes; past this it is stuck.
 INSTALL_TIMEOUT_S = 1800.0
+# The uv that scripts/setup.sh installs (scripts/test.sh passes it on): it resolves and installs the
+# peer's closure in seconds where pip takes minutes. Without it, pip.
+UV_ENV = "AGL_UV"
 
 Log = Callable[[str], None]
 
@@ -78,9 +81,10 @@ def _stream(cmd: Sequence[str], log: Log, timeout_s: float) -> int:
     try:
         for line in proc.stdout:
             line = line.rstrip()
-            # pip's per-file chatter would bury the useful lines; keep the milestones.
-            if line.startswith(("Collecting", "Successfully", "ERROR", "error")) or "Installing collected" in line:
-                log(f"  pip: {line[:160]}")
+            # pip's per-file chatter would bury the useful lines; keep the milestones (pip's and uv's).
+            milestones = ("Collecting", "Successfully", "ERROR", "error", "Resolved", "Installed")
+            if line.lstrip().startswith(milestones) or "Installing collected" in line:
+                log(f"  install: {line[:160]}")
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
@@ -100,21 +104,22 @@ def ensure_peer(cache_dir: Path = DEFAULT_CACHE_DIR, log: Log = print) -> PeerEn
     if version == PEER_VERSION:
         return PeerEnv(python=python, version=version)
 
-    log(f"peer: creating {venv_dir} with {PEER_PACKAGE}=={PEER_VERSION} (first run only; takes minutes)")
+    uv = os.environ.get(UV_ENV)
+    installer = "uv" if uv and Path(uv).is_file() else "pip"
+    log(f"peer: creating {venv_dir} with {PEER_PACKAGE}=={PEER_VERSION} ({installer}; first run only)")
     try:
         if not python.exists():
-            venv.EnvBuilder(with_pip=True, clear=True).create(venv_dir)
+            venv.EnvBuilder(with_pip=installer == "pip", clear=True).create(venv_dir)
     except (OSError, subprocess.CalledProcessError) as exc:
         return PeerUnavailable(f"could not create a venv at {venv_dir}: {exc}")
-    status = _stream(
-        [str(python), "-m", "pip", "install", "--disable-pip-version-check", f"{PEER_PACKAGE}=={PEER_VERSION}"],
-        log,
-        INSTALL_TIMEOUT_S,
-    )
+    package = f"{PEER_PACKAGE}=={PEER_VERSION}"
+    if installer == "uv":
+        command = [str(uv), "pip", "install", "--python", str(python), package]
+    else:
+        command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", package]
+    status = _stream(command, log, INSTALL_TIMEOUT_S)
     if status != 0:
-        return PeerUnavailable(
-            f"pip install {PEER_PACKAGE}=={PEER_VERSION} failed (exit {status}); see the pip lines above"
-        )
+        return PeerUnavailable(f"{installer} install {package} failed (exit {status}); see the installer's lines above")
     version = _installed_version(python)
     if version != PEER_VERSION:
         return PeerUnavailable(f"{PEER_PACKAGE} does not import in {venv_dir} after install (found {version!r})")

@@ -25,8 +25,8 @@ fi
 
 # agent-lightning 0.3 (pinned) in its own venv under .cache/peers/, as the benchmarks use it: its pins differ from
 # ours. The compatibility test drives `agl store serve` with its client. Made once (a minute or two), then reused.
-log setup "agent-lightning 0.3 peer venv (.cache/peers; made once, a minute or two)"
-"$VENV/bin/python" benchmarks/_peers.py ||
+log setup "agent-lightning 0.3 peer venv (.cache/peers; made once, with the uv scripts/setup.sh installed)"
+AGL_UV=$(ls .cache/uv/*/bin/uv 2>/dev/null | head -n 1) "$VENV/bin/python" benchmarks/_peers.py ||
     log setup "no peer venv: the agent-lightning 0.3 client test will skip (and fail under CI)"
 
 # The lint and type gates (ruff, mypy): a finding fails the run before any test.
