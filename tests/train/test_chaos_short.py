@@ -16,7 +16,7 @@ import pytest
 
 from .conftest import REPO_ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.vllm]
 
 
 def test_a_run_survives_a_killed_agent_store_server_and_trainer(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from .fit_runs import BATCH, N, async_overrides, fit, unique_tasks
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.training,
     pytest.mark.vllm,
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]

@@ -18,6 +18,7 @@ from tests.train.fit_helpers import llm_calls_by_version
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.training,
     pytest.mark.vllm,
     # torchdata's StatefulDataLoader (built by verl's constructor) warns about its own use of a deprecated torch call.
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),

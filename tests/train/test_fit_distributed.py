@@ -13,6 +13,7 @@ from examples.lowercase_words.train import Run, train
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.training,
     pytest.mark.vllm,
     # torchdata's StatefulDataLoader (built by verl's constructor) warns about its own use of a deprecated torch call.
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),

@@ -29,6 +29,7 @@ from tests.train.recording_hooks import StepBatch
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.training,
     pytest.mark.vllm,
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]

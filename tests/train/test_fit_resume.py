@@ -24,6 +24,7 @@ from .test_fit_cpu import teacher_forced_logprobs
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.training,
     pytest.mark.vllm,
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]

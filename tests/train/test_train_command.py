@@ -228,6 +228,7 @@ def test_agl_train_check_reports_a_broken_file_with_exit_code_2(
 
 
 @pytest.mark.slow
+@pytest.mark.training
 @pytest.mark.vllm
 # torchdata's StatefulDataLoader (built by verl's constructor) warns about its own use of a deprecated torch call.
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
