@@ -2,8 +2,7 @@
 # Run agl's tests from nothing: scripts/setup.sh (.venv with the pinned test requirements, the tiny model), then
 # Chromium for the browser tests and the agent-lightning 0.3 peer venv, then the lint and type gates
 # (scripts/check.sh), then pytest.
-# Extra arguments go to one pytest run of what they select; without them the whole suite runs as two pytest processes
-# side by side (below). The exit code is pytest's. Example: ./scripts/test.sh tests/store -x
+# Extra arguments go to pytest; the exit code is pytest's. Example: ./scripts/test.sh tests/store -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,44 +36,5 @@ pytest_args=(-q -p no:cacheprovider)
 if [ -n "${CI:-}" ]; then
     pytest_args+=(--durations=15) # the slowest tests, to keep the CI run inside its time limit
 fi
-if [ $# -gt 0 ]; then
-    log test "running pytest"
-    exec "$VENV/bin/python" -m pytest "${pytest_args[@]}" "$@"
-fi
-
-# The whole suite in two pytest processes side by side: the training runs (`-m training`: a trainer, its
-# vLLM and its agents, mostly waiting on one another) and the rest. One process alone kept less than one of
-# the two cores busy (20.5 CPU minutes in a 23.7-minute run); two keep both busy. Each has its own temporary
-# folder and its own vLLM servers (the training runs use only theirs). The training runs' output follows the
-# rest's; the exit code is the first failure's, and the last line sums both.
-runs=$(mktemp -d "${TMPDIR:-/tmp}/agl-tests.XXXXXX")
-log test "running pytest: the training runs (-m training) in a second process (output below, at the end), the rest here"
-"$VENV/bin/python" -m pytest "${pytest_args[@]}" -m training --basetemp="$runs/training" \
-    --junitxml="$runs/training.xml" tests/train >"$runs/training.log" 2>&1 &
-training=$!
-status=0
-"$VENV/bin/python" -m pytest "${pytest_args[@]}" -m "not training" --basetemp="$runs/rest" \
-    --junitxml="$runs/rest.xml" || status=$?
-training_status=0
-wait "$training" || training_status=$?
-log test "the training runs (-m training):"
-cat "$runs/training.log"
-"$VENV/bin/python" - "$runs/rest.xml" "$runs/training.xml" <<'PY'
-import sys
-import xml.etree.ElementTree as ET
-
-counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-for path in sys.argv[1:]:
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        continue  # that process died before its report: its exit code says so
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    for key in counts:
-        counts[key] += int(suite.get(key, 0)) if suite is not None else 0
-failed = counts["failures"] + counts["errors"]
-print(f"total: {counts['tests'] - failed - counts['skipped']} passed, {failed} failed, {counts['skipped']} skipped")
-PY
-rm -rf "$runs"
-if [ "$status" -ne 0 ]; then exit "$status"; fi
-exit "$training_status"
+log test "running pytest"
+exec "$VENV/bin/python" -m pytest "${pytest_args[@]}" "$@"
