@@ -27,7 +27,7 @@ WORKER_SCRIPT = BENCH_DIR / "_peer_worker.py"
 # pip on 2 busy cores with litellm[proxy] in the closure takes minutes; past this it is stuck.
 INSTALL_TIMEOUT_S = 1800.0
 # The uv that scripts/setup.sh installs (scripts/test.sh passes it on): it resolves and installs the
-# peer's closure in seconds where pip takes minutes. Without it, pip.
+# peer's closure faster than pip (43 s against 56 s here, both caches warm). Without it, pip.
 UV_ENV = "AGL_UV"
 
 Log = Callable[[str], None]
