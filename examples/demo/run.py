@@ -15,19 +15,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import re
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from agl_store import LightningStore, ProxyLLM, reward_span
 from agl_store.client import LightningStoreClient
 from agl_train.core.traces import RolloutTrace, read_rollout
+from examples.quickstart.run import agl_proxy_serve
 
 from .agent import TASKS, run_agent
 from .report import Decode, rollout_lines, summary, trainer_settings, training_rows
@@ -45,7 +44,6 @@ CHILD_ENV = {
 # start takes half the time (scripts/setup.sh demo compiles nothing ahead).
 VLLM_ENV = {**CHILD_ENV, "PYTHONDONTWRITEBYTECODE": ""}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-PROXY_START_TIMEOUT_S = 60.0
 SPANS_TIMEOUT_S = 10.0  # the proxy exports spans in the background, batched every 20 ms
 
 
@@ -150,44 +148,6 @@ def real_vocab_model_on_vllm() -> Iterator[tuple[str, str]]:
         yield server.base_url, server.model
 
 
-@contextlib.asynccontextmanager
-async def agl_proxy_serve(
-    backend: str, model: str, db: Path, *, port: int, tokenizer: str | None
-) -> AsyncIterator[str]:
-    """`agl proxy serve` as a subprocess, echoing its lines; yields its URL once it listens.
-
-    The view is told the model's tokenizer (`view.tokenizer`): the proxy forwards to vLLM under a served name
-    that is no path, so the view could not find the tokenizer by itself.
-    """
-    agl = Path(sys.executable).parent / "agl"
-    view = ["--page-setting", f"view.tokenizer={tokenizer}"] if tokenizer else []
-    process = await asyncio.create_subprocess_exec(
-        agl, "proxy", "serve", "--backend", backend, "--model", model, "--db", str(db), "--port", str(port), *view,
-        stdout=asyncio.subprocess.PIPE, env={**os.environ, **CHILD_ENV},
-    )  # fmt: skip
-    assert process.stdout is not None
-    echo: asyncio.Task[None] | None = None
-    try:
-        line = (await asyncio.wait_for(process.stdout.readline(), PROXY_START_TIMEOUT_S)).decode()
-        print(line.rstrip(), flush=True)
-        match = re.search(r"listening on (http://\S+)", line)
-        if match is None:
-            raise RuntimeError("agl proxy serve did not start")
-        echo = asyncio.create_task(_echo(process.stdout))
-        yield match.group(1)
-    finally:
-        if process.returncode is None:
-            process.terminate()  # it prints its stop line and exits
-        await process.wait()
-        if echo is not None:
-            await echo
-
-
-async def _echo(stream: asyncio.StreamReader) -> None:
-    async for line in stream:
-        print(line.decode().rstrip(), flush=True)
-
-
 def load_decoder(path: str | None) -> Decode | None:
     """The model's tokenizer as `Decode`, from its `tokenizer.json` (the `tokenizers` library: no transformers
     import, a second at most); None when there is none, and the rows are shown as counts only."""
@@ -254,7 +214,10 @@ async def serve(args: argparse.Namespace, backend: str, model: str, db: Path, to
     decoding = asyncio.create_task(asyncio.to_thread(load_decoder, tokenizer))
     settings = trainer_settings()
     say(f"agl proxy serve: starting (embedded SQLite store {db}, web view)")
-    async with agl_proxy_serve(backend, model, db, port=args.port, tokenizer=tokenizer) as proxy_url:
+    # The view is told the model's tokenizer (`view.tokenizer`): the proxy forwards to vLLM under a served name
+    # that is no path, so the view could not find the tokenizer by itself.
+    view = ["--page-setting", f"view.tokenizer={tokenizer}"] if tokenizer else []
+    async with agl_proxy_serve(backend, model, db, port=args.port, env=CHILD_ENV, extra_args=view) as proxy_url:
         decode = await decoding
         await warm_up
         store = await LightningStoreClient(proxy_url).open()  # the proxy serves its embedded store too

@@ -27,7 +27,8 @@ from agl_store import LightningStore, ProxyLLM, Span, call_span, reward_span
 from agl_store.client import LightningStoreClient
 from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE
 
-from .agent import run_agent
+PROXY_START_TIMEOUT_S = 60.0
+
 
 QUESTION = "What is (3 + 4) * 12?"
 ANSWER = "84"
@@ -54,26 +55,31 @@ async def agl_proxy_serve(
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
 ) -> AsyncIterator[str]:
-    """`agl proxy serve [extra_args]` as a subprocess; yields its URL once it listens, echoing its own lines."""
-    agl = shutil.which("agl") or str(Path(sys.executable).parent / "agl")
+    """`agl proxy serve [extra_args]` as a subprocess; yields its URL once it listens, echoing its own lines.
+    It imports no agent: `./scripts/agl demo` (examples/demo) uses it in a venv without LangChain."""
+    # This interpreter's own `agl` first: another one on PATH may be another install of agl.
+    beside = Path(sys.executable).parent / "agl"
+    agl = str(beside) if beside.exists() else shutil.which("agl") or "agl"
     process = await asyncio.create_subprocess_exec(
         agl, "proxy", "serve", "--backend", backend, "--model", model, "--db", str(db), "--port", str(port),
         *extra_args, stdout=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert process.stdout is not None
-    line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-    print(line.strip(), flush=True)
-    match = re.search(r"listening on (http://\S+)", line)
-    echo = asyncio.create_task(_echo(process.stdout))
+    echo: asyncio.Task[None] | None = None
     try:
+        line = (await asyncio.wait_for(process.stdout.readline(), PROXY_START_TIMEOUT_S)).decode()
+        print(line.strip(), flush=True)
+        match = re.search(r"listening on (http://\S+)", line)
         if match is None:
             raise RuntimeError("agl proxy serve did not start")
+        echo = asyncio.create_task(_echo(process.stdout))
         yield match.group(1)
     finally:
         if process.returncode is None:
             process.terminate()  # it prints its stop line and exits
         await process.wait()
-        await echo
+        if echo is not None:
+            await echo
 
 
 async def _echo(stream: asyncio.StreamReader) -> None:
@@ -88,6 +94,8 @@ async def run_rollout(
 
     Prints the agent's base URL and its answer (its first `max_answer_chars`; 0: all); returns the rollout id.
     """
+    from .agent import run_agent  # LangChain: imported only where the agent runs
+
     rollout = await store.start_rollout(input={"question": question})
     attempt_id = rollout.attempt.attempt_id
     llm = ProxyLLM(endpoint=proxy_url + "/v1", model=model)
