@@ -26,9 +26,11 @@ DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "peers"
 WORKER_SCRIPT = BENCH_DIR / "_peer_worker.py"
 # pip on 2 busy cores with litellm[proxy] in the closure takes minutes; past this it is stuck.
 INSTALL_TIMEOUT_S = 1800.0
-# The uv that scripts/setup.sh installs (scripts/test.sh passes it on): it resolves and installs the
-# peer's closure faster than pip (43 s against 56 s here, both caches warm). Without it, pip.
+# The uv that scripts/setup.sh installs (scripts/test.sh passes it on): it installs the peer's closure
+# faster than pip. Without it, pip.
 UV_ENV = "AGL_UV"
+PEER_REQUIREMENTS = REPO_ROOT / "requirements" / "peer-agentlightning.txt"
+"""The peer's whole closure at exact versions (`uv pip freeze` of a resolved venv), installed without resolving."""
 
 Log = Callable[[str], None]
 
@@ -112,14 +114,16 @@ def ensure_peer(cache_dir: Path = DEFAULT_CACHE_DIR, log: Log = print) -> PeerEn
             venv.EnvBuilder(with_pip=installer == "pip", clear=True).create(venv_dir)
     except (OSError, subprocess.CalledProcessError) as exc:
         return PeerUnavailable(f"could not create a venv at {venv_dir}: {exc}")
-    package = f"{PEER_PACKAGE}=={PEER_VERSION}"
+    pins = ["--no-deps", "-r", str(PEER_REQUIREMENTS)]
     if installer == "uv":
-        command = [str(uv), "pip", "install", "--python", str(python), package]
+        command = [str(uv), "pip", "install", "--python", str(python), *pins]
     else:
-        command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", package]
+        command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *pins]
     status = _stream(command, log, INSTALL_TIMEOUT_S)
     if status != 0:
-        return PeerUnavailable(f"{installer} install {package} failed (exit {status}); see the installer's lines above")
+        return PeerUnavailable(
+            f"{installer} install -r {PEER_REQUIREMENTS.name} failed (exit {status}); see the installer's lines above"
+        )
     version = _installed_version(python)
     if version != PEER_VERSION:
         return PeerUnavailable(f"{PEER_PACKAGE} does not import in {venv_dir} after install (found {version!r})")

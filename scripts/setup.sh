@@ -6,10 +6,10 @@
 #                            CLI), and the real-vocabulary tiny model
 # Both create .venv if missing and install their pinned file with uv (pinned, put in .cache/uv by pip) and --no-deps,
 # skipped when a stamp in .venv says it is already installed; a venv set up for the tests has all the demo needs.
-# Bytecode: vLLM starts in half the time from compiled files, also where PYTHONDONTWRITEBYTECODE is set. The tests'
-# set-up compiles all of site-packages in the background while the models build; the demo's compiles only what its
-# processes import, as they import it (the model build here, vLLM and the proxy in the demo), which is faster from
-# nothing on two cores.
+# Bytecode: vLLM starts in half the time from compiled files. Neither set-up compiles site-packages ahead (82 CPU
+# seconds for all of it); their processes, and those of scripts/test.sh and the demo, write the bytecode of what
+# they import as they import it (about a third of the files, 20 CPU seconds), also where PYTHONDONTWRITEBYTECODE is
+# set: this script and scripts/test.sh unset it, the demo clears it for vLLM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,7 +75,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 wanted=$(stamp_of "$TARGET")
-compiling=
 if [ "$(cat "$STAMP" 2>/dev/null)" = "$wanted" ]; then
     log "requirements up to date ($STAMP)"
 elif [ "$TARGET" = demo ] && [ "$(cat "$VENV/.agl-test-requirements.sha256" 2>/dev/null)" = "$(stamp_of test)" ]; then
@@ -97,42 +96,26 @@ else
     "$UV" pip uninstall --quiet --python "$VENV/bin/python" "${UNWANTED[@]}" 2>/dev/null || true
     log "installing agl (editable)"
     uv_install -e .
-    if [ "$TARGET" = test ]; then
-        log "compiling site-packages to bytecode (in the background, while the models build)"
-        site_packages=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        # Niced: the model builds beside it come first. Some packages ship files for other Python versions that do
-        # not compile: not an error (pip ignores them too).
-        nice -n 10 "$VENV/bin/python" -m compileall -q -j 0 "$site_packages" >/dev/null 2>&1 &
-        compiling=$!
-    else
-        echo "$wanted" >"$STAMP"
-    fi
+    echo "$wanted" >"$STAMP"
 fi
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 unset PYTHONDONTWRITEBYTECODE # the model builds' imports (torch, transformers) leave their bytecode for vLLM's start
 if [ "$TARGET" = test ]; then
-    log "building the tiny model (cached in .cache/tiny-qwen2)"
-    quietly "$VENV/bin/python" -m examples.tiny_vllm.tiny_model .cache/tiny-qwen2
-    log "building the real-vocabulary tiny models (Qwen2.5's vocabulary; cached in .cache/tiny-qwen2-real, .cache/tiny-qwen3-real)"
+    log "building the tiny models, side by side (cached in .cache/tiny-qwen2; Qwen2.5's vocabulary: .cache/tiny-qwen2-real, .cache/tiny-qwen3-real)"
+    builds=()
+    quietly "$VENV/bin/python" -m examples.tiny_vllm.tiny_model .cache/tiny-qwen2 &
+    builds+=($!)
     for flavour in qwen2.5 qwen3; do
-        quietly "$VENV/bin/python" -m examples.tiny_vllm.real_vocab --flavour "$flavour"
+        quietly "$VENV/bin/python" -m examples.tiny_vllm.real_vocab --flavour "$flavour" &
+        builds+=($!)
     done
+    for build in "${builds[@]}"; do wait "$build"; done
 else
     log "building the real-vocabulary tiny model (Qwen2.5's vocabulary; cached in .cache/tiny-qwen2-real)"
     quietly "$VENV/bin/python" -m examples.tiny_vllm.real_vocab --flavour qwen2.5
+    exit 0
 fi
-
-# The tests' stamp, once the install is complete with its bytecode.
-finish_install() {
-    if [ -n "$compiling" ]; then
-        if kill -0 "$compiling" 2>/dev/null; then log "waiting for the bytecode compilation to finish"; fi
-        wait "$compiling" || true
-        echo "$wanted" >"$STAMP"
-    fi
-}
-
-[ "$TARGET" = demo ] && exit 0
 
 # Codex CLI, the coding agent tests/proxy/test_coding_agents.py runs unmodified (its npm package ships the binary).
 CODEX_VERSION=0.169.0
@@ -147,5 +130,3 @@ if [ "$(.cache/codex/node_modules/.bin/codex --version 2>/dev/null)" != "codex-c
 else
     log "Codex CLI $CODEX_VERSION already in .cache/codex"
 fi
-
-finish_install

@@ -15,6 +15,9 @@ scripts/setup.sh
 export LITELLM_LOCAL_MODEL_COST_MAP=True # LiteLLM fetches its cost map from the internet otherwise
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 # no model hub: everything is built locally
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
+# Every process of the run leaves the bytecode of what it imports (scripts/setup.sh compiles nothing ahead): the
+# second vLLM start and every later one read it.
+unset PYTHONDONTWRITEBYTECODE
 
 # The view's browser tests drive Debian's chromium through playwright (never `playwright install`: it downloads).
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

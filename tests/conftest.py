@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from examples.tiny_vllm.end_turn import TOKEN_ENV
 from examples.tiny_vllm.tiny_model import DEFAULT_DIR
 from examples.tiny_vllm.vllm_server import VLLMServer, build_tiny_model, external_vllm_server, running_vllm_server
 
@@ -86,9 +87,12 @@ def _announce(config: pytest.Config, line: str) -> None:
 
 
 # The real-vocabulary model (examples/tiny_vllm/real_vocab.py): Qwen2.5's 151,643 BPE ranks and chat template, for
-# tests where re-tokenization matters. Its vLLM takes prompts as token ids too (--enable-scale-out).
+# tests where re-tokenization matters. Its vLLM takes prompts as token ids too (--enable-scale-out), parses hermes
+# tool calls (VLLM_FLAGS), and ends the turn of a request that asks (`examples.tiny_vllm.end_turn.end_turn_after`):
+# one server for the tests of free sampling and those of turns that end as a trained model's.
 EXTERNAL_REAL_VLLM_ENV = "AGL_TEST_REAL_VLLM_BASE_URL"  # like EXTERNAL_VLLM_ENV, for `real_vllm_server`
-REAL_VLLM_ARGS = ("--enable-scale-out",)
+REAL_VLLM_ARGS = ("--enable-scale-out", "--logits-processors", "examples.tiny_vllm.end_turn:EndTurnAfter")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -101,9 +105,13 @@ def real_vocab_model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def real_vllm_server(
-    request: pytest.FixtureRequest, real_vocab_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    real_vocab_model_path: Path,
+    real_tokenizer: Any,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[VLLMServer]:
-    """One vLLM on the real-vocabulary model for the whole session (hermes tool calls, token-in endpoints)."""
+    """One vLLM on the real-vocabulary model for the whole session (hermes tool calls, token-in endpoints, turns
+    that end on request)."""
     from examples.tiny_vllm.real_vocab import QWEN2_5
 
     served = QWEN2_5.served_model_name
@@ -113,8 +121,12 @@ def real_vllm_server(
         yield external_vllm_server(external, real_vocab_model_path, served)
         return
     log_path = tmp_path_factory.mktemp("real-vllm") / "vllm.log"
+    env = {
+        TOKEN_ENV: str(real_tokenizer.convert_tokens_to_ids("<|im_end|>")),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     with running_vllm_server(
-        real_vocab_model_path, log_path=log_path, served_model_name=served, extra_args=REAL_VLLM_ARGS
+        real_vocab_model_path, log_path=log_path, served_model_name=served, extra_args=REAL_VLLM_ARGS, extra_env=env
     ) as server:
         _announce(request.config, f"[vllm] real-vocabulary vLLM: {served} at {server.base_url} (log: {log_path})")
         yield server

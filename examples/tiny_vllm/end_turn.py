@@ -8,15 +8,17 @@ before `AGL_END_TURN_AFTER` generated tokens, and after them only `AGL_END_TURN_
 vLLM's own sampler, and the token ids are the ones it sampled. Nothing fakes the answer's text.
 
 Start vLLM with `--logits-processors examples.tiny_vllm.end_turn:EndTurnAfter` (vLLM 0.31's v1
-interface, `vllm.v1.sample.logits_processor`); the two settings are environment variables
-because vLLM builds a processor from its config alone.
+interface, `vllm.v1.sample.logits_processor`); the server-wide settings are environment variables
+because vLLM builds a processor from its config alone. Without `AGL_END_TURN_AFTER` the processor
+ends only the turns of requests that ask, with `"vllm_xargs": {"end_turn_after": N}` (vLLM hands
+`vllm_xargs` to processors as `SamplingParams.extra_args`), so one server serves both kinds of test.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -28,23 +30,31 @@ if TYPE_CHECKING:
 
 AFTER_ENV = "AGL_END_TURN_AFTER"
 TOKEN_ENV = "AGL_END_TURN_TOKEN_ID"
+AFTER_ARG = "end_turn_after"
+"""The `vllm_xargs` key of a request that asks for its turn to end after that many tokens."""
 
 
-def _setting(name: str) -> int:
-    value = os.environ.get(name, "")
-    if not value.isdigit():
-        raise ValueError(f"{name} must be set to a non-negative integer for EndTurnAfter, got {value!r:.40}")
-    return int(value)
+def end_turn_after(n: int) -> dict[str, Any]:
+    """The request fields that ask a vLLM running EndTurnAfter to end this request's turn after `n` tokens."""
+    return {"vllm_xargs": {AFTER_ARG: n}}
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        return int(value)
+    raise ValueError(f"{name} must be a non-negative integer for EndTurnAfter, got {value!r:.40}")
 
 
 class EndTurnAfter(LogitsProcessor):
-    """Leaves only the end-of-turn token allowed once a request has generated `AGL_END_TURN_AFTER` tokens."""
+    """Leaves only the end-of-turn token allowed once a request has generated its N tokens (its
+    `end_turn_after`, else `AGL_END_TURN_AFTER`; a request with neither is left alone)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
-        self.after = _setting(AFTER_ENV)
-        self.token_id = _setting(TOKEN_ENV)
-        # Batch row -> the request's generated ids (vLLM's live list: it grows as it decodes) and stop ids.
-        self.requests: dict[int, tuple[Sequence[int], list[int]]] = {}
+        default = os.environ.get(AFTER_ENV)
+        self.after = None if default is None else _count(AFTER_ENV, default)
+        self.token_id = _count(TOKEN_ENV, os.environ.get(TOKEN_ENV, ""))
+        # Batch row -> the request's N, its generated ids (vLLM's live list: it grows as it decodes) and stop ids.
+        self.requests: dict[int, tuple[int, Sequence[int], list[int]]] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token is likeliest
@@ -54,13 +64,17 @@ class EndTurnAfter(LogitsProcessor):
 
     def _track(
         self, params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]
-    ) -> tuple[Sequence[int], list[int]]:
-        return output_ids, sorted({self.token_id, *params.all_stop_token_ids})
+    ) -> tuple[int, Sequence[int], list[int]] | None:
+        asked = (params.extra_args or {}).get(AFTER_ARG)
+        after = self.after if asked is None else _count(AFTER_ARG, asked)
+        if after is None:
+            return None
+        return after, output_ids, sorted({self.token_id, *params.all_stop_token_ids})
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         ended = []
-        for row, (output, stop_ids) in self.requests.items():
-            if len(output) >= self.after:
+        for row, (after, output, stop_ids) in self.requests.items():
+            if len(output) >= after:
                 ended.append(row)
             else:
                 logits[row, stop_ids] = -float("inf")

@@ -10,15 +10,12 @@ content are the answer of a call that is not streamed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from examples.tiny_vllm.vllm_server import VLLMServer, running_vllm_server
 from tests.support.conversations import messages, tools
 
 from .helpers import model_entry, wait_for_spans
@@ -115,19 +112,6 @@ async def test_a_client_that_leaves_mid_stream_stops_the_generation(
     assert generated < 400
 
 
-@pytest.fixture(scope="module")
-def hermes_vllm(real_vocab_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """A vLLM on the real-vocabulary model with the hermes tool parser: the derender parses tool calls."""
-    from examples.tiny_vllm.real_vocab import QWEN2_5
-
-    args = ("--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    log_path = tmp_path_factory.mktemp("hermes-vllm") / "vllm.log"
-    with running_vllm_server(
-        real_vocab_model_path, log_path=log_path, served_model_name=QWEN2_5.served_model_name, extra_args=args
-    ) as server:
-        yield server
-
-
 def _assembled(chunks: list[Any]) -> dict[str, Any]:
     """The answer a client puts together from a stream's chunks."""
     content, ids, calls, finish = "", [], {}, None
@@ -148,12 +132,12 @@ def _assembled(chunks: list[Any]) -> dict[str, Any]:
 
 
 async def test_hermes_tool_calls_stream_as_vllm_s_own_chat_endpoint_streams_them(
-    proxy_factory, hermes_vllm, new_rollout, store
+    proxy_factory, real_vllm_server, new_rollout, store
 ) -> None:
     """The deltas of the chain's streamed derenders (ids batched) add up to those of vLLM's streamed chat; the span
     keeps the answer the non-streamed derender parses (the whole answer's parse, which for a cut answer can differ
     from what the stream parsed: vLLM's own two endpoints differ alike)."""
-    entry = [model_entry(hermes_vllm.model, hermes_vllm.base_url, backend_model=hermes_vllm.model)]
+    entry = [model_entry(real_vllm_server.model, real_vllm_server.base_url, backend_model=real_vllm_server.model)]
     chain = await proxy_factory(entry, logprobs=True)
     vllm_s_own = await proxy_factory(entry, token_chain="off")
     ids = await new_rollout()
@@ -164,7 +148,7 @@ async def test_hermes_tool_calls_stream_as_vllm_s_own_chat_endpoint_streams_them
         both = []
         for client in clients:
             stream = await client.chat.completions.create(
-                model=hermes_vllm.model, messages=messages(), stream=True, tool_choice=tool_choice, **sampling
+                model=real_vllm_server.model, messages=messages(), stream=True, tool_choice=tool_choice, **sampling
             )
             both.append(_assembled([chunk async for chunk in stream]))
         mine, theirs = both
@@ -174,7 +158,7 @@ async def test_hermes_tool_calls_stream_as_vllm_s_own_chat_endpoint_streams_them
         assert mine["finish"] == theirs["finish"]
         streamed.append(mine)
         await clients[0].chat.completions.create(
-            model=hermes_vllm.model, messages=messages(), tool_choice=tool_choice, **sampling
+            model=real_vllm_server.model, messages=messages(), tool_choice=tool_choice, **sampling
         )
     for client in clients:
         await client.close()

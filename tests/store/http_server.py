@@ -3,7 +3,9 @@
     async with start_store_server(tmp_path / "store.db") as store:
         await store.enqueue_rollout(input={"q": 1})   # a LightningStoreClient
 
-`StoreServerProcess` is the lower-level handle for tests that kill and restart the server.
+`StoreServerProcess` is the lower-level handle for tests that kill and restart the server;
+`serving_store_app` serves the same app from this process and event loop (uvicorn on 127.0.0.1), for the
+contract's hundreds of tests, where a process start each would cost a minute.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import uvicorn
+
 from agl_store.client import LightningStoreClient
+from agl_store.server import create_app
+from agl_store.sqlite import SQLiteStore
+from agl_store.web.serving import bind_socket, start_uvicorn
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -118,3 +125,20 @@ async def start_store_server(db_path: str | Path, key: str | None = None) -> Asy
     finally:
         await client.close()
         await server.stop()
+
+
+@asynccontextmanager
+async def serving_store_app(db_path: str | Path) -> AsyncIterator[LightningStoreClient]:
+    """`agl store serve`'s app on `db_path` (its default watchdog, no pages), served by uvicorn in this event
+    loop; yields an opened client."""
+    app = create_app(SQLiteStore(str(db_path)), pages=False)
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning"))
+    task = await start_uvicorn(server, sock, timeout_s=START_TIMEOUT_S)
+    try:
+        async with LightningStoreClient(f"http://127.0.0.1:{sock.getsockname()[1]}") as client:
+            yield client
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()

@@ -4,8 +4,8 @@ result appended between them. What agl adds to verl is checked on the batches th
 trained on (recorded by `RolloutHooks.on_batch`, tests/train/recording_hooks.py) against the calls
 in the store: follow-up prompts bridged from the model's own ids, trajectory rows, masks, prefix
 breaks, the rollout-level advantage, `per_rollout_mean` and the update cap. Two runs share one
-dev-mode vLLM with the token-in endpoints (the example's): 2 trajectory-level steps (all 8 of the
-example's prompts, the turn-counter one among them) and one capped transition-level step. That the
+dev-mode vLLM with the token-in endpoints (the example's): one trajectory-level step (the example's
+last 4 prompts, the turn-counter one among them) and one capped transition-level step. That the
 model learns is shown by `tests/train/test_fit_cpu.py` (the lowercase task, 16 steps) in the suite
 and by the example's own 16-step run (examples/word_lookup/README.md)."""
 
@@ -34,10 +34,13 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
 ]
 
-STEPS = 2  # 8 tasks: each of the example's prompts once, the turn counter's too
-ROLLOUTS_PER_STEP = 16  # data.train_batch_size 4 × rollout.n 4
-MINI_BATCH_ROWS = 8  # ppo_mini_batch_size 2 × rollout.n 4
+STEPS = 1
+ROLLOUT_N = 4  # the example's rollout.n
+ROLLOUTS_PER_STEP = 4 * ROLLOUT_N  # data.train_batch_size 4
+IN_ORDER = "data.shuffle=false"
+MINI_BATCH_ROWS = 2 * ROLLOUT_N  # ppo_mini_batch_size 2
 CAPPED_STEPS = 1
+CAPPED_TASKS_PER_STEP = 2  # a forced group and a sampled one
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 MAX_PPO_UPDATE_TIMES = 2
 HOOKS = "agentlightning.hooks=tests.train.recording_hooks"
@@ -81,27 +84,33 @@ def run_recorded(served: Served, out: Path, steps: int, level: str, extra: Seque
 
 @pytest.fixture(scope="module")
 def trajectory(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    """`STEPS` steps at lr 0.05 (the example's 0.03 is for 16 steps)."""
-    extra = ["actor_rollout_ref.actor.optim.lr=0.05"]
-    return run_recorded(served, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory", extra=extra)
+    """`STEPS` steps at lr 0.05 (the example's 0.03 is for 16 steps) on the example's last 4 prompts, in
+    order: the last has the turn counter."""
+    extra = ["actor_rollout_ref.actor.optim.lr=0.05", IN_ORDER]
+    in_order = tasks(4 * STEPS, offset=4)
+    return run_recorded(
+        served, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory", extra=extra, train_tasks=in_order
+    )
 
 
 @pytest.fixture(scope="module")
 def capped_transition(served: Served, real_tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    """Transition rows (3 per rollout, 48 per step) capped at 2 mini-batches of 8 rows. Each step
-    trains two groups whose answers are forced equal (vLLM's `allowed_token_ids` with one token:
-    the trainer imposes its sampling temperature on every call, so an agent cannot ask for greedy
-    answers) and two sampled ones, in that order (`data.shuffle=false`)."""
+    """Transition rows (3 per rollout, 24 per step) capped at 2 mini-batches of 8 rows. Each step
+    trains a group whose answers are forced equal (vLLM's `allowed_token_ids` with one token: the
+    trainer imposes its sampling temperature on every call, so an agent cannot ask for greedy
+    answers) and a sampled one, in that order."""
     (weather,) = real_tokenizer.encode(" weather", add_special_tokens=False)
-    forced = [task | {"allowed_token_ids": [weather]} for task in tasks(2)]
-    sampled = tasks(2, offset=2)
-    in_order = [task for _ in range(CAPPED_STEPS) for pair in zip(forced, sampled, strict=True) for task in pair]
+    in_order = [tasks(1)[0] | {"allowed_token_ids": [weather]}, tasks(1, offset=1)[0]] * CAPPED_STEPS
     return run_recorded(
         served,
         tmp_path_factory.mktemp("transition"),
         CAPPED_STEPS,
         "transition",
-        extra=[f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}", "data.shuffle=false"],
+        extra=[
+            f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}",
+            IN_ORDER,
+            f"data.train_batch_size={CAPPED_TASKS_PER_STEP}",
+        ],
         train_tasks=in_order,
     )
 
@@ -207,7 +216,8 @@ def test_the_calls_of_a_rollout_merge_into_rows_with_the_inserted_tokens_masked(
             assert prompt + response == [*row_calls[-1].prompt_ids, *row_calls[-1].response_ids]
             inserted_text += real_tokenizer.decode([t for t, m in zip(response, mask, strict=True) if not m])
     print(f"\ncalls merged per row, over the update rows of {STEPS} steps: {dict(sorted(merged_calls.items()))}")
-    assert merged_calls[TURNS] > sum(merged_calls.values()) / 2  # most rollouts are one row of three calls
+    # Most rollouts are one row of three calls; a turn-counter rollout is three rows of one.
+    assert merged_calls[TURNS] > (merged_calls[TURNS] + merged_calls[1] / TURNS) / 2
     assert "<tool_call>" in inserted_text and "<tool_response>" in inserted_text and "known:" in inserted_text
 
 
@@ -259,7 +269,10 @@ def test_transition_rows_are_one_per_call_with_the_rollouts_advantage_on_each(ca
     assert capped_transition.calls == ["startup", *(f"batch {step}" for step in range(1, CAPPED_STEPS + 1))]
     for step, batch in capped_transition.batches.items():
         metrics = capped_transition.metrics(step)
-        assert metrics["training/n_rows"] == TURNS * ROLLOUTS_PER_STEP and metrics["training/n_prefix_breaks"] == 0
+        assert (
+            metrics["training/n_rows"] == TURNS * CAPPED_TASKS_PER_STEP * ROLLOUT_N
+            and metrics["training/n_prefix_breaks"] == 0
+        )
         expected = rollout_advantages(capped_transition.traces[step])
         calls = {trace.rollout_id: trace.calls for trace in capped_transition.traces[step]}
         n_rows = len(batch)
