@@ -102,7 +102,8 @@ class CallChain(TypedDict):
     prompt: str
     """`bridged`: the parent's exact prompt ids + its choice's token ids + the template's turn close/glue + only the
     new messages rendered + the assistant opener (sampled tokens never re-rendered);
-    `retry`: the same request as the parent's (its prompt ids reused as they are);
+    `retry`: the same request as the parent's (its prompt ids reused as they are): a retry that replaced the parent
+    or a sample beside it, which only the whole attempt tells apart (the trainer's call graph does);
     `branched`: rendered whole because the messages diverge from every earlier call of the attempt (`cause` says how);
     `rendered`: rendered whole with nothing to continue (the attempt's first call) or by a backend that cannot take
     token ids (`cause` says which)."""
@@ -112,14 +113,18 @@ class CallChain(TypedDict):
     choice: int | None
     """Which of the parent's choices it continues (bridged); None otherwise."""
     cause: str | None
-    """For branched / rendered: a short machine-readable cause, one of
+    """For branched / rendered (and a bridged call that kept reasoning): a short machine-readable cause, one of
     `first_call`, `backend_renders` (no token-in endpoints: LiteLLM provider, older vLLM, not enabled),
     `history_edited` (an earlier message changed), `history_shortened`, `answer_changed` (the echoed assistant message
     differs from the answer the proxy gave), `reasoning_dropped`, `system_changed`, `tools_changed`,
     `template_changed` (a field that changes the rendering besides the messages: chat_template_kwargs, ...),
     `template_boundary` (the engine's renderings did not show where the new messages start),
+    `template_rewrites_history` (the template renders the history otherwise once the new messages follow),
+    `template_drops_reasoning` (the template drops the reasoning since the last user message), `multimodal` (it would be
+    bridged, but a message holds media: rendered whole, generate gets the media's features),
     `completions_api` (prompt given as text/ids by the client), `row_full` (the prompt is bridged, but the parent's
-    training row has no room left under the row budget, so this call starts a row); None for bridged / retry."""
+    training row has no room left under the row budget, so this call starts a row); for bridged: `reasoning_kept` (the
+    deployment keeps reasoning the template renders otherwise), else None; None for retry."""
 
 
 class CallError(TypedDict):

@@ -6,11 +6,19 @@ A 3-call tool agent (the unmodified OpenAI SDK, temperature 1, tools offered) ru
 for every pair of consecutive calls the benchmark checks what trajectory rows need: the later prompt starts
 with exactly the earlier prompt + its generated ids. It prints kept pairs / all pairs, the rows per rollout, the
 breaks by cause (`agl_train.core.prefix_break`), and the calls by how the proxy made their prompt (`agl.chain`;
-`unchained` before it recorded that). The random model answers noise, so the agent always goes on for 3 calls:
-after a tool call it returns a tool result, after text it asks again.
+`unchained` before it recorded that) and the tokens per rollout of its training rows (prompt + response: what a
+step processes; and response: what it trains). The random model answers noise, so the agent always goes on for 3
+calls: after a tool call it returns a tool result, after text it asks again.
+
+`--flavour qwen3` serves the Qwen3 flavour with vLLM's qwen3 reasoning parser: the random model never closes its
+think block, so every answer is reasoning, sent back by the SDK, and every follow-up is a new user turn, where
+Qwen3's template drops the earlier reasoning. `--reasoning template keep` runs the agent once per deployment
+setting (`model_info.agl_reasoning`, docs/proxy.md "Token chain"), each through its own proxy and store, against
+the same vLLM.
 
     .venv/bin/python benchmarks/token_chain_bench.py                        # starts vLLM (about 2 min)
     .venv/bin/python benchmarks/token_chain_bench.py --vllm http://127.0.0.1:PORT/v1   # a vLLM on the model
+    .venv/bin/python benchmarks/token_chain_bench.py --flavour qwen3 --reasoning template keep
 """
 
 from __future__ import annotations
@@ -68,11 +76,19 @@ def run_agent(base_url: str, model: str, max_tokens: int) -> None:
 
 
 @contextmanager
-def proxy_serve(backend: str, model: str, workdir: Path) -> Iterator[str]:
-    """`agl proxy serve` on a free port with an embedded store in `workdir`; yields its root URL."""
+def proxy_serve(backend: str, model: str, workdir: Path, reasoning: str) -> Iterator[str]:
+    """`agl proxy serve` on a free port with an embedded store in `workdir`, its deployment's reasoning
+    `model_info.agl_reasoning`; yields its root URL."""
     port = free_port()
+    entry = {
+        "model_name": model,
+        "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": backend},
+        "model_info": {"agl_reasoning": reasoning},
+    }
+    config = workdir / "proxy.yaml"
+    config.write_text(json.dumps({"model_list": [entry]}))  # JSON is YAML
     command = [
-        sys.executable, "-m", "agl_store.cli", "proxy", "serve", "--backend", backend, "--model", model,
+        sys.executable, "-m", "agl_store.cli", "proxy", "serve", "--config", str(config),
         "--db", str(workdir / "agl.db"), "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     log = open(workdir / "proxy.log", "wb")  # closed in the finally below
@@ -119,12 +135,17 @@ async def measure(url: str, model: str, rollouts: int, max_tokens: int, tokenize
     result = aggregate(traces, "trajectory", wide, tokenizer)
     pairs = sum(max(len(trace.calls) - 1, 0) for trace in traces)
     by_prefix = "training/n_llm_calls/"
+    n = max(len(traces), 1)
     return {
         "pairs": pairs,
         "kept": pairs - len(result.breaks),
         "rows_per_rollout": {
             "mean": result.metrics["training/rows_per_rollout/mean"],
             "max": result.metrics["training/rows_per_rollout/max"],
+        },
+        "tokens_per_rollout": {
+            "rows": sum(len(r.prompt_ids) + len(r.response_ids) for r in result.rows) / n,
+            "trained": sum(sum(r.response_mask) for r in result.rows) / n,
         },
         "breaks": dict(Counter(b.kind for b in result.breaks)),
         "calls_by_chain": {k.removeprefix(by_prefix): v for k, v in result.metrics.items() if k.startswith(by_prefix)},
@@ -137,6 +158,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--vllm", help="base URL of a vLLM already serving the model (else one is started)")
     parser.add_argument("--flavour", default="qwen2.5", choices=["qwen2.5", "qwen3"])
+    parser.add_argument("--reasoning", nargs="+", default=["template"], choices=["template", "keep"])
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -146,6 +168,7 @@ def main() -> int:
     flavour = FLAVOURS[args.flavour]
     model_path = build(flavour=flavour)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    parser_args = ("--reasoning-parser", "qwen3") if flavour is FLAVOURS["qwen3"] else ()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         workdir = Path(tmp)
         backend = args.vllm
@@ -155,18 +178,22 @@ def main() -> int:
                     model_path,
                     log_path=workdir / "vllm.log",
                     served_model_name=flavour.served_model_name,
-                    extra_args=("--enable-scale-out",),
+                    extra_args=("--enable-scale-out", *parser_args),
                 )
             )
             backend = server.base_url
-        url = stack.enter_context(proxy_serve(backend, flavour.served_model_name, workdir))
-        figures = asyncio.run(measure(url, flavour.served_model_name, args.rollouts, args.max_tokens, tokenizer))
-    print(
-        f"consecutive calls that keep the prefix: {figures['kept']} of {figures['pairs']} "
-        f"({args.rollouts} rollouts x {CALLS_PER_ROLLOUT} calls, {flavour.served_model_name}, temperature 1, "
-        f"max_tokens {args.max_tokens})"
-    )
-    print(json.dumps(figures, indent=2))
+        for reasoning in args.reasoning:
+            run_dir = workdir / reasoning
+            run_dir.mkdir()
+            with proxy_serve(backend, flavour.served_model_name, run_dir, reasoning) as url:
+                model = flavour.served_model_name
+                figures = asyncio.run(measure(url, model, args.rollouts, args.max_tokens, tokenizer))
+            print(
+                f"consecutive calls that keep the prefix: {figures['kept']} of {figures['pairs']} "
+                f"({args.rollouts} rollouts x {CALLS_PER_ROLLOUT} calls, {model}, agl_reasoning {reasoning}, "
+                f"temperature 1, max_tokens {args.max_tokens})"
+            )
+            print(json.dumps(figures, indent=2))
     return 0
 
 

@@ -24,12 +24,21 @@ import httpx
 import orjson
 from starlette.types import Receive
 
-from ..backends.base import Call, RequestOptions, request_fields
+from ..backends.base import Call, RequestOptions, RetryableBackendError, request_fields
 from ..backends.forwarding import PassthroughBackend, backend_headers
 from ..common.deployments import Deployment
-from ..common.errors import BadRequestError
+from ..common.errors import BadRequestError, ProxyError
 from ..controls.sampling import MAX_TOKENS_ALIASES
-from .digests import SYSTEM_ROLES
+from .bridging import (
+    bridge_requests,
+    echoed_answer_end,
+    keeps_head,
+    new_messages_start,
+    parent_reasoning_requests,
+    reasoning_requests,
+    turn_glue,
+)
+from .digests import reasoning_of
 from .engine import (
     DERENDER,
     GENERATE,
@@ -42,17 +51,16 @@ from .engine import (
 )
 from .engine_http import EngineHttp
 from .heads import ChainHeads, head_key
-from .links import ChainEntry, Link
+from .links import Link
 from .memory import ChainMemory, chain_entry
 from .row_budget import fit_row
-from .stream import SSE, ChainStream, StreamFailed, sse_chunks
+from .stops import cut_at_stop_string, stop_strings, stop_token_reason
+from .stream import SSE, ChainStream, StreamFailed, sse_chunks, stream_failure
+from .tool_call_ids import name_tool_calls
 
 T = TypeVar("T")
 _SAMPLING_PARAMS_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default."""
-_DUMMY_USER = {"role": "user", "content": "."}
-_MAX_HEADER = 32
-"""The most ids an assistant turn's header (role, channel, think opener) is looked for in."""
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -105,82 +113,6 @@ class Prompt:
         return replace(self, render={**self.render, "sampling_params": sampling})
 
 
-def bridge_requests(body: Mapping[str, Any], new_from: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Two small requests whose renderings differ by exactly what follows the echoed answer:
-    (system, a dummy user turn, the echoed answer, the new messages; with the request's own
-    generation prompt) and the same without the new messages or a generation prompt (whose
-    messages but the last are the head `heads` keeps)."""
-    messages = body["messages"]
-    head = [messages[0]] if isinstance(messages[0], Mapping) and messages[0].get("role") in SYSTEM_ROLES else []
-    head += [_DUMMY_USER, messages[new_from - 1]]
-    full = {**body, "messages": head + list(messages[new_from:])}
-    base = {**body, "messages": head, "add_generation_prompt": False, "continue_final_message": False}
-    return full, base
-
-
-def echoed_answer_end(
-    full_ids: list[int], head: Sequence[int], parent_prompt: Any, response_ids: Any, close: tuple[int, ...]
-) -> int | None:
-    """Where the echoed answer's turn ends in `full_ids` (the head, the echoed answer, the new
-    messages) when the engine rendered that answer as the very ids it was sampled as; None otherwise.
-
-    `full_ids` must start with `head` (the system message and the dummy user turn rendered alone).
-    The answer's turn is then the ids its prompt ended with (the assistant header, as generate was
-    given it), the sampled ids without their stop id, and `close`, found at the first place past the
-    head where the sampled ids and the close are; anything else (a template that renders the answer
-    otherwise, as Qwen3 drops an earlier turn's reasoning, or tool calls written differently) is
-    None, and the bridge renders the echoed answer alone to see where it ends."""
-    n = len(head)
-    if len(full_ids) <= n or full_ids[:n] != list(head):
-        return None
-    answer = list(response_ids[:-1] if len(response_ids) and response_ids[-1] == close[0] else response_ids)
-    if not answer:
-        return None
-    turn = [*answer, *close]
-    first = answer[0]
-    for at in range(n + 1, min(n + 1 + _MAX_HEADER, len(full_ids) - len(turn) + 1)):
-        if full_ids[at] == first and full_ids[at : at + len(turn)] == turn:
-            header = full_ids[n:at]
-            if list(parent_prompt[-len(header) :]) == header:
-                return at + len(turn)
-            return None
-    return None
-
-
-def turn_glue(response_ids: Any, close: tuple[int, ...]) -> list[int]:
-    """What follows a sampled answer before the next turn: the template's close, without its
-    first id when the model sampled that itself (a cut or otherwise stopped answer gets it all)."""
-    if len(response_ids) and response_ids[-1] == close[0]:
-        return list(close[1:])
-    return list(close)
-
-
-def new_messages_start(
-    full_ids: list[int], base_ids: list[int], close: tuple[int, ...], close_text: str, echoed: Any
-) -> int | None:
-    """Where the new messages start in `full_ids` (the echoed answer then the new messages),
-    `base_ids` being the echoed answer alone; None when the renderings do not show it.
-
-    Where the base is a prefix, they start after it. A template may render its last answer
-    otherwise (Qwen3 gives the last one an empty think block): then the echoed answer's turn ends
-    at the first `close` past what the renderings share, provided the answer's own text holds no
-    `close_text` (which would be that close instead)."""
-    if not close or tuple(base_ids[-len(close) :]) != close:
-        return None
-    if len(full_ids) > len(base_ids) and full_ids[: len(base_ids)] == base_ids:
-        return len(base_ids)
-    if not close_text or close_text in orjson.dumps(echoed).decode():
-        return None
-    shared = 0
-    while shared < min(len(full_ids), len(base_ids)) and full_ids[shared] == base_ids[shared]:
-        shared += 1
-    width = len(close)
-    for at in range(shared, len(full_ids) - width):
-        if tuple(full_ids[at : at + width]) == close:
-            return at + width
-    return None
-
-
 class TokenChainBackend:
     """Serves chat calls from a vLLM deployment through its token-in endpoints."""
 
@@ -218,8 +150,14 @@ class TokenChainBackend:
             raise BadRequestError("messages must be a non-empty list of chat messages")
         headers = backend_headers(self.deployment, record.rollout_id, record.attempt_id)
         stream: ChainStream | None = None
+        # A replica tried before this one may have set it.
+        record.chain = None
         try:
-            link, keys = await self.memory.link(record.rollout_id, record.attempt_id, body)
+            link, keys = await self.memory.link(
+                record.rollout_id, record.attempt_id, body, self.deployment.request_defaults
+            )
+            # A call that fails from here on is a chain call: its span says how its prompt was being made.
+            record.chain = link.attribute()
             prompt = await self._prompt(engine, body, headers, link)
             if limit is not None and engine.max_model_len is not None:
                 prompt = prompt.within_context(limit, engine.max_model_len)
@@ -228,22 +166,28 @@ class TokenChainBackend:
             prompt = replace(prompt, link=row.link, render=row.capped_render(prompt.render))
             record.row = row.attributes(prompt.render)
             # vLLM 0.31's streamed generate fails for n > 1 (an IndexError in its stream
-            # generator): those calls get their stream once the answer is whole.
-            if body.get("stream") and (prompt.render["sampling_params"].get("n") or 1) == 1:
+            # generator), and a stop string's text, which vLLM's chat stream holds back and
+            # leaves out, cannot be taken back once streamed: those calls get their stream
+            # once the answer is whole.
+            sampling = prompt.render["sampling_params"]
+            if body.get("stream") and (sampling.get("n") or 1) == 1 and not stop_strings(sampling):
                 stream = ChainStream(call, self.transport, self.deployment, headers, prompt.token_ids)
+            record.chain = prompt.link.attribute()
             response = await until_client_leaves(call.receive, self._answer(engine, prompt, headers, stream))
-        except EngineRejected as exc:
+        except (EngineRejected, RetryableBackendError, ProxyError, StreamFailed) as exc:
+            if stream is not None and stream.started:
+                # The client's answer has begun: it ends with an error event, never a second start,
+                # and the call is not sent to another replica (it was generated here).
+                failed = exc if isinstance(exc, StreamFailed) else stream_failure(exc)
+                record.fail(failed.error_type, failed.message, failed.status)
+                await stream.fail(failed)
+                return
+            if not isinstance(exc, EngineRejected):
+                raise
             record.fail("backend_rejected", exc.message, exc.status)
             await call.send({"type": "http.response.start", "status": exc.status, "headers": _JSON})
             await call.send({"type": "http.response.body", "body": exc.data})
             return
-        except StreamFailed as exc:
-            assert stream is not None
-            record.chain = prompt.link.attribute()
-            record.fail(exc.error_type, exc.message, exc.status)
-            await stream.fail(exc)
-            return
-        record.chain = prompt.link.attribute()
         if response is None:
             record.fail("client_disconnected", "the client went away before its answer; generation stopped", 499)
             return
@@ -270,13 +214,10 @@ class TokenChainBackend:
 
     async def _prompt(self, engine: Engine, body: dict[str, Any], headers: Mapping[str, str], link: Link) -> Prompt:
         if link.kind == "bridged" and link.parent is not None and link.choice is not None:
-            if not engine.close:
-                link = Link("branched", parent=link.parent, cause="template_boundary")
-            else:
-                bridged = await self._bridge(engine, body, headers, link)
-                if bridged is not None:
-                    return bridged
-                link = Link("branched", parent=link.parent, cause="template_boundary")
+            bridged = await self._bridge(engine, body, headers, link) if engine.close else "template_boundary"
+            if isinstance(bridged, Prompt):
+                return bridged
+            link = Link("branched", parent=link.parent, cause=bridged)
         render = await post_json(self.transport, self.deployment, RENDER, body, headers)
         # The render leaves out the sampling fields at SamplingParams' defaults; generate takes
         # an absent max_tokens as "the rest of the context", so it is always sent.
@@ -288,32 +229,48 @@ class TokenChainBackend:
 
     async def _bridge(
         self, engine: Engine, body: dict[str, Any], headers: Mapping[str, str], link: Link
-    ) -> Prompt | None:
-        """The bridged prompt, or None when the renderings do not show where the new messages start."""
+    ) -> Prompt | str:
+        """The bridged prompt, or the cause of rendering the call whole: the renderings do not show
+        that the template renders the history the same once the new messages follow (`bridging`),
+        or where the new messages start."""
         assert link.parent is not None and link.choice is not None
         full_request, base_request = bridge_requests(body, link.new_from)
         parent = link.parent
         choice = parent.choices[link.choice]
         response_ids = choice.token_ids
         close = engine.close
-        base: dict[str, Any] | None = None
-        if choice.answer.reasoning is None:
-            full, start = await self._render_bridge(full_request, base_request, headers, parent, response_ids, close)
-        else:
-            # A template may drop an earlier turn's reasoning (Qwen3): the echoed answer is then
-            # not its sampled ids, so it is rendered alone at once.
-            full, base = await asyncio.gather(self._render(full_request, headers), self._render(base_request, headers))
-            start = None
+        reasoning = choice.answer.reasoning is not None
+        # A template often renders an answer with reasoning otherwise than it was sampled (Qwen3
+        # gives the last answer its think block, and drops it at a new user turn): its rendering
+        # alone is asked for at once.
+        full, head, base = await self._render_bridge(full_request, base_request, headers, with_base=reasoning)
         if full.get("features"):
-            return None
+            return "template_boundary"
         full_ids = full["token_ids"]
+        if not keeps_head(full_ids, head):
+            return "template_rewrites_history"
+        start = echoed_answer_end(full_ids, head, parent.prompt_ids, response_ids, close)
+        if not self.deployment.keep_reasoning:
+            dropped = await self._reasoning_cause(body, link, headers, shown=start is not None and reasoning)
+            if dropped is not None:
+                return dropped
         if start is None:
             if base is None:
                 base = await self._render(base_request, headers)
+            base_ids = base["token_ids"]
+            if not keeps_head(base_ids, head):
+                return "template_rewrites_history"
+            if full_ids[: len(base_ids)] != base_ids:
+                # The template renders the echoed answer otherwise once more follows (Qwen3's
+                # think block, empty or not, goes from an answer before the last user message).
+                if not self.deployment.keep_reasoning:
+                    return "template_rewrites_history"
+                if reasoning:
+                    link = replace(link, cause="reasoning_kept")
             echoed = body["messages"][link.new_from - 1]
-            start = new_messages_start(full_ids, base["token_ids"], close, engine.close_text, echoed)
-        if start is None:
-            return None
+            start = new_messages_start(full_ids, base_ids, close, engine.close_text, echoed)
+            if start is None:
+                return "template_boundary"
         # Kept ids joined as arrays (a copy of memory), made a list once for the JSON.
         stored = parent.prompt_ids + response_ids + array("l", [*turn_glue(response_ids, close), *full_ids[start:]])
         ids = stored.tolist()
@@ -338,35 +295,63 @@ class TokenChainBackend:
                     f"backend {self.deployment.label}: the bridged prompt of {len(ids)} tokens exceeds the context",
                 )
             sampling["max_tokens"] = min(requested, room) if isinstance(requested, int) else room
+        elif isinstance(requested, int):
+            sampling["max_tokens"] = requested
         else:
-            sampling["max_tokens"] = requested if isinstance(requested, int) else _SAMPLING_PARAMS_MAX_TOKENS
+            # The context's length unknown, generate sizes the answer as vLLM's chat endpoint does:
+            # what the context leaves after this prompt (the small render sized it for its own).
+            sampling.pop("max_tokens", None)
         return Prompt(link, ids, stored, {**full, "sampling_params": sampling}, full_request)
 
     async def _render_bridge(
-        self,
-        full_request: dict[str, Any],
-        base_request: dict[str, Any],
-        headers: Mapping[str, str],
-        parent: ChainEntry,
-        response_ids: Any,
-        close: tuple[int, ...],
-    ) -> tuple[dict[str, Any], int | None]:
-        """The small request's rendering, and where its new messages start when the echoed answer
-        shows it (`echoed_answer_end`); the head's rendering comes from `heads`, or is rendered
-        alongside on its first use."""
+        self, full_request: dict[str, Any], base_request: dict[str, Any], headers: Mapping[str, str], with_base: bool
+    ) -> tuple[dict[str, Any], Sequence[int], dict[str, Any] | None]:
+        """The small request's rendering, the head's (from `heads`, or rendered alongside on its
+        first use) and, `with_base`, the echoed answer's alone, rendered alongside."""
         head_request = {**base_request, "messages": base_request["messages"][:-1]}
         key = head_key(self.deployment.key, head_request)
         head: Sequence[int] | None = self.heads.get(key)
+        renders = [self._render(full_request, headers)]
         if head is None:
-            full, rendered = await asyncio.gather(
-                self._render(full_request, headers), self._render(head_request, headers)
-            )
-            head = rendered["token_ids"]
-            if not rendered.get("features"):
+            renders.append(self._render(head_request, headers))
+        if with_base:
+            renders.append(self._render(base_request, headers))
+        rendered = await asyncio.gather(*renders)
+        if head is None:
+            head = rendered[1]["token_ids"]
+            if not rendered[1].get("features"):
                 self.heads.put(key, head)
-        else:
-            full = await self._render(full_request, headers)
-        return full, echoed_answer_end(full["token_ids"], head, parent.prompt_ids, response_ids, close)
+        return rendered[0], head, rendered[-1] if with_base else None
+
+    async def _reasoning_cause(
+        self, body: dict[str, Any], link: Link, headers: Mapping[str, str], shown: bool
+    ) -> str | None:
+        """Why a bridge would keep reasoning the template does not render, for a deployment whose
+        prompts follow the template: `reasoning_dropped` (the client did not send the answer's
+        reasoning back, so the template renders its turn without it), `template_drops_reasoning`
+        (the template drops the reasoning since the last user message once the new messages follow,
+        as Qwen3's does at a new user turn); None when it renders that reasoning. `shown`: the
+        echoed answer, reasoning and all, is rendered as the very ids it was sampled as."""
+        assert link.parent is not None and link.choice is not None
+        if link.parent.choices[link.choice].answer.reasoning is not None:
+            if not reasoning_of(body["messages"][link.new_from - 1]):
+                return "reasoning_dropped"
+            if shown:
+                return None
+        requests = reasoning_requests(body, link.new_from)
+        if requests is None:
+            return None
+        if not reasoning_of(body["messages"][link.new_from - 1]):
+            # Only earlier answers carry reasoning: the bridge keeps it only where the parent's prompt showed it.
+            before = parent_reasoning_requests(body, link.new_from)
+            if before is None or await self._render_equal(before, headers):
+                return None
+        return "template_drops_reasoning" if await self._render_equal(requests, headers) else None
+
+    async def _render_equal(self, requests: tuple[dict[str, Any], dict[str, Any]], headers: Mapping[str, str]) -> bool:
+        """Whether the template renders the two requests as the same ids."""
+        one, other = await asyncio.gather(*(self._render(request, headers) for request in requests))
+        return bool(one["token_ids"] == other["token_ids"])
 
     async def _render(self, request: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
         return await post_json(self.transport, self.deployment, RENDER, request, headers)
@@ -392,40 +377,91 @@ class TokenChainBackend:
         else:
             generated = await stream.relay(self.client, generate_body, chat_request)
         sampling = render["sampling_params"]
-        derender_body = {
-            "model": self.deployment.model,
-            "generate_response": shown_answer(generated, sampling),
-            "prompt_tokens": len(prompt.token_ids),
-            "chat_request": chat_request,
-        }
-        response = await post_json(self.transport, self.deployment, DERENDER, derender_body, headers)
-        response["prompt_token_ids"] = prompt.token_ids
+        shown = shown_answer(generated, sampling)
+        response = await self._derender(prompt, shown, chat_request, headers)
         sampled_choices = generated.get("choices") or ()
-        for choice, sampled in zip(response.get("choices") or (), sampled_choices, strict=False):
-            ids = sampled.get("token_ids")
+        choices = response.get("choices") or []
+        unshown: list[dict[str, Any]] = []
+        for choice, sampled in zip(choices, sampled_choices, strict=False):
+            ids = sampled.get("token_ids") or []
             # The span and the chain keep every sampled id, the stop id too (the trainer trains on it).
             choice["token_ids"] = ids
-            if len(ids or ()) == 1 and ends_on_stop_token(ids, sampled.get("finish_reason"), sampling):
-                # The answer is its stop token alone: no text, as the chat endpoint parses "".
-                choice["message"].update(content="", reasoning=None)
-                choice["message"].pop("tool_calls", None)
+            choice["stop_reason"] = None
+            if sampled.get("finish_reason") != "stop":
+                continue
+            if ends_on_stop_token(ids, "stop", sampling):
+                choice["stop_reason"] = stop_token_reason(ids, sampling)
+                if len(ids) == 1:
+                    unshown.append(choice)
+            elif stop_strings(sampling):
+                choice["stop_reason"] = cut_at_stop_string(choice["message"], sampling)
+                if choice["stop_reason"] is None:
+                    # No stop string in its text: the answer ended on the end-of-sequence id,
+                    # whose text the derender showed and the chat endpoint leaves out.
+                    unshown.append(choice)
+        await self._derender_without_stop_ids(prompt, shown, unshown, chat_request, headers)
+        for choice in choices:
             # As vLLM's chat endpoint says it: an answer the tool parser found calls in.
             if choice.get("finish_reason") == "stop" and (choice.get("message") or {}).get("tool_calls"):
                 choice["finish_reason"] = "tool_calls"
+        response["prompt_token_ids"] = prompt.token_ids
         usage = response.get("usage")
         if isinstance(usage, dict):
             # The derender counted the ids it was given, without the stop ids.
             usage["completion_tokens"] = sum(len(c.get("token_ids") or ()) for c in sampled_choices)
             usage["total_tokens"] = usage["completion_tokens"] + len(prompt.token_ids)
+        # The ids vLLM's chat endpoint gives; a stream's calls keep those the client was streamed.
+        name_tool_calls(response, chat_request, self.deployment.tool_call_ids)
         if stream is not None:
             stream.pin_tool_call_ids(response)
         return response
+
+    async def _derender(
+        self, prompt: Prompt, generated: Mapping[str, Any], chat_request: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> dict[str, Any]:
+        body = {
+            "model": self.deployment.model,
+            "generate_response": generated,
+            "prompt_tokens": len(prompt.token_ids),
+            "chat_request": chat_request,
+        }
+        return await post_json(self.transport, self.deployment, DERENDER, body, headers)
+
+    async def _derender_without_stop_ids(
+        self,
+        prompt: Prompt,
+        shown: Mapping[str, Any],
+        choices: list[dict[str, Any]],
+        chat_request: Mapping[str, Any],
+        headers: Mapping[str, str],
+    ) -> None:
+        """Give `choices` (the derendered answer's, their `token_ids` the sampled ids) the messages of
+        their ids without the last, a stop id: derendered again, or, for an answer that is its stop id
+        alone, no text (as the chat endpoint parses "")."""
+        again = {c["index"]: c["token_ids"][:-1] for c in choices if len(c["token_ids"]) > 1}
+        for choice in choices:
+            if choice["index"] not in again:
+                choice["message"].update(content="", reasoning=None)
+                choice["message"].pop("tool_calls", None)
+        if not again:
+            return
+        generated = {
+            **shown,
+            "choices": [
+                {**c, "token_ids": again[c["index"]]} for c in shown.get("choices") or () if c["index"] in again
+            ],
+        }
+        derendered = await self._derender(prompt, generated, chat_request, headers)
+        messages = {c["index"]: c["message"] for c in derendered.get("choices") or ()}
+        for choice in choices:
+            if choice["index"] in messages:
+                choice["message"] = messages[choice["index"]]
 
 
 def shown_answer(generated: Mapping[str, Any], sampling_params: Mapping[str, Any]) -> dict[str, Any]:
     """The generated answer as the derender is given it: each choice without the stop id whose
     text vLLM's chat endpoint leaves out (`ends_on_stop_token`). A choice that is its stop id alone
-    keeps it (the derender refuses a choice without ids), and `_answer` empties its message."""
+    keeps it (the derender refuses a choice without ids), and `_answer` gives it no text."""
     choices = []
     for choice in generated.get("choices") or ():
         ids = choice.get("token_ids") or []

@@ -27,6 +27,9 @@ except ImportError:  # pragma: no cover - a proxy host without vLLM's packages
 Digest = bytes
 
 SYSTEM_ROLES = ("system", "developer")
+TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"})
+"""The content part types vLLM renders as text; any other part (an image, audio, a video) is media,
+which the engine renders as placeholder ids and hands generate as features."""
 REASONING_KEYS = ("reasoning", "reasoning_content")
 TEMPLATE_FIELDS = (
     "chat_template",
@@ -34,8 +37,16 @@ TEMPLATE_FIELDS = (
     "add_generation_prompt",
     "continue_final_message",
     "documents",
+    "reasoning_effort",
+    "tool_choice",
+    "response_format",
+    "mm_processor_kwargs",
+    "media_io_kwargs",
 )
-"""Request fields besides the messages that change what a chat template renders."""
+"""Request fields besides the messages and tools that change what vLLM renders: those its chat
+request hands the renderer (`ChatCompletionRequest.build_chat_params`; `reasoning_effort` also
+sets the template's `enable_thinking`, and some renderers write `tool_choice` and
+`response_format` into the prompt), and the media processing options."""
 
 
 def digest(value: Any) -> Digest:
@@ -71,6 +82,13 @@ def _tool_calls(value: Any) -> list[Any]:
     return out
 
 
+def has_media(content: Any) -> bool:
+    """Whether a message's content holds a part other than text (`TEXT_PARTS`)."""
+    return isinstance(content, list) and any(
+        isinstance(p, Mapping) and p.get("type") not in TEXT_PARTS for p in content
+    )
+
+
 def reasoning_of(message: Mapping[str, Any]) -> str | None:
     """The message's reasoning text, whichever key carries it; None when it has none."""
     for key in REASONING_KEYS:
@@ -99,6 +117,8 @@ class MessageKeys:
     full: Digest
     plain: Digest
     reasoning: Digest | None
+    media: bool = False
+    """Its content holds media (`has_media`)."""
 
 
 def message_keys(message: Any) -> MessageKeys:
@@ -108,10 +128,11 @@ def message_keys(message: Any) -> MessageKeys:
         return MessageKeys(whole, whole, None)
     plain = plain_form(message)
     reasoning = reasoning_of(message)
+    media = has_media(message.get("content"))
     if reasoning is None:
         key = digest(plain)
-        return MessageKeys(key, key, None)
-    return MessageKeys(digest({**plain, "reasoning": reasoning}), digest(plain), digest(reasoning))
+        return MessageKeys(key, key, None, media)
+    return MessageKeys(digest({**plain, "reasoning": reasoning}), digest(plain), digest(reasoning), media)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,10 +181,13 @@ class RequestKeys:
     """Each message's full digest: the history a later call must repeat."""
     prompt: Digest = field(init=False)
     """Equal for requests a template renders to the same prompt: a repeat of such a call is a retry."""
+    multimodal: bool = field(init=False)
+    """Some message holds media: its prompt is never bridged (generate would get no features for it)."""
 
     def __post_init__(self) -> None:
         prompt = hashlib.blake2b(b"".join((*self.full, self.tools, self.template)), digest_size=16).digest()
         object.__setattr__(self, "prompt", prompt)
+        object.__setattr__(self, "multimodal", any(m.media for m in self.messages))
 
     def extended(self, messages: list[Any], raw: RawJson) -> RequestKeys:
         """The keys of a request whose messages are `messages` (`raw`: their `RawJson`), its

@@ -1,10 +1,12 @@
 """Which earlier call of an attempt a chat call continues, and if none, why not.
 
 `decide` takes the calls the chain remembers (`ChainEntry`) and the new request's digests
-(`digests.RequestKeys`) and returns a `Link`: `retry` (the same prompt as an earlier
-call), `bridged` (an earlier call's messages, then the proxy's answer to it as the client
-echoed it, then new messages), or `branched` / `rendered` with the cause
-`agl_store.call_span.CallChain` names. `quick_link` finds a retry or a bridge from the
+(`digests.RequestKeys`) and returns a `Link`: `retry` (the same request as an earlier call:
+its prompt is reused; whether the repeat replaced that call or is a sample beside it, only the
+whole attempt shows, and the trainer's call graph decides), `bridged` (an earlier call's
+messages, then the proxy's answer to it as the client echoed it, then new messages), or
+`branched` / `rendered` with the cause `agl_store.call_span.CallChain` names (`multimodal`: a
+call that would be bridged but holds media). `quick_link` finds a retry or a bridge from the
 request's JSON as sent, digesting only the messages after the parent's.
 """
 
@@ -87,7 +89,10 @@ def quick_link(entries: Sequence[ChainEntry], body: Mapping[str, Any]) -> tuple[
         echoed = message_keys(messages[n])
         for index, choice in enumerate(entry.choices):
             if choice.answer.matches(echoed):
-                return Link("bridged", parent=entry, choice=index, new_from=n + 1), entry.keys.extended(messages, raw)
+                keys = entry.keys.extended(messages, raw)
+                if keys.multimodal:
+                    return None  # never bridged: `decide` names the cause
+                return Link("bridged", parent=entry, choice=index, new_from=n + 1), keys
     return None
 
 
@@ -105,7 +110,9 @@ def decide(entries: Sequence[ChainEntry], keys: RequestKeys) -> Link:
     for entry in sorted(entries, key=lambda e: len(e.keys.messages), reverse=True):
         bridged = _bridge(entry, keys)
         if bridged is not None:
-            return bridged
+            # The bridged prompt would hold the media's placeholder ids, and generate would get no
+            # features for them: rendered whole, the engine makes both.
+            return Link("branched", parent=entry, cause="multimodal") if keys.multimodal else bridged
     return _branch(entries, keys)
 
 

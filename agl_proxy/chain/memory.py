@@ -66,17 +66,18 @@ def chain_entry(
     )
 
 
-def _chat_request(api: Any, request: Any) -> dict[str, Any] | None:
-    """The chat request a stored call's engine rendered: the span's own for chat completions;
-    a Responses or Messages span keeps the client's request, translated again as when it was
-    served (the translation is a pure function of the request)."""
+def _chat_request(api: Any, request: Any, defaults: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The chat request a stored call's engine rendered: the span's own for chat completions
+    (kept with the deployment's defaults applied); a Responses or Messages span keeps the client's
+    request, translated again as when it was served (the translation is a pure function of the
+    request), under the deployment's request `defaults` as the chain served it."""
     if api == "chat.completions":
         return request if isinstance(request, dict) else None
     translator = _TRANSLATED.get(api) if isinstance(api, str) else None
     if translator is None or not isinstance(request, dict):
         return None
     try:
-        return translator.chat_request(request)
+        return {**defaults, **translator.chat_request(request)}
     except BadRequestError:
         return None
 
@@ -93,13 +94,16 @@ def root_prompt_lengths(spans: Sequence[Span]) -> dict[str, int]:
     return roots
 
 
-def entry_of_span(span: Span, root_prompt_len: int | None = None) -> ChainEntry | None:
-    """The chain's record of a stored call span; None for a span the chain cannot continue
-    (failed, no token ids, or an API whose request is not a chat request nor translates to one)."""
+def entry_of_span(
+    span: Span, root_prompt_len: int | None = None, defaults: Mapping[str, Any] | None = None
+) -> ChainEntry | None:
+    """The chain's record of a stored call span, a translated call's request under the deployment's
+    request `defaults`; None for a span the chain cannot continue (failed, no token ids, or an API
+    whose request is not a chat request nor translates to one)."""
     attrs = span.attributes
     if span.status.status_code == "ERROR":
         return None
-    request = _chat_request(attrs.get(call_span.API), attrs.get(call_span.REQUEST))
+    request = _chat_request(attrs.get(call_span.API), attrs.get(call_span.REQUEST), defaults or {})
     response = attrs.get(call_span.RESPONSE)
     prompt_ids, stored = attrs.get(call_span.PROMPT_TOKEN_IDS), attrs.get(call_span.CHOICES)
     if not isinstance(request, dict) or not isinstance(response, dict) or not prompt_ids or not stored:
@@ -153,9 +157,12 @@ class ChainMemory:
     def entries(self) -> int:
         return sum(len(a.entries) for a in self._attempts.values())
 
-    async def link(self, rollout_id: str, attempt_id: str, body: Mapping[str, Any]) -> tuple[Link, RequestKeys]:
+    async def link(
+        self, rollout_id: str, attempt_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+    ) -> tuple[Link, RequestKeys]:
         """How a call of the attempt with request `body` is made, and the request's digests:
-        from memory, else after reading the attempt's calls from the store."""
+        from memory, else after reading the attempt's calls from the store (`defaults`: the
+        deployment's request defaults, which `body` holds and a translated span's request lacks)."""
         key = (rollout_id, attempt_id)
         calls = self._attempts.get(key)
         entries = list(calls.entries.values()) if calls is not None else []
@@ -168,7 +175,7 @@ class ChainMemory:
         if link is not None and _final(link, body):
             self._touch(key, link)
             return link, keys
-        if self.store is not None and rollout_id and await self._read_store(key):
+        if self.store is not None and rollout_id and await self._read_store(key, defaults or {}):
             link = decide(list(self._attempts[key].entries.values()), keys)
             self._touch(key, link)
         return (link if link is not None else decide((), keys)), keys
@@ -210,7 +217,7 @@ class ChainMemory:
         if link.parent is not None and link.parent.span_id in calls.entries:
             calls.entries.move_to_end(link.parent.span_id)
 
-    async def _read_store(self, key: tuple[str, str]) -> bool:
+    async def _read_store(self, key: tuple[str, str], defaults: Mapping[str, Any]) -> bool:
         """Add the attempt's stored calls this proxy does not hold; True when some were added."""
         assert self.store is not None
         rollout_id, attempt_id = key
@@ -230,7 +237,7 @@ class ChainMemory:
         for span in spans[-self.per_attempt :]:
             if span.span_id in known:
                 continue
-            entry = entry_of_span(span, roots[span.span_id])
+            entry = entry_of_span(span, roots[span.span_id], defaults)
             if entry is not None:
                 self.remember(rollout_id, attempt_id, entry)
                 added = True

@@ -148,7 +148,7 @@ class ChainStream:
         except (EngineRejected, RetryableBackendError, ProxyError) as exc:
             if not self.started:
                 raise
-            raise _failed(exc) from exc
+            raise stream_failure(exc) from exc
         finally:
             await response.aclose()
         return {
@@ -294,7 +294,9 @@ class ChainStream:
         await self.call.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _failed(exc: EngineRejected | RetryableBackendError | ProxyError) -> StreamFailed:
+def stream_failure(exc: EngineRejected | RetryableBackendError | ProxyError) -> StreamFailed:
+    """The failure that ends a stream already begun: its error event in the chat stream's shape (the
+    Responses and Messages translations turn it into theirs)."""
     if isinstance(exc, EngineRejected):
         return StreamFailed("backend_rejected", exc.message, exc.status, b"data: " + exc.data + b"\n\n")
     error = exc.error if isinstance(exc, RetryableBackendError) else exc

@@ -59,6 +59,9 @@ CONNECTION_KEYS = frozenset(
 CONNECTION_PREFIXES = ("aws_", "vertex_", "azure_", "watsonx_", "litellm_", "bedrock_", "sagemaker_", "gcp_", "google_")
 # Of the connection keys, these configure the proxy's routing, not LiteLLM's call.
 ROUTING_KEYS = frozenset({"model", "base_url", "timeout", "stream_timeout", "max_retries", "num_retries", "rpm", "tpm"})
+TOOL_CALL_ID_STYLES = ("random", "kimi_k2", "mistral")
+"""vLLM's tool-call ids: `chatcmpl-tool-` and 16 hex digits (most parsers), Kimi-K2's `functions.NAME:INDEX`,
+Mistral's 9 letters and digits."""
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
@@ -91,6 +94,13 @@ class Deployment:
     """`extra_headers`: sent as HTTP headers on every pass-through call."""
     token_chain: bool = True
     """`model_info.agl_token_chain: off` keeps this deployment's chat calls on the rendered path."""
+    keep_reasoning: bool = False
+    """`model_info.agl_reasoning: keep`: the token chain keeps every earlier answer's sampled reasoning in
+    the prompts it bridges, where the chat template would drop it (`template`, the default: prompts follow
+    the template, and a call whose template drops reasoning is rendered whole)."""
+    tool_call_ids: str = "random"
+    """`model_info.agl_tool_call_ids`: how the engine's tool parser makes tool-call ids, which the token chain's
+    answers carry as vLLM's chat endpoint would (one of TOOL_CALL_ID_STYLES)."""
 
     @property
     def key(self) -> str:
@@ -185,6 +195,13 @@ def parse_deployment(entry: Any, where: str = "model_list entry") -> Deployment:
     token_chain = info.get("agl_token_chain", "auto")
     if token_chain not in ("auto", "off"):
         raise ValueError(f"{where}.model_info.agl_token_chain must be 'auto' or 'off', got {token_chain!r:.50}")
+    reasoning = info.get("agl_reasoning", "template")
+    if reasoning not in ("template", "keep"):
+        raise ValueError(f"{where}.model_info.agl_reasoning must be 'template' or 'keep', got {reasoning!r:.50}")
+    tool_call_ids = info.get("agl_tool_call_ids", "random")
+    if tool_call_ids not in TOOL_CALL_ID_STYLES:
+        styles = ", ".join(TOOL_CALL_ID_STYLES)
+        raise ValueError(f"{where}.model_info.agl_tool_call_ids must be one of {styles}, got {tool_call_ids!r:.50}")
     return Deployment(
         model_name=model_name,
         provider=provider,
@@ -199,6 +216,8 @@ def parse_deployment(entry: Any, where: str = "model_list entry") -> Deployment:
         basic_auth=basic_auth,
         headers=_extra_headers(params.get("extra_headers"), where),
         token_chain=token_chain == "auto",
+        keep_reasoning=reasoning == "keep",
+        tool_call_ids=tool_call_ids,
     )
 
 

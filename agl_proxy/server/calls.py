@@ -39,7 +39,7 @@ from ..common.errors import (
 from ..controls.pausing import CallHandle
 from ..controls.sampling import ROW_TOKENS, SAMPLING_FIELDS
 from ..recording.call_record import CallRecord
-from ..translate.base import ClientApi, TranslatingSend
+from ..translate.base import ClientApi, TranslatingSend, check_depth
 from .answering import ClientAnswer
 from .state import ProxyState
 
@@ -157,6 +157,10 @@ class LLMCallEndpoint:
                 send.request = request
                 body = send.api.chat_request(request)
                 send.tools_left_out = send.api.tools_left_out(request)
+            else:
+                # As the translated APIs do: a body nested deeper than a span holds is refused before
+                # it is a call (the store could not keep its span, and orjson writes 254 levels at most).
+                check_depth(body)
         except BadRequestError as exc:
             await send_error(send, exc)
             return

@@ -6,7 +6,11 @@ whole: the messages diverge from every earlier call) or `rendered` (the attempt'
 cannot take token ids). The edges:
 
 - `bridged`: the call continues the parent's choice (its prompt starts with exactly that context).
-- `retry`: the call replaces its parent: it hangs where the parent hung, and the parent's branch is superseded.
+- `retry`: the same request as the parent's: it hangs where the parent hung. The repeats of one request form a
+  group, in call order: those before the first one the agent followed are retries it replaced (superseded); from
+  that one on they are samples beside it, each trained on its own path. With none followed, all but the last are
+  superseded. A call is followed when a later call continues it (a child in the graph) or names it as the call
+  it branched from. The proxy cannot tell at the repeat which it is; the whole attempt can.
 - `branched`: a new root (and a `PrefixBreak` record: why the prefix was not kept; none for `row_full`, whose
   prompt is the parent's context kept whole: the parent's row had no room left).
 - `rendered` as the first call: a root. Other `rendered` calls and calls without `agl.chain` (spans written before
@@ -16,8 +20,10 @@ cannot take token ids). The edges:
 
 The choices of a call with n > 1 are siblings: each its own node under the same parent. Every root-to-leaf path
 becomes one trajectory row (`aggregate.trajectory_rows`). A node on several paths (the calls before a fork) has its
-sampled tokens trained in one path only, the first that is not superseded; paths through a superseded branch are
-dropped or kept with their own sampled tokens untrained, by `agentlightning.trace_aggregator.superseded`.
+sampled tokens trained in one path only, the first that is not superseded; a superseded call is a leaf (a followed
+call never is), and its path is dropped or kept last with its own sampled tokens untrained, by
+`agentlightning.trace_aggregator.superseded` (last: a rollout's first row, which the rollout-level advantage reads,
+trains tokens).
 """
 
 from __future__ import annotations
@@ -36,9 +42,9 @@ CAUSE_FIRST_CALL = "first_call"
 CAUSE_ROW_FULL = "row_full"
 
 SUPERSEDED_DROP = "drop"
-"""Paths through a branch a retry replaced are left out of the rows."""
+"""The paths of calls a retry replaced are left out of the rows."""
 SUPERSEDED_MASK = "mask"
-"""Paths through a branch a retry replaced stay, with the superseded calls' sampled tokens at mask 0."""
+"""The paths of calls a retry replaced stay, after the others, with the replaced calls' sampled tokens at mask 0."""
 SUPERSEDED_MODES = (SUPERSEDED_DROP, SUPERSEDED_MASK)
 DEFAULT_SUPERSEDED = SUPERSEDED_DROP
 
@@ -125,6 +131,11 @@ class _Linker:
         self.parent: dict[int, _Node | None] = {}
         self.roots: list[_Node] = []
         self.breaks: list[PrefixBreak] = []
+        self.repeats: dict[str, list[str]] = {}
+        """Per group of repeats of one request (keyed by its first call's span id), their span ids in call order."""
+        self.group_of: dict[str, str] = {}
+        self.followed: set[str] = set()
+        """The span ids later calls name as the call they continue or branched from."""
 
     def link(self) -> list[_Node]:
         previous: _Node | None = None
@@ -138,8 +149,24 @@ class _Linker:
                 (parent.children if parent is not None else self.roots).append(node)
             if first.call.span_id:
                 self.by_span[first.call.span_id] = group
+            chain = first.call.chain
+            if chain is not None and chain.parent and chain.prompt != CHAIN_RETRY:
+                self.followed.add(chain.parent)
             previous = group[-1]
+        self._supersede()
         return self.roots
+
+    def _supersede(self) -> None:
+        """Mark the repeats the agent replaced: in each group, those before the first followed one
+        (all but the last when none was followed)."""
+        for spans in self.repeats.values():
+            followed = [i for i, span_id in enumerate(spans) if self._was_followed(span_id)]
+            for span_id in spans[: followed[0] if followed else -1]:
+                for node in self.by_span[span_id]:
+                    node.superseded = True
+
+    def _was_followed(self, span_id: str) -> bool:
+        return span_id in self.followed or any(node.children for node in self.by_span[span_id])
 
     def _parent_of(self, node: _Node, previous: _Node | None) -> tuple[_Node | None, bool]:
         """(parent node or None for a root, whether a root here is a broken prefix worth a record)."""
@@ -150,9 +177,11 @@ class _Linker:
                 return parent, False
         elif chain is not None and chain.prompt == CHAIN_RETRY:
             replaced = self.by_span.get(chain.parent or "")
-            if replaced and _same_prompt(node.call, replaced[0].call):
-                for sibling in replaced:
-                    sibling.superseded = True
+            if replaced and node.call.span_id and _same_prompt(node.call, replaced[0].call):
+                twin = replaced[0].call.span_id
+                first = self.group_of.setdefault(twin, twin)
+                self.group_of[node.call.span_id] = first
+                self.repeats.setdefault(first, [first]).append(node.call.span_id)
                 return self.parent[replaced[0].index], False
         elif chain is not None and chain.prompt == CHAIN_BRANCHED:
             return None, chain.cause != CAUSE_ROW_FULL
@@ -220,6 +249,9 @@ def call_graph(
     paths = _paths(linker.link())
     if superseded == SUPERSEDED_DROP:
         paths = [(nodes, False) for nodes, through_superseded in paths if not through_superseded]
+    else:
+        # Kept last: each rollout's first row then trains tokens (the rollout-level advantage reads it).
+        paths.sort(key=lambda path: path[1])
     owner: dict[int, int] = {}  # call index → the path that trains it
     for number, (nodes, through_superseded) in enumerate(paths):
         for node in nodes:

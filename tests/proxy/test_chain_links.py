@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agl_proxy.chain.backend import bridge_requests, echoed_answer_end, new_messages_start, turn_glue
+from agl_proxy.chain.bridging import bridge_requests, echoed_answer_end, new_messages_start, turn_glue
 from agl_proxy.chain.digests import Answer, message_keys, request_keys
 from agl_proxy.chain.engine import common_suffix
 from agl_proxy.chain.heads import ChainHeads, head_key
@@ -224,3 +224,41 @@ def test_head_renderings_are_kept_per_head_request_and_bounded() -> None:
     assert heads.get(key) is None and heads.size == 7
     with pytest.raises(ValueError, match="max_entries"):
         ChainHeads(max_entries=0)
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"reasoning_effort": "high"},  # vLLM sets the template's enable_thinking from it
+        {"tool_choice": "none"},
+        {"response_format": {"type": "json_object"}},
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"mm_processor_kwargs": {"max_pixels": 1024}},
+    ],
+)
+async def test_a_re_ask_with_another_field_the_renderer_sees_is_no_retry(changed: dict[str, Any]) -> None:
+    memory = ChainMemory(None)
+    memory.remember("r", "a", _entry("s1", [SYSTEM, QUESTION], ANSWER))
+    again, _ = await memory.link("r", "a", {"messages": [SYSTEM, QUESTION], "tools": TOOLS, **changed})
+    follow_up, _ = await memory.link(
+        "r", "a", {"messages": [SYSTEM, QUESTION, ANSWER, RESULT], "tools": TOOLS, **changed}
+    )
+    assert (again.kind, again.cause) == ("branched", "template_changed")
+    assert (follow_up.kind, follow_up.cause) == ("branched", "template_changed")
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+@pytest.mark.parametrize("where", ["history", "new"])
+async def test_a_conversation_with_media_is_never_bridged(where: str) -> None:
+    # The bridged prompt would keep the image's placeholder ids with no features for generate.
+    seen = {"role": "user", "content": [{"type": "text", "text": "Weather here?"}, IMAGE]}
+    history = [SYSTEM, seen] if where == "history" else [SYSTEM, QUESTION]
+    new = {"role": "user", "content": [IMAGE]} if where == "new" else RESULT
+    memory = ChainMemory(None)
+    memory.remember("r", "a", _entry("s1", history, ANSWER))
+    link, _ = await memory.link("r", "a", {"messages": [*history, ANSWER, new], "tools": TOOLS})
+    assert (link.kind, link.cause, link.parent.span_id) == ("branched", "multimodal", "s1")
+    repeat, _ = await memory.link("r", "a", {"messages": history, "tools": TOOLS})
+    assert repeat.kind == "retry"  # the same render, features and all

@@ -6,6 +6,10 @@ import pytest
 import torch
 
 from agl_train.algo.advantage import broadcast_to_rows, index_rollouts, rollout_scalars
+from agl_train.core.aggregate import Limits, aggregate
+from agl_train.core.traces import trace_from_spans
+
+from .builders import llm_call_span, reward
 
 
 def test_each_rollout_is_represented_by_its_first_row() -> None:
@@ -42,3 +46,17 @@ def test_broadcast_puts_each_rollout_scalar_on_the_generated_tokens_of_all_its_r
     advantages = broadcast_to_rows(torch.tensor([2.0, -3.0]), index, mask)
 
     assert advantages.tolist() == [[2.0, 0.0, 2.0], [-3.0, -3.0, 0.0], [2.0, 2.0, 2.0]]
+
+
+def test_a_rollout_whose_first_call_was_retried_has_a_representative_that_trains_tokens() -> None:
+    # The agent threw its first answer away and asked again; `superseded: mask` keeps that answer's row.
+    first = llm_call_span([1, 2], [10], sequence_id=1, span_id="A", chain={"prompt": "rendered", "cause": "first_call"})
+    again = llm_call_span([1, 2], [11], sequence_id=2, span_id="A2", chain={"prompt": "retry", "parent": "A"})
+    trace = trace_from_spans("ro-1", [first, again, reward(1.0)])
+    rows = aggregate([trace], "trajectory", Limits(8, 8), superseded="mask").rows
+    masks = torch.tensor([list(row.response_mask) for row in rows])
+
+    index = index_rollouts([row.rollout_id for row in rows], ["g"] * len(rows), [row.reward for row in rows])
+    representatives = masks[index.representatives]
+    assert rollout_scalars(0.5 * representatives, representatives).tolist() == [0.5]
+    assert masks.tolist() == [[1], [0]]

@@ -88,15 +88,55 @@ def test_a_retry_supersedes_the_branch_it_replaces(superseded: str) -> None:
     )
     rows, breaks = rows_of(A, B, b2, c, superseded=superseded)
 
-    kept = rows[-1]
+    kept = rows[0]
     assert (kept.response_ids, kept.response_mask) == ([10, 11, 20, 21, 16, 22, 13], [1, 1, 0, 0, 1, 0, 1])
     if superseded == "drop":
         assert len(rows) == 1
     else:
-        masked, _ = rows
+        _, masked = rows  # last: a rollout's first row trains tokens
         assert (masked.response_ids, masked.response_mask) == ([10, 11, 20, 21, 12], [0, 0, 0, 0, 0])
     assert sorted(trained_tokens(rows)) == [10, 11, 13, 16]  # B's answer is trained in neither mode
     assert breaks == []
+
+
+def _repeat_of(span_id: str, twin: str, response: int, sequence_id: int):
+    return llm_call_span(B_PROMPT, [response], sequence_id=sequence_id, span_id=span_id,
+                         chain={"prompt": "retry", "parent": twin})  # fmt: skip
+
+
+def _continuing(twin: str, response: int, sequence_id: int):
+    return llm_call_span(B_PROMPT + [response, 22], [13], sequence_id=sequence_id, span_id=f"C-{twin}",
+                         chain={"prompt": "bridged", "parent": twin, "choice": 0})  # fmt: skip
+
+
+@pytest.mark.parametrize("superseded", ["drop", "mask"])
+def test_a_repeat_of_a_call_the_agent_went_on_from_is_a_sample_beside_it(superseded: str) -> None:
+    # Best of two: the agent sampled B's request twice (B2 repeats it) and went on from B's answer.
+    rows, breaks = rows_of(A, B, _repeat_of("B2", "B", 16, 3), _continuing("B", 12, 4), superseded=superseded)
+
+    followed, sample = rows
+    assert (followed.response_ids, followed.response_mask) == ([10, 11, 20, 21, 12, 22, 13], [1, 1, 0, 0, 1, 0, 1])
+    assert (sample.response_ids, sample.response_mask) == ([10, 11, 20, 21, 16], [0, 0, 0, 0, 1])
+    assert sorted(trained_tokens(rows)) == [10, 11, 12, 13, 16]
+    assert breaks == []
+
+
+def test_repeats_before_the_followed_one_are_retries_and_those_after_it_samples() -> None:
+    # B and B2 were thrown away (retries), the agent went on from B3, and sampled B4 beside it.
+    spans = (A, B, _repeat_of("B2", "B", 16, 3), _repeat_of("B3", "B2", 17, 4), _repeat_of("B4", "B", 18, 5))
+    rows, _ = rows_of(*spans, _continuing("B3", 17, 6))
+
+    assert [row.response_ids[4:] for row in rows] == [[17, 22, 13], [18]]
+    assert sorted(trained_tokens(rows)) == [10, 11, 13, 17, 18]
+
+
+def test_a_repeat_of_a_call_a_later_call_branched_from_is_a_sample_too() -> None:
+    # The agent went on from B, but its follow-up C was rendered whole (B's row was full).
+    c = llm_call_span(B_PROMPT + [12, 22], [13], sequence_id=4, span_id="C",
+                      chain={"prompt": "branched", "parent": "B", "cause": "row_full"})  # fmt: skip
+    rows, _ = rows_of(A, B, _repeat_of("B2", "B", 16, 3), c)
+
+    assert sorted(trained_tokens(rows)) == [10, 11, 12, 13, 16]
 
 
 def test_a_branched_call_is_a_new_root_with_a_prefix_break_record() -> None:
@@ -217,3 +257,30 @@ def test_every_sampled_token_of_any_call_tree_is_trained_exactly_once(parents: l
     assert sorted(trained_tokens(rows)) == sorted(t for i in range(len(parents)) for t in (10 * i + 1, 10 * i + 2))
     leaves = [contexts[i] for i in range(len(parents)) if i not in children]
     assert sorted(list(row.prompt_ids) + list(row.response_ids) for row in rows) == sorted(leaves)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(min_value=0, max_value=30)), min_size=1, max_size=12))
+def test_with_repeats_every_followed_call_is_trained_once_and_a_rollout_s_first_row_trains(
+    calls: list[tuple[bool, int]],
+) -> None:
+    # Call i repeats call parents[i] (same prompt) or continues it (bridged), taken modulo i.
+    spans, prompts, followed = [], [], set()
+    for i, (repeat, choice) in enumerate(calls):
+        response = [10 * i + 1]
+        if i == 0:
+            prompt, chain = [1000], FIRST
+        elif repeat:
+            prompt, chain = prompts[choice % i], {"prompt": "retry", "parent": f"s{choice % i}"}
+        else:
+            followed.add(choice % i)
+            prompt = prompts[choice % i] + [10 * (choice % i) + 1, 5000 + i]
+            chain = {"prompt": "bridged", "parent": f"s{choice % i}", "choice": 0}
+        spans.append(llm_call_span(prompt, response, sequence_id=i + 1, span_id=f"s{i}", chain=chain))
+        prompts.append(prompt)
+
+    trained = trained_tokens(rows_of(*spans)[0])
+    assert len(trained) == len(set(trained))
+    assert {10 * i + 1 for i in followed} <= set(trained)
+    masked, _ = rows_of(*spans, superseded="mask")
+    assert any(masked[0].response_mask)
