@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: the tiny vLLM server (one per session, started lazily) and its tokenizer.
+"""Fixtures shared by the whole suite: the tiny vLLM servers (one of each per session, started on a thread as soon
+as collection shows a test will ask for it) and their tokenizers.
 
 A test that talks to vLLM asks for ``vllm_server`` and is marked ``@pytest.mark.vllm``::
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import pytest
 from examples.tiny_vllm.end_turn import TOKEN_ENV
 from examples.tiny_vllm.tiny_model import DEFAULT_DIR
 from examples.tiny_vllm.vllm_server import VLLMServer, build_tiny_model, external_vllm_server, running_vllm_server
+from tests.support.early_servers import early_servers, tmp_path_factory_of
 
 # Set to the base URL of a tiny vLLM you started yourself (python -m examples.tiny_vllm.vllm_server) to skip the
 # minute of start-up on every run while iterating.
@@ -30,6 +34,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # LiteLLM fetches its model cost map from the internet at import time unless told not to.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The session vLLMs start as soon as collection ends, those the first tests need first; one named in
+    # EXTERNAL_VLLM_ENV / EXTERNAL_REAL_VLLM_ENV is not started.
+    servers = early_servers(config)
+    if not os.environ.get(EXTERNAL_REAL_VLLM_ENV):
+        servers.register("real_vllm_server", partial(_serve_real_vllm, config))
+    if not os.environ.get(EXTERNAL_VLLM_ENV):
+        servers.register("vllm_server", partial(_serve_tiny_vllm, config))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -46,9 +57,7 @@ def tiny_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(
-    request: pytest.FixtureRequest, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VLLMServer]:
+def vllm_server(request: pytest.FixtureRequest) -> Iterator[VLLMServer]:
     """One vLLM OpenAI server on the tiny model for the whole session, stopped at the end.
 
     Started with --enable-scale-out, so the proxy serves its chat calls token in, token out (the token chain).
@@ -56,20 +65,16 @@ def vllm_server(
     external = os.environ.get(EXTERNAL_VLLM_ENV)
     if external:
         _announce(request.config, f"[vllm] using the tiny vLLM at {external} ({EXTERNAL_VLLM_ENV})")
-        yield external_vllm_server(external, tiny_model_path)
+        yield external_vllm_server(external, build_tiny_model(DEFAULT_DIR))
         return
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with running_vllm_server(tiny_model_path, log_path=log_path, extra_args=("--enable-scale-out",)) as server:
-        _announce(request.config, f"[vllm] tiny vLLM serving {server.model} at {server.base_url} (log: {log_path})")
-        yield server
+    server: VLLMServer = early_servers(request.config).get("vllm_server")
+    _announce(request.config, f"[vllm] tiny vLLM serving {server.model} at {server.base_url} (log: {server.log_path})")
+    yield server
 
 
-@pytest.fixture(scope="session")
-def tokenizer(tiny_model_path: Path) -> Any:
-    """The tiny model's tokenizer (a transformers fast tokenizer with the Qwen2.5-style chat template)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_path)
+def _serve_tiny_vllm(config: pytest.Config) -> AbstractContextManager[VLLMServer]:
+    log_path = tmp_path_factory_of(config).mktemp("vllm") / "vllm.log"
+    return running_vllm_server(build_tiny_model(DEFAULT_DIR), log_path=log_path, extra_args=("--enable-scale-out",))
 
 
 def _announce(config: pytest.Config, line: str) -> None:
@@ -104,12 +109,7 @@ def real_vocab_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def real_vllm_server(
-    request: pytest.FixtureRequest,
-    real_vocab_model_path: Path,
-    real_tokenizer: Any,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[VLLMServer]:
+def real_vllm_server(request: pytest.FixtureRequest, real_vocab_model_path: Path) -> Iterator[VLLMServer]:
     """One vLLM on the real-vocabulary model for the whole session (hermes tool calls, token-in endpoints, turns
     that end on request)."""
     from examples.tiny_vllm.real_vocab import QWEN2_5
@@ -120,16 +120,43 @@ def real_vllm_server(
         _announce(request.config, f"[vllm] using the real-vocabulary vLLM at {external} ({EXTERNAL_REAL_VLLM_ENV})")
         yield external_vllm_server(external, real_vocab_model_path, served)
         return
-    log_path = tmp_path_factory.mktemp("real-vllm") / "vllm.log"
-    env = {
-        TOKEN_ENV: str(real_tokenizer.convert_tokens_to_ids("<|im_end|>")),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    server: VLLMServer = early_servers(request.config).get("real_vllm_server")
+    _announce(request.config, f"[vllm] real-vocabulary vLLM: {served} at {server.base_url} (log: {server.log_path})")
+    yield server
+
+
+@contextmanager
+def _serve_real_vllm(config: pytest.Config) -> Iterator[VLLMServer]:
+    from transformers import AutoTokenizer
+
+    from examples.tiny_vllm.real_vocab import QWEN2_5
+    from examples.tiny_vllm.vllm_server import build_real_vocab_model
+
+    model_path = build_real_vocab_model()
+    end_of_turn = AutoTokenizer.from_pretrained(model_path).convert_tokens_to_ids("<|im_end|>")
+    env = {TOKEN_ENV: str(end_of_turn), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    log_path = tmp_path_factory_of(config).mktemp("real-vllm") / "vllm.log"
     with running_vllm_server(
-        real_vocab_model_path, log_path=log_path, served_model_name=served, extra_args=REAL_VLLM_ARGS, extra_env=env
+        model_path,
+        log_path=log_path,
+        served_model_name=QWEN2_5.served_model_name,
+        extra_args=REAL_VLLM_ARGS,
+        extra_env=env,
     ) as server:
-        _announce(request.config, f"[vllm] real-vocabulary vLLM: {served} at {server.base_url} (log: {log_path})")
         yield server
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the session's servers that collected tests will ask for (tests/support/early_servers.py), unless
+    only collecting."""
+    if not session.config.option.collectonly:
+        early_servers(session.config).start(
+            {name for item in session.items for name in getattr(item, "fixturenames", ())}
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    early_servers(session.config).stop_all()
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,12 @@ async def _value(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def test_an_agent_with_default_settings_waits_out_a_30_s_pause(proxy: LLMProxy, backend, http) -> None:
+# The weight update: four times what the OpenAI SDK's default retries would wait in all (2 retries, 0.5 s and 1 s
+# apart with jitter), so an agent that got an error instead of being held would have given up.
+PAUSE_S = 12.0
+
+
+async def test_an_agent_with_default_settings_waits_out_a_pause(proxy: LLMProxy, backend, http) -> None:
     fake, _ = backend
     fake.mode = "hang"
     in_flight = asyncio.create_task(http.post(proxy.base_url + "/chat/completions", json=chat_body()))
@@ -59,7 +64,7 @@ async def test_an_agent_with_default_settings_waits_out_a_30_s_pause(proxy: LLMP
     assert (await in_flight).status_code == 200
     assert (await drain).json()["drained"] is True
     fake.mode = "ok"
-    await asyncio.sleep(30)  # the weight update
+    await asyncio.sleep(PAUSE_S)
     assert not call.done()
     await http.post(proxy.url + "/proxy/resume")
     reply = await call
@@ -69,7 +74,9 @@ async def test_an_agent_with_default_settings_waits_out_a_30_s_pause(proxy: LLMP
 
     metrics = (await http.get(proxy.url + "/metrics")).text
     assert metric(metrics, "agl_proxy_held_calls") == 0 and metric(metrics, "agl_proxy_hold_refusals_total") == 0
-    assert metric(metrics, "agl_proxy_hold_seconds_count") == 1 and metric(metrics, "agl_proxy_hold_seconds_sum") > 30
+    assert (
+        metric(metrics, "agl_proxy_hold_seconds_count") == 1 and metric(metrics, "agl_proxy_hold_seconds_sum") > PAUSE_S
+    )
     assert (await http.get(proxy.url + "/proxy/state")).json()["held"] == 0
 
 

@@ -12,7 +12,7 @@ and by the example's own 16-step run (examples/word_lookup/README.md)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +22,12 @@ import torch
 
 from examples.lowercase_words.train import Run
 from examples.word_lookup.agent import TURNS
-from examples.word_lookup.train import TURN_COUNTER, fresh_run, tasks, train
+from examples.word_lookup.train import TURN_COUNTER, tasks, train
 from tests.train import recording_hooks
 from tests.train.fit_helpers import llm_calls_by_version, traces_by_step
 from tests.train.recording_hooks import StepBatch
+
+from .conftest import Served
 
 pytestmark = [
     pytest.mark.slow,
@@ -59,20 +61,6 @@ class Recorded:
         return self.run.history[step - 1]
 
 
-@dataclass(frozen=True)
-class Served:
-    """The example's vLLM: a copy of the real-vocabulary model, dev mode, token-in endpoints."""
-
-    model_path: Path
-    address: str
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with fresh_run(tmp_path_factory.mktemp("real-dev-vllm")) as (model_path, address):
-        yield Served(model_path, address)
-
-
 def run_recorded(served: Served, out: Path, steps: int, level: str, extra: Sequence[str] = (), **kwargs) -> Recorded:
     recording_hooks.reset()
     extra = [HOOKS, *NO_VALIDATION, *extra]
@@ -83,18 +71,18 @@ def run_recorded(served: Served, out: Path, steps: int, level: str, extra: Seque
 
 
 @pytest.fixture(scope="module")
-def trajectory(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+def trajectory(real_dev_vllm: Served, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     """`STEPS` steps at lr 0.05 (the example's 0.03 is for 16 steps) on the example's last 4 prompts, in
     order: the last has the turn counter."""
     extra = ["actor_rollout_ref.actor.optim.lr=0.05", IN_ORDER]
     in_order = tasks(4 * STEPS, offset=4)
     return run_recorded(
-        served, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory", extra=extra, train_tasks=in_order
+        real_dev_vllm, tmp_path_factory.mktemp("trajectory"), STEPS, "trajectory", extra=extra, train_tasks=in_order
     )
 
 
 @pytest.fixture(scope="module")
-def capped_transition(served: Served, real_tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+def capped_transition(real_dev_vllm: Served, real_tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     """Transition rows (3 per rollout, 24 per step) capped at 2 mini-batches of 8 rows. Each step
     trains a group whose answers are forced equal (vLLM's `allowed_token_ids` with one token: the
     trainer imposes its sampling temperature on every call, so an agent cannot ask for greedy
@@ -102,7 +90,7 @@ def capped_transition(served: Served, real_tokenizer, tmp_path_factory: pytest.T
     (weather,) = real_tokenizer.encode(" weather", add_special_tokens=False)
     in_order = [tasks(1)[0] | {"allowed_token_ids": [weather]}, tasks(1, offset=1)[0]] * CAPPED_STEPS
     return run_recorded(
-        served,
+        real_dev_vllm,
         tmp_path_factory.mktemp("transition"),
         CAPPED_STEPS,
         "transition",

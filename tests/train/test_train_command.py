@@ -238,9 +238,10 @@ def test_agl_train_trains_the_caps_agent_for_a_step_on_the_cpu(real_vocab_model_
     run_file = Path(__file__).parent / "caps" / "train.yaml"
     config = yaml.safe_load(run_file.read_text()) | {"model": str(real_vocab_model_path), "agent": CAPS_AGENT}
     config["tasks"] = str(run_file.parent / config["tasks"])
+    config["config"] |= {"data.train_batch_size": 2}  # 2 tasks × rollout.n 4: one mini-batch
     result = train(config, out=tmp_path / "run", steps=1, check_rollout=True, print_lines=False)
     assert [int(m["step"]) for m in result.history] == [1]
-    assert result.history[0]["rollout/n_done"] == 16 and result.history[0]["training/n_update_rows"] > 0
+    assert result.history[0]["rollout/n_done"] == 8 and result.history[0]["training/n_update_rows"] > 0
     assert result.model is not None and (result.model / "config.json").is_file()
     assert (result.model / "model.safetensors").stat().st_size > 1_000_000
     assert result.curve is not None and result.curve.is_file()
