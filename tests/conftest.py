@@ -77,6 +77,14 @@ def _serve_tiny_vllm(config: pytest.Config) -> AbstractContextManager[VLLMServer
     return running_vllm_server(build_tiny_model(DEFAULT_DIR), log_path=log_path, extra_args=("--enable-scale-out",))
 
 
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_path: Path) -> Any:
+    """The tiny model's tokenizer (a transformers fast tokenizer with the Qwen2.5-style chat template)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
 def _announce(config: pytest.Config, line: str) -> None:
     """Print one line past pytest's output capture, so a slow start-up is explained."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
