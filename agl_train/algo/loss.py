@@ -88,7 +88,11 @@ def per_rollout_mean_loss(
     """loss = dp_size · Σ_{b,t} m[b, t] · w[b, t] · L[b, t], with L from `clipped_policy_losses`.
 
     `advantages` must already be normalised by `normalize_advantages_by_rollout`; `w` are the
-    optional rollout importance-sampling weights (1 when None). All tensors are `[B, R]`.
+    optional rollout importance-sampling weights (1 when None), detached, as verl's
+    `algorithm.rollout_correction` makes them from log r = log π_old − log π_rollout (the actor's
+    old log-probs against the sampling ones): per token w = min(exp(log r), C), per sequence
+    w = min(exp(Σ_t log r), C) (truncated IS, C = `rollout_is_threshold`), or w = exp(log r) inside
+    [lower, upper] and 0 outside (`"lower_upper"`). All tensors are `[B, R]`.
     Returns the scalar loss and verl's metrics `actor/pg_clipfrac`, `actor/ppo_kl`,
     `actor/pg_clipfrac_lower`.
     """

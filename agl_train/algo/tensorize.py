@@ -17,6 +17,11 @@ from ..core.aggregate import Limits, Row
 
 _NUMPY_TYPES = {"i": np.int32, "b": np.int8}
 
+SAMPLING_VERSIONS = "sampling_versions"
+"""The batch key of the weight version that sampled each response token (`Row.versions`)."""
+UNKNOWN_VERSION = -1
+"""`sampling_versions` where the version is not known: inserted tokens, padding, calls without one."""
+
 
 def _values(values: Sequence[int]) -> np.ndarray | Sequence[int]:
     """An `array('i')`/`array('b')` as a numpy view of its memory (no Python int per id);
@@ -31,7 +36,8 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> d
 
     Keys: `prompts`, `responses`, `input_ids`, `attention_mask`, `position_ids`,
     `response_mask`, `token_level_scores` (float32: reward at index len(response) - 1),
-    `is_drop_mask` (bool, `[B]`), and `rollout_log_probs` (float32) when every row has logprobs.
+    `is_drop_mask` (bool, `[B]`), `sampling_versions` (int64: `Row.versions` per token,
+    `UNKNOWN_VERSION` where not known), and `rollout_log_probs` (float32) when every row has logprobs.
     `position_ids[b, t] = max(cumsum(attention_mask[b])[t] - 1, 0)`.
     Over-long prompts keep their last P tokens (the ones nearest the response); such rows
     are marked `is_drop` and never trained on, this only gives them a shape.
@@ -51,6 +57,7 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> d
     counting = np.arange(p_len + r_len, dtype=np.int64)
     response_mask = np.zeros((n, r_len), dtype=np.int64)
     scores = np.zeros((n, r_len), dtype=np.float32)
+    versions = np.full((n, r_len), UNKNOWN_VERSION, dtype=np.int64)
     with_logprobs = all(row.logprobs is not None for row in rows)
     logprobs = np.zeros((n, r_len), dtype=np.float32) if with_logprobs else None
     for b, row in enumerate(rows):
@@ -68,6 +75,11 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> d
         positions[b, end:] = end - start - 1
         response_mask[b, :n_response] = _values(row.response_mask)[:n_response]
         scores[b, n_response - 1] = row.reward
+        at = 0
+        for version, count in row.versions:
+            if version is not None:
+                versions[b, at : min(at + count, n_response)] = version
+            at += count
         if logprobs is not None and row.logprobs is not None:  # all rows have them, or none is used
             logprobs[b, :n_response] = row.logprobs[:n_response]
 
@@ -80,6 +92,7 @@ def rows_to_tensors(rows: Sequence[Row], limits: Limits, pad_token_id: int) -> d
         "response_mask": torch.from_numpy(response_mask),
         "token_level_scores": torch.from_numpy(scores),
         "is_drop_mask": torch.tensor([row.is_drop for row in rows], dtype=torch.bool),
+        SAMPLING_VERSIONS: torch.from_numpy(versions),
     }
     if logprobs is not None:
         tensors["rollout_log_probs"] = torch.from_numpy(logprobs)

@@ -32,6 +32,7 @@ from typing import Any
 from .call_graph import CHAIN_BRANCHED, CHAIN_RENDERED, DEFAULT_SUPERSEDED, Path, call_graph, check_superseded
 from .prefix_break import Detokenizer, PrefixBreak
 from .traces import LLMCall, RolloutTrace
+from .versions import Segments, joined, truncated
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class Row:
     tokens and 0 on tokens inserted between calls; `logprobs` lines up with `response_ids`
     (0.0 on inserted tokens) or is None when any merged call lacked logprobs. `is_drop` marks
     a row whose prompt is over the limit; `truncated` a row whose response was cut.
+    `versions` says which weights sampled each response token (`versions.Segments`: a call's
+    tokens carry its `model_version`, inserted tokens None).
 
     Token ids and mask are lists, or, when the row's first call came as `array('i')` (the
     trainer's store client), `array('i')` ids and an `array('b')` mask: same values, and
@@ -80,6 +83,7 @@ class Row:
     n_calls: int = 1
     is_drop: bool = False
     truncated: bool = False
+    versions: Segments = ()
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ def apply_limits(row: Row, limits: Limits) -> Row:
         response_ids=row.response_ids[:n],
         response_mask=row.response_mask[:n],
         logprobs=row.logprobs[:n] if row.logprobs is not None else None,
+        versions=truncated(row.versions, n),
     )
 
 
@@ -160,6 +165,7 @@ class _Segment:
         self.response_ids = _copy_ids(call.response_ids, self.as_array)
         self.response_mask = _mask(int(trained), len(call.response_ids), self.as_array)
         self.logprobs: list[float] | None = list(call.logprobs) if call.logprobs is not None else None
+        self.versions = joined([(call.model_version, len(call.response_ids))])
         self.n_calls = 1
         self.last_call = call
 
@@ -189,6 +195,7 @@ class _Segment:
             self.logprobs += call.logprobs
         else:
             self.logprobs = None
+        self.versions = joined([*self.versions, (None, len(inserted)), (call.model_version, len(added))])
         self.n_calls += 1
         self.last_call = call
 
@@ -203,6 +210,7 @@ class _Segment:
             logprobs=self.logprobs,
             reward=trace.reward,
             n_calls=self.n_calls,
+            versions=self.versions,
         )
 
 

@@ -24,6 +24,8 @@ from agl_store.base import LightningStore
 from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE, Span
 from agl_store.packed_attributes import MIN_PACKED_LENGTH
 
+from .versions import version_of
+
 AGL_03_PRIMARY_REWARD = "agentlightning.reward.0.value"
 """Where agent-lightning 0.3's `emit_reward` puts the primary reward (flattened OTLP attribute)."""
 
@@ -33,6 +35,7 @@ TRAINER_ATTRIBUTES = (
     call_span.SAMPLING,
     call_span.TOKEN_IDS_STATUS,
     call_span.CHAIN,
+    call_span.MODEL_VERSION,
     REWARD_VALUE_ATTRIBUTE,
     AGL_03_PRIMARY_REWARD,
 )
@@ -103,6 +106,8 @@ class LLMCall:
     """What the proxy sent the backend (`agl.sampling`: temperature, top_p, top_k, max_tokens), if recorded."""
     chain: Chain | None = None
     """How the proxy made the prompt (`agl.chain`); None on spans written before the proxy recorded it."""
+    model_version: int | None = None
+    """The weight version that sampled the response (`agl.model_version`, `versions.version_of`), if known."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +247,7 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
             skipped[SKIP_NO_RESPONSE_IDS] += 1
             continue
         chain = chain_of(attributes.get(call_span.CHAIN))
+        model_version = version_of(attributes.get(call_span.MODEL_VERSION))
         for position, choice in enumerate(choices):
             choice = choice if isinstance(choice, dict) else {}
             response_ids = _int_list(choice.get("token_ids"))
@@ -261,6 +267,7 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
                     extends=prompts.extends(span),
                     sampling=sampling if isinstance(sampling := attributes.get(call_span.SAMPLING), dict) else None,
                     chain=chain,
+                    model_version=model_version,
                 )
             )
     return calls, dict(skipped)

@@ -202,12 +202,15 @@ async def publish_replicas(
 
     The replicas are registered under the name vLLM serves and under the wildcard `*`, so an
     agent that sends its own model name (Codex's `gpt-5.1-codex`, Claude Code's `claude-*` and
-    its small background model) reaches the model being trained without being told its name."""
+    its small background model) reaches the model being trained without being told its name,
+    and with the request default `logprobs` (`vllm_model_list`), so every call records its
+    sampled tokens' log-probs, which the update's off-policy correction reads, whether or not
+    the proxy was started with `--logprobs`."""
     if not server_addresses:
         raise ValueError("the rollout engine has no replica to register")
     served = await served_model_name(server_addresses[0])
-    aliased = vllm_model_list(server_addresses, ANY_MODEL, served_model=served, version=version)
-    await proxy.update_model_list(vllm_model_list(server_addresses, served, version=version) + aliased)
+    aliased = vllm_model_list(server_addresses, ANY_MODEL, served_model=served, version=version, logprobs=True)
+    await proxy.update_model_list(vllm_model_list(server_addresses, served, version=version, logprobs=True) + aliased)
     resource = ProxyLLM(
         endpoint=proxy.openai_base_url,
         model=served,
@@ -243,11 +246,18 @@ async def pause_for_update(
 
 
 def vllm_model_list(
-    server_addresses: Sequence[str], model_name: str, *, served_model: str | None = None, version: str | None = None
+    server_addresses: Sequence[str],
+    model_name: str,
+    *,
+    served_model: str | None = None,
+    version: str | None = None,
+    logprobs: bool = False,
 ) -> list[dict[str, Any]]:
     """LiteLLM `model_list` entries for vLLM replicas (`host:port` or URLs), one per replica,
     all under `model_name`; `served_model` is the name vLLM serves (default `model_name`),
-    `version` the weight version recorded in every span they serve."""
+    `version` the weight version recorded in every span they serve. With `logprobs`, every
+    request asks for the sampled tokens' log-probs (a request default, `litellm_params.logprobs`:
+    a client that asks for them itself keeps its own value)."""
     entries = []
     for address in server_addresses:
         url = server_root(address) + "/v1"
@@ -255,6 +265,8 @@ def vllm_model_list(
             "model_name": model_name,
             "litellm_params": {"model": f"hosted_vllm/{served_model or model_name}", "api_base": url},
         }
+        if logprobs:
+            entry["litellm_params"]["logprobs"] = True
         if version is not None:
             entry["model_info"] = {"agl_model_version": str(version)}
         entries.append(entry)

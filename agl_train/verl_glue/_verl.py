@@ -27,6 +27,7 @@ with warnings.catch_warnings():
         compute_timing_metrics,
     )
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, Role, compute_advantage
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
     from verl.trainer.ppo.utils import create_rl_sampler, need_critic, need_reference_policy, need_reward_model
     from verl.utils.config import omega_conf_to_dataclass, validate_config
     from verl.utils.debug import marked_timer
@@ -62,6 +63,7 @@ __all__ = [
     "calculate_debug_metrics",
     "compute_advantage",
     "compute_data_metrics",
+    "compute_rollout_correction_and_add_to_batch",
     "compute_throughout_metrics",
     "compute_timing_metrics",
     "core_algos",

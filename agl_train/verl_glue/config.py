@@ -24,6 +24,7 @@ from .verl_config import check_verl_config
 
 CONFIG_MODULE = "agl_train"
 CONFIG_NAME = "config"
+MAX_TOKEN_STALENESS_KEY = "agentlightning.max_token_staleness"
 
 
 def compose_config(overrides: Sequence[str] = ()) -> Any:
@@ -50,10 +51,16 @@ class TrainSettings:
     async_rollout: bool = False
     async_train_batch_size: int | None = None
     superseded: str = DEFAULT_SUPERSEDED
+    max_token_staleness: int | None = None
 
     def __post_init__(self) -> None:
         get_aggregator(self.level)
         check_superseded(self.superseded)
+        if self.max_token_staleness is not None and self.max_token_staleness < 0:
+            raise ValueError(
+                f"{MAX_TOKEN_STALENESS_KEY} must be a number of weight versions >= 0 or null, "
+                f"got {self.max_token_staleness}"
+            )
         if self.max_ppo_update_times is not None and self.max_ppo_update_times <= 0:
             raise ValueError(
                 f"agentlightning.max_ppo_update_times must be positive or null, got {self.max_ppo_update_times}"
@@ -72,6 +79,9 @@ def settings_from_config(config: Any) -> TrainSettings:
     asynchronous = agl.get("async_rollout") or {}
     cap = agl.get("max_ppo_update_times")
     size = asynchronous.get("async_train_batch_size")
+    staleness = agl.get("max_token_staleness")
+    if isinstance(staleness, bool) or not isinstance(staleness, (int, type(None))):
+        raise ValueError(f"{MAX_TOKEN_STALENESS_KEY} must be an integer or null, got {staleness!r}")
     return TrainSettings(
         level=level,
         limits=limits_for_level(level, aggregator, config["data"]),
@@ -85,13 +95,14 @@ def settings_from_config(config: Any) -> TrainSettings:
         async_rollout=bool(asynchronous.get("enabled", False)),
         async_train_batch_size=None if size is None else int(size),
         superseded=str(aggregator.get("superseded", DEFAULT_SUPERSEDED)),
+        max_token_staleness=staleness,
     )
 
 
 def trainer_settings(config: Any) -> tuple[TrainSettings, RunnerSettings]:
     """Every agl setting of a trainer config, checked: the data path's, the runners', and no verl
     key that agl's loop would not honour (`verl_config.check_verl_config`: critics, GAE, rollout
-    correction, a KL penalty in the reward, ...), and, inside a Ray actor of a multi-node cluster (the
+    correction's bypass mode, a KL penalty in the reward, ...), and, inside a Ray actor of a multi-node cluster (the
     trainer's), no gateway URL that only one node reaches (`runner_settings.check_reachable_from_every_node`).
     ValueError names the key to change."""
     settings = settings_from_config(config)

@@ -40,6 +40,8 @@ import torch
 from agl_store.base import LightningStore
 from agl_store.span_wire import collector_paused
 
+from ..algo.staleness import mask_stale_tokens, staleness_metrics
+from ..algo.tensorize import SAMPLING_VERSIONS
 from ..core.aggregate import Aggregation, aggregate
 from ..core.prefix_break import Detokenizer
 from ..core.traces import RolloutTrace, read_rollout
@@ -126,6 +128,7 @@ async def rollout_step(
     tokenizer: Detokenizer | None = None,
     sampling: Mapping[str, Any] | None = None,
     span_export_wait_s: float = SPAN_EXPORT_WAIT_S,
+    trained_version: int | None = None,
     **compute_advantage_kwargs: Any,
 ) -> StepData:
     """One step's data path, from new prompts to the batch that goes to the actor update.
@@ -140,6 +143,9 @@ async def rollout_step(
     what every trained call must have run with (see `off_sampling`); the rows of rollouts
     with a call that did not are dropped from the update after the advantage
     (`rollout/n_calls_off_sampling`, `training/n_rows_off_sampling`, one warning).
+    `trained_version`, when given, is the weight version the update trains (the one the step's
+    rollouts were published under): the update's staleness is measured against it and, with
+    `settings.max_token_staleness`, its stale tokens masked (`off_policy`).
     `compute_advantage_kwargs` go to verl's `compute_advantage` (e.g. `norm_adv_by_std_in_grpo`).
     """
     started = time.monotonic()
@@ -159,6 +165,8 @@ async def rollout_step(
             data, settings, rng=rng, adv_estimator=adv_estimator, **compute_advantage_kwargs
         )
         metrics.update(cap_metrics)
+        data, off_policy_metrics = off_policy(data, trained_version, settings.max_token_staleness)
+        metrics.update(off_policy_metrics)
     metrics.update(_token_metrics(data))
     metrics["timing_s/agl_rollout_step"] = time.monotonic() - started
     return StepData(data=data if data is not None and len(data) > 0 else None, metrics=metrics, collected=collected)
@@ -319,6 +327,32 @@ def prepare_update(
     if settings.per_rollout_mean and len(data) > 0:
         data = normalize_batch_advantages(data)
         metrics.update(advantage_metrics(data, "training/advantages_normalized"))
+    return data, metrics
+
+
+def off_policy(
+    data: DataProto, trained_version: int | None, max_staleness: int | None
+) -> tuple[DataProto | None, dict[str, float]]:
+    """The update batch's staleness against `trained_version` (`staleness.staleness_metrics`) and,
+    with `max_staleness`, the batch with the older tokens masked (`staleness.mask_stale_tokens`):
+    they are not trained, and the other tokens keep their weights. None when no token is left.
+    The per-token versions leave the batch here: verl's update does not read them."""
+    versions = data.batch.pop(SAMPLING_VERSIONS)
+    if trained_version is None or len(data) == 0:
+        return data, {}
+    mask = data.batch["response_mask"]
+    metrics = staleness_metrics(versions, mask, trained_version)
+    if max_staleness is None:
+        return data, metrics
+    data.batch["response_mask"], masked = mask_stale_tokens(versions, mask, trained_version, max_staleness)
+    metrics.update(masked)
+    if not data.batch["response_mask"].any():
+        logger.warning(
+            "every trained token of this step is more than %d weight versions old "
+            "(agentlightning.max_token_staleness): no update",
+            max_staleness,
+        )
+        return None, metrics
     return data, metrics
 
 

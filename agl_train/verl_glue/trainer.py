@@ -45,6 +45,7 @@ from ._verl import (
     reduce_metrics,
 )
 from .config import trainer_settings
+from .correction import apply_rollout_correction, check_rollout_correction
 from .dataset import INPUT_KEY
 from .hooks import run_batch_hook, run_startup_hooks
 from .schedule import StepPlan, StepSchedule, schedule_for
@@ -97,6 +98,7 @@ class AglTrainer(RayPPOTrainer):
         # agl's settings are checked before verl builds anything, so a bad one fails fast.
         self.agl_settings, self.runner_settings = trainer_settings(config)
         check_worker_config(config)
+        check_rollout_correction(config.algorithm)
         self.external_rollout = rollout
         self.drain_timeout_s = drain_timeout_s(config)
         self.update_hold_s = update_hold_s(config)
@@ -253,6 +255,7 @@ class AglTrainer(RayPPOTrainer):
             norm_adv_by_std_in_grpo=self.config.algorithm.get("norm_adv_by_std_in_grpo", True),
             config=self.config.algorithm,
             sampling=self.sampling_by_mode()["train"],
+            trained_version=self._served_version,
         )
 
     def _inputs_to_submit(self, plan: StepPlan) -> list[Any]:
@@ -498,6 +501,9 @@ class AglTrainer(RayPPOTrainer):
                     if "rollout_log_probs" in batch.batch:
                         # vLLM's logprobs against the actor's: near 0 only when the rollouts ran on its weights.
                         metrics.update(calculate_debug_metrics(batch))
+                    # verl's algorithm.rollout_correction, as verl's loop applies it: after the old log-probs.
+                    batch, correction = apply_rollout_correction(batch, self.config.algorithm)
+                    metrics.update(correction)
                 if self.use_reference_policy:
                     with marked_timer("ref", timing_raw):
                         batch = batch.union(self._compute_ref_log_prob(batch))

@@ -113,19 +113,11 @@ REFUSED_KEYS: tuple[Refused, ...] = (
     ),
     Refused("trainer.critic_warmup", (0,), "critic warm-up steps need a critic, which agl does not build"),
     Refused(
-        "algorithm.rollout_correction.rollout_is",
-        (None,),
-        "rollout importance-sampling weights are not computed by agl's step",
-    ),
-    Refused(
-        "algorithm.rollout_correction.rollout_rs",
-        (None,),
-        "rollout rejection sampling is not applied by agl's step",
-    ),
-    Refused(
         "algorithm.rollout_correction.bypass_mode",
         (False,),
-        "agl always recomputes old log-probs with the actor",
+        "bypass mode replaces the old log-probs with the sampling ones and agl's per_rollout_mean loss "
+        "with verl's bypass_mode loss; agl recomputes the old log-probs and corrects against the "
+        "sampling ones with rollout_is / rollout_rs",
     ),
     Refused("algorithm.filter_groups.enable", (False,), "agl trains every completed group; it does not refill batches"),
     Refused("algorithm.use_pf_ppo", (False,), "agl does not reweight its rows"),

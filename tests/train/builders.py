@@ -21,10 +21,12 @@ def llm_call_span(
     error: bool = False,
     span_id: str | None = None,
     chain: Mapping[str, Any] | None = None,
+    model_version: str | None = None,
 ) -> Span:
     """An `agl.llm_call` span with one choice per `responses` entry (logprob −0.5 per token).
 
-    `chain` is its `agl.chain` (how the proxy made the prompt), absent when None."""
+    `chain` is its `agl.chain` (how the proxy made the prompt), `model_version` its
+    `agl.model_version` (the weights that served it); each absent when None."""
     choices = [
         {
             "index": i,
@@ -40,6 +42,8 @@ def llm_call_span(
         "agl.choices": choices,
         "agl.error": {"type": "server_error", "message": "boom", "status_code": 500} if error else None,
     }
+    if model_version is not None:
+        attributes["agl.model_version"] = model_version
     if chain is not None:
         attributes["agl.chain"] = {"parent": None, "choice": None, "cause": None, **chain}
     ids = {"span_id": span_id} if span_id is not None else {}

@@ -31,6 +31,7 @@ def test_config_yaml_sets_agls_keys_and_the_verl_defaults_that_run(config) -> No
         "k8s": {"job_template_path": None},
         "reward_fillna_value": 0.0,
         "max_ppo_update_times": None,
+        "max_token_staleness": None,
         "trace_aggregator": {
             "level": "trajectory",
             "trajectory_max_prompt_length": 2048,
@@ -118,9 +119,10 @@ def test_the_defaults_pass_agls_checks(config) -> None:
         ("algorithm.adv_estimator=remax", r"algorithm.adv_estimator=remax .*greedy baseline"),
         ("critic.enable=true", r"critic.enable=true .*set critic.enable=false"),
         ("trainer.critic_warmup=2", r"trainer.critic_warmup=2 .*set trainer.critic_warmup=0"),
-        ("algorithm.rollout_correction.rollout_is=token", r"rollout_is=token .*set .*rollout_is=null"),
-        ("algorithm.rollout_correction.rollout_rs=seq_mean_k1", r"rollout_correction.rollout_rs=seq_mean_k1"),
-        ("algorithm.rollout_correction.bypass_mode=true", r"bypass_mode=true .*set .*bypass_mode=false"),
+        (
+            "algorithm.rollout_correction.bypass_mode=true",
+            r"bypass_mode=true .*per_rollout_mean loss.*rollout_is / rollout_rs; set .*bypass_mode=false",
+        ),
         ("algorithm.filter_groups.enable=true", r"filter_groups.enable=true"),
         ("data.gen_batch_size=8", r"data.gen_batch_size=8 .*set data.gen_batch_size=null"),
         ("trainer.validation_data_dir=/tmp/val", r"trainer.validation_data_dir=/tmp/val"),

@@ -62,6 +62,7 @@ async def test_one_step_from_prompts_to_the_update_batch(running, tokenizer) -> 
         resources_id=stack.resources_id,
         proxy=control,
         tokenizer=tokenizer,
+        trained_version=1,
     )
 
     metrics = step.metrics
@@ -73,6 +74,8 @@ async def test_one_step_from_prompts_to_the_update_batch(running, tokenizer) -> 
     data = step.data
     assert data is not None and len(data) % 2 == 0  # whole mini-batches of ppo_mini_batch_size × n rows
     assert metrics["training/n_update_rows"] == len(data)
+    # The stack registered its replica without a weight version: no trained token's version is known.
+    assert metrics["training/off_policy/version_coverage"] == 0.0 and "sampling_versions" not in data.batch.keys()
     assert metrics["training/n_sample_dropped/same_reward"] + metrics["training/n_sample_dropped/random"] == 4 - len(
         data
     )

@@ -75,8 +75,16 @@ def test_the_constructor_refuses_a_critic_config_before_verl_builds_anything(tok
         build(tokenizer, ["algorithm.adv_estimator=gae"])
     with pytest.raises(ValueError, match=r"trainer.critic_warmup=1 .*set trainer.critic_warmup=0"):
         build(tokenizer, ["trainer.critic_warmup=1"])
-    with pytest.raises(ValueError, match=r"algorithm.rollout_correction.rollout_is=token"):
-        build(tokenizer, ["algorithm.rollout_correction.rollout_is=token"])
+    with pytest.raises(ValueError, match=r"algorithm.rollout_correction.bypass_mode=true"):
+        build(tokenizer, ["algorithm.rollout_correction.bypass_mode=true"])
+
+
+def test_the_constructor_takes_verls_rollout_correction_and_refuses_what_verl_would_refuse(tokenizer) -> None:
+    build(tokenizer, ["algorithm.rollout_correction.rollout_is=token", "agentlightning.max_token_staleness=2"])
+    with pytest.raises(ValueError, match=r"algorithm.rollout_correction is not one verl can apply: .*rollout_rs"):
+        build(tokenizer, ["algorithm.rollout_correction.rollout_rs=token_k3"])  # no threshold
+    with pytest.raises(ValueError, match=r"agentlightning.max_token_staleness must be .*>= 0"):
+        build(tokenizer, ["agentlightning.max_token_staleness=-1"])
 
 
 def test_the_attention_is_left_to_the_workers(tokenizer) -> None:
