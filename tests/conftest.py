@@ -34,13 +34,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # LiteLLM fetches its model cost map from the internet at import time unless told not to.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # The session vLLMs start as soon as collection ends, those the first tests need first; one named in
-    # EXTERNAL_VLLM_ENV / EXTERNAL_REAL_VLLM_ENV is not started.
+    # The session vLLMs start ahead (tests/support/early_servers.py), those the first tests need first; one named
+    # in EXTERNAL_VLLM_ENV / EXTERNAL_REAL_VLLM_ENV is not started.
     servers = early_servers(config)
     if not os.environ.get(EXTERNAL_REAL_VLLM_ENV):
         servers.register("real_vllm_server", partial(_serve_real_vllm, config))
     if not os.environ.get(EXTERNAL_VLLM_ENV):
-        servers.register("vllm_server", partial(_serve_tiny_vllm, config))
+        # After the real-vocabulary one: the first tests that need a vLLM need that one.
+        servers.register("vllm_server", partial(_serve_tiny_vllm, config), after=("real_vllm_server",))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -154,13 +155,30 @@ def _serve_real_vllm(config: pytest.Config) -> Iterator[VLLMServer]:
         yield server
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A run of the whole suite (no paths, -k or -m given) starts the session vLLMs while it collects."""
+    option = session.config.option
+    whole = session.config.args_source == pytest.Config.ArgsSource.TESTPATHS and not (option.keyword or option.markexpr)
+    if whole and not option.collectonly:
+        early_servers(session.config).start()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the session's servers that collected tests will ask for (tests/support/early_servers.py), unless
-    only collecting."""
-    if not session.config.option.collectonly:
-        early_servers(session.config).start(
-            {name for item in session.items for name in getattr(item, "fixturenames", ())}
-        )
+    only collecting; stop those started ahead that no test wants."""
+    if session.config.option.collectonly:
+        early_servers(session.config).stop_all()
+    else:
+        early_servers(session.config).collected(session.items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Once a test's teardown is done, stop the session servers no later test uses."""
+    try:
+        return (yield)
+    finally:
+        early_servers(item.config).finished(item.nodeid)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
