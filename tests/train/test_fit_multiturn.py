@@ -4,8 +4,8 @@ result appended between them. What agl adds to verl is checked on the batches th
 trained on (recorded by `RolloutHooks.on_batch`, tests/train/recording_hooks.py) against the calls
 in the store: follow-up prompts bridged from the model's own ids, trajectory rows, masks, prefix
 breaks, the rollout-level advantage, `per_rollout_mean` and the update cap. Two runs share one
-dev-mode vLLM with the token-in endpoints (the example's): one trajectory-level step (the example's
-last 4 prompts, the turn-counter one among them) and one capped transition-level step. That the
+dev-mode vLLM with the token-in endpoints (the example's), in groups of 2: one trajectory-level step
+(the example's last 4 prompts, the turn-counter one among them) and one capped transition-level step. That the
 model learns is shown by `tests/train/test_fit_cpu.py` (the lowercase task, 16 steps) in the suite
 and by the example's own 16-step run (examples/word_lookup/README.md)."""
 
@@ -37,12 +37,18 @@ pytestmark = [
 ]
 
 STEPS = 1
-ROLLOUT_N = 4  # the example's rollout.n
+ROLLOUT_N = 2  # the example's 4 halved: the rows, masks and advantages checked here need groups, not large ones
 ROLLOUTS_PER_STEP = 4 * ROLLOUT_N  # data.train_batch_size 4
 IN_ORDER = "data.shuffle=false"
 MINI_BATCH_ROWS = 2 * ROLLOUT_N  # ppo_mini_batch_size 2
+# verl takes whole micro-batches: with mini-batches of 4 rows, micro-batches of 4.
+SMALL_GROUPS = [
+    f"actor_rollout_ref.rollout.n={ROLLOUT_N}",
+    f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MINI_BATCH_ROWS}",
+    f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MINI_BATCH_ROWS}",
+]
 CAPPED_STEPS = 1
-CAPPED_TASKS_PER_STEP = 2  # a forced group and a sampled one
+CAPPED_TASKS_PER_STEP = 4  # two forced groups and two sampled ones
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 MAX_PPO_UPDATE_TIMES = 2
 HOOKS = "agentlightning.hooks=tests.train.recording_hooks"
@@ -63,7 +69,7 @@ class Recorded:
 
 def run_recorded(served: Served, out: Path, steps: int, level: str, extra: Sequence[str] = (), **kwargs) -> Recorded:
     recording_hooks.reset()
-    extra = [HOOKS, *NO_VALIDATION, *extra]
+    extra = [HOOKS, *NO_VALIDATION, *SMALL_GROUPS, *extra]
     run = train(served.model_path, served.address, out, steps, level=level, print_lines=False, extra=extra, **kwargs)
     recorded = Recorded(run, list(recording_hooks.CALLS), dict(recording_hooks.BATCHES), traces_by_step(run.db_path))
     recording_hooks.reset()
@@ -83,22 +89,20 @@ def trajectory(real_dev_vllm: Served, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="module")
 def capped_transition(real_dev_vllm: Served, real_tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    """Transition rows (3 per rollout, 24 per step) capped at 2 mini-batches of 8 rows. Each step
-    trains a group whose answers are forced equal (vLLM's `allowed_token_ids` with one token: the
-    trainer imposes its sampling temperature on every call, so an agent cannot ask for greedy
-    answers) and a sampled one, in that order."""
+    """Transition rows (3 per rollout, 24 per step) capped at 2 mini-batches of 4 rows. Each step
+    trains two groups whose answers are forced equal (vLLM's `allowed_token_ids` with one token:
+    the trainer imposes its sampling temperature on every call, so an agent cannot ask for greedy
+    answers) and two sampled ones, in that order."""
     (weather,) = real_tokenizer.encode(" weather", add_special_tokens=False)
-    in_order = [tasks(1)[0] | {"allowed_token_ids": [weather]}, tasks(1, offset=1)[0]] * CAPPED_STEPS
+    forced = [task | {"allowed_token_ids": [weather]} for task in tasks(2)]
+    sampled = tasks(2, offset=2)
+    in_order = [task for _ in range(CAPPED_STEPS) for pair in zip(forced, sampled, strict=True) for task in pair]
     return run_recorded(
         real_dev_vllm,
         tmp_path_factory.mktemp("transition"),
         CAPPED_STEPS,
         "transition",
-        extra=[
-            f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}",
-            IN_ORDER,
-            f"data.train_batch_size={CAPPED_TASKS_PER_STEP}",
-        ],
+        extra=[f"agentlightning.max_ppo_update_times={MAX_PPO_UPDATE_TIMES}", IN_ORDER],
         train_tasks=in_order,
     )
 
