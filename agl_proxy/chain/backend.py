@@ -333,15 +333,16 @@ class TokenChainBackend:
         as Qwen3's does at a new user turn); None when it renders that reasoning. `shown`: the
         echoed answer, reasoning and all, is rendered as the very ids it was sampled as."""
         assert link.parent is not None and link.choice is not None
+        echoed_reasoning = reasoning_of(body["messages"][link.new_from - 1])
         if link.parent.choices[link.choice].answer.reasoning is not None:
-            if not reasoning_of(body["messages"][link.new_from - 1]):
+            if not echoed_reasoning:
                 return "reasoning_dropped"
             if shown:
                 return None
         requests = reasoning_requests(body, link.new_from)
         if requests is None:
             return None
-        if not reasoning_of(body["messages"][link.new_from - 1]):
+        if not echoed_reasoning:
             # Only earlier answers carry reasoning: the bridge keeps it only where the parent's prompt showed it.
             before = parent_reasoning_requests(body, link.new_from)
             if before is None or await self._render_equal(before, headers):
