@@ -79,6 +79,12 @@ class CallChoice(TypedDict, total=False):
     finish_reason: str | None
     prompt_token_ids: list[int]
     """Completions only, when the backend sent the prompt's ids with the choice."""
+    segments: list[list[str | int | None]]
+    """`[[weight_version, n_tokens], ...]`: which weights sampled `token_ids` (and their `logprobs`), in
+    sampling order, summing to `len(token_ids)`; several when the call went on across a weight update.
+    Written by the token chain for every call it serves (one segment for a call served by one version);
+    absent on spans without it (pass-through calls, older spans), where `MODEL_VERSION` is every token's
+    version. `MODEL_VERSION` stays the version the call started on."""
 
 
 class CallDelta(TypedDict):
@@ -120,7 +126,11 @@ class CallChain(TypedDict):
     `template_changed` (a field that changes the rendering besides the messages: chat_template_kwargs, ...),
     `template_boundary` (the engine's renderings did not show where the new messages start),
     `template_rewrites_history` (the template renders the history otherwise once the new messages follow),
-    `template_drops_reasoning` (the template drops the reasoning since the last user message), `multimodal` (it would be
+    `template_drops_reasoning` (the template drops the reasoning since the last user message); with those two, and
+    `reasoning_dropped` where the call continues its parent, the prompt is the template's rendering rebuilt from the
+    model's own ids (the parent's prompt and answer ids wherever they spell the same text, shown by `/detokenize`),
+    `rebuild_unproven` (the call continues its parent, but the template renders the history otherwise and the rebuilt
+    prompt could not be shown to be its text: rendered whole), `multimodal` (it would be
     bridged, but a message holds media: rendered whole, generate gets the media's features),
     `completions_api` (prompt given as text/ids by the client), `row_full` (the prompt is bridged, but the parent's
     training row has no room left under the row budget, so this call starts a row); for bridged: `reasoning_kept` (the

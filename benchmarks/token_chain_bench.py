@@ -12,9 +12,11 @@ calls: after a tool call it returns a tool result, after text it asks again.
 
 `--flavour qwen3` serves the Qwen3 flavour with vLLM's qwen3 reasoning parser: the random model never closes its
 think block, so every answer is reasoning, sent back by the SDK, and every follow-up is a new user turn, where
-Qwen3's template drops the earlier reasoning. `--reasoning template keep` runs the agent once per deployment
-setting (`model_info.agl_reasoning`, docs/proxy.md "Token chain"), each through its own proxy and store, against
-the same vLLM.
+Qwen3's template drops the earlier reasoning: with `template` those calls branch, their prompts the template's
+rendering rebuilt from the model's own ids (here there is no content to keep: every answer is reasoning), and with
+`keep` they are bridged. `--reasoning template keep` runs the agent once per deployment setting
+(`model_info.agl_reasoning`, docs/proxy.md "Token chain"), each through its own proxy and store, against the same
+vLLM.
 
     .venv/bin/python benchmarks/token_chain_bench.py                        # starts vLLM (about 2 min)
     .venv/bin/python benchmarks/token_chain_bench.py --vllm http://127.0.0.1:PORT/v1   # a vLLM on the model

@@ -8,13 +8,15 @@ client APIs agl translates (Responses, Anthropic Messages) wrap `send`, never a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.types import Receive, Send
 
+from ..common.deployments import Deployment
 from ..common.errors import ProxyError
+from ..controls.pausing import CallHandle
 from ..recording.call_record import CallRecord
 
 
@@ -45,6 +47,10 @@ class Call:
     """With it, a stream stops (and the backend is released) when the client goes away."""
     row_tokens: int | None = None
     """The row budget of the call's rollout mode (`sampling.ROW_TOKENS`), which the token chain applies."""
+    handle: CallHandle | None = None
+    """The call's place at the pause gate: a weight update may ask it to stop generating and park."""
+    current: Callable[[Deployment], Deployment] | None = None
+    """A deployment as the model list has it now (a weight update gives its replicas a new version)."""
 
 
 class RetryableBackendError(Exception):

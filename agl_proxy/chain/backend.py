@@ -38,6 +38,7 @@ from .bridging import (
     reasoning_requests,
     turn_glue,
 )
+from .continuation import Sampler, Segments, generate_continuing
 from .digests import reasoning_of
 from .engine import (
     DERENDER,
@@ -53,6 +54,7 @@ from .engine_http import EngineHttp
 from .heads import ChainHeads, head_key
 from .links import Link
 from .memory import ChainMemory, chain_entry
+from .rebuild import REBUILT_CAUSES, UNPROVEN, engine_detokenize, rebuild
 from .row_budget import fit_row
 from .stops import cut_at_stop_string, stop_strings, stop_token_reason
 from .stream import SSE, ChainStream, StreamFailed, sse_chunks, stream_failure
@@ -150,6 +152,14 @@ class TokenChainBackend:
             raise BadRequestError("messages must be a non-empty list of chat messages")
         headers = backend_headers(self.deployment, record.rollout_id, record.attempt_id)
         stream: ChainStream | None = None
+        current = call.current
+
+        def version() -> str | None:
+            """The weight version the replica serves now: a weight update may land mid-call."""
+            return (self.deployment if current is None else current(self.deployment)).model_version
+
+        sampler = Sampler(self.client, self.deployment, headers, call.handle, version)
+
         # A replica tried before this one may have set it.
         record.chain = None
         try:
@@ -171,9 +181,9 @@ class TokenChainBackend:
             # once the answer is whole.
             sampling = prompt.render["sampling_params"]
             if body.get("stream") and (sampling.get("n") or 1) == 1 and not stop_strings(sampling):
-                stream = ChainStream(call, self.transport, self.deployment, headers, prompt.token_ids)
+                stream = ChainStream(call, self.transport, self.deployment, headers, prompt.token_ids, sampler)
             record.chain = prompt.link.attribute()
-            response = await until_client_leaves(call.receive, self._answer(engine, prompt, headers, stream))
+            answered = await until_client_leaves(call.receive, self._answer(engine, prompt, headers, stream, sampler))
         except (EngineRejected, RetryableBackendError, ProxyError, StreamFailed) as exc:
             if stream is not None and stream.started:
                 # The client's answer has begun: it ends with an error event, never a second start,
@@ -188,9 +198,10 @@ class TokenChainBackend:
             await call.send({"type": "http.response.start", "status": exc.status, "headers": _JSON})
             await call.send({"type": "http.response.body", "body": exc.data})
             return
-        if response is None:
+        if answered is None:
             record.fail("client_disconnected", "the client went away before its answer; generation stopped", 499)
             return
+        response, record.segments = answered
         record.response = response
         record.status_code = 200
         self.memory.remember(
@@ -213,18 +224,34 @@ class TokenChainBackend:
             await call.send({"type": "http.response.body", "body": orjson.dumps(response)})
 
     async def _prompt(self, engine: Engine, body: dict[str, Any], headers: Mapping[str, str], link: Link) -> Prompt:
+        seen: array[int] | None = None
         if link.kind == "bridged" and link.parent is not None and link.choice is not None:
             bridged = await self._bridge(engine, body, headers, link) if engine.close else "template_boundary"
             if isinstance(bridged, Prompt):
                 return bridged
+            if bridged in REBUILT_CAUSES:
+                # The template renders the history otherwise: the prompt is its rendering, rebuilt
+                # from the ids the parent was given and sampled where it writes the same text.
+                seen = link.parent.prompt_ids + link.parent.choices[link.choice].token_ids
             link = Link("branched", parent=link.parent, cause=bridged)
         render = await post_json(self.transport, self.deployment, RENDER, body, headers)
         # The render leaves out the sampling fields at SamplingParams' defaults; generate takes
         # an absent max_tokens as "the rest of the context", so it is always sent.
-        render["sampling_params"].setdefault("max_tokens", _SAMPLING_PARAMS_MAX_TOKENS)
+        sampling = render["sampling_params"]
+        sampling.setdefault("max_tokens", _SAMPLING_PARAMS_MAX_TOKENS)
         ids = list(render["token_ids"])
         if link.kind == "retry" and link.parent is not None:
             ids = list(link.parent.prompt_ids)
+        elif seen is not None:
+            detokenize = engine_detokenize(self.transport, self.deployment, headers)
+            rebuilt = await rebuild(ids, seen, engine.close, engine.close_text, detokenize)
+            if rebuilt is None:
+                link = replace(link, cause=UNPROVEN)
+            else:
+                ids = rebuilt
+                if engine.max_model_len is not None:
+                    # The render sized the answer for its own prompt, which may be a few ids shorter.
+                    sampling["max_tokens"] = max(1, min(sampling["max_tokens"], engine.max_model_len - len(ids)))
         return Prompt(link, ids, None, render, body)
 
     async def _bridge(
@@ -358,9 +385,17 @@ class TokenChainBackend:
         return await post_json(self.transport, self.deployment, RENDER, request, headers)
 
     async def _answer(
-        self, engine: Engine, prompt: Prompt, headers: Mapping[str, str], stream: ChainStream | None
-    ) -> dict[str, Any]:
-        """The chat answer; with `stream`, the client is streamed it as it is generated."""
+        self,
+        engine: Engine,
+        prompt: Prompt,
+        headers: Mapping[str, str],
+        stream: ChainStream | None,
+        sampler: Sampler,
+    ) -> tuple[dict[str, Any], dict[int, Segments]]:
+        """The chat answer and its choices' segments (`continuation`); with `stream`, the client is
+        streamed it as it is generated. A generation a weight update stops is continued after it
+        where it streams from the engine: streamed calls, and all calls of a deployment with
+        `continue_generations`."""
         render = prompt.render
         generate_body = {
             "request_id": render.get("request_id"),
@@ -373,10 +408,17 @@ class TokenChainBackend:
             "stream": False,
         }
         chat_request = {**{k: v for k, v in prompt.chat_request.items() if k != "stream_options"}, "stream": False}
-        if stream is None:
-            generated = await post_json(self.transport, self.deployment, GENERATE, generate_body, headers)
+        if stream is not None:
+            generated = await stream.relay(generate_body, chat_request)
+            segments = stream.segments
+        elif self.deployment.continue_generations:
+            generated, segments = await generate_continuing(sampler, generate_body)
         else:
-            generated = await stream.relay(self.client, generate_body, chat_request)
+            sampled_by = sampler.version()
+            generated = await post_json(self.transport, self.deployment, GENERATE, generate_body, headers)
+            segments = {
+                c["index"]: [(sampled_by, len(c.get("token_ids") or ()))] for c in generated.get("choices") or ()
+            }
         sampling = render["sampling_params"]
         shown = shown_answer(generated, sampling)
         response = await self._derender(prompt, shown, chat_request, headers)
@@ -415,7 +457,7 @@ class TokenChainBackend:
         name_tool_calls(response, chat_request, self.deployment.tool_call_ids)
         if stream is not None:
             stream.pin_tool_call_ids(response)
-        return response
+        return response, segments
 
     async def _derender(
         self, prompt: Prompt, generated: Mapping[str, Any], chat_request: Mapping[str, Any], headers: Mapping[str, str]

@@ -8,7 +8,9 @@ renders them) is the template's own only where the template renders the history 
 the new messages follow. Some templates do not: Mistral v0.3's puts the tools and the system
 prompt before the last user message (and the system prompt only where that message is the last),
 Qwen3's drops the reasoning of the answers before the last user message. `keeps_head` and
-`reasoning_requests` are the checks; where they fail, the call is rendered whole.
+`reasoning_requests` are the checks; where they fail, the call's prompt is the template's rendering
+of the whole request, rebuilt from the model's own ids where the template writes the same text
+(`rebuild`).
 """
 
 from __future__ import annotations

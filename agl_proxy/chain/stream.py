@@ -22,17 +22,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 
 from ..backends.base import Call, RetryableBackendError
-from ..backends.forwarding import CONNECT_TIMEOUT_S, backend_failures
 from ..common.deployments import Deployment
-from ..common.errors import BackendFailedError, ProxyError, short_text
-from .engine import DERENDER, GENERATE, EngineRejected, ends_on_stop_token, engine_answer, post_json, server_root
+from ..common.errors import ProxyError
+from .continuation import Generation, Sampled, Sampler, Segments
+from .engine import DERENDER, EngineRejected, ends_on_stop_token, post_json
 from .engine_http import EngineHttp
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
@@ -51,27 +50,25 @@ class StreamFailed(Exception):
 
 @dataclass(slots=True)
 class _Choice:
-    """One choice as its ids arrive and its deltas go out."""
+    """One choice as its ids arrive (`sampled`) and its deltas go out."""
 
-    index: int
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[Any] | None = None
-    """The generate chunks' logprobs entries, for the whole answer's derender; None when they carry none."""
-    finish_reason: str | None = None
+    sampled: Sampled
     sent: int = 0
-    """How many of `ids` the streamed derender has had."""
+    """How many of the ids the streamed derender has had."""
     finished: bool = False
     """The streamed derender has had the finish."""
     state: Any = None
 
     def pending(self) -> bool:
-        return len(self.ids) > self.sent or (self.finish_reason is not None and not self.finished)
+        sampled = self.sampled
+        return len(sampled.ids) > self.sent or (sampled.finish_reason is not None and not self.finished)
 
 
 class ChainStream:
     """The client's side of one streamed chat call: `relay` streams the answer as it is
-    generated and returns it as `/inference/v1/generate` answers a call that is not streamed;
-    `finish` ends the client's stream with the whole answer's finish reasons and usage."""
+    generated (`continuation.Generation`: across the weight updates that stop it) and returns it
+    as `/inference/v1/generate` answers a call that is not streamed; `finish` ends the client's
+    stream with the whole answer's finish reasons and usage."""
 
     __slots__ = (
         "_first",
@@ -83,6 +80,8 @@ class ChainStream:
         "include_usage",
         "request",
         "sampling",
+        "sampler",
+        "segments",
         "transport",
     )
 
@@ -93,93 +92,69 @@ class ChainStream:
         deployment: Deployment,
         headers: Mapping[str, str],
         prompt_ids: list[int],
+        sampler: Sampler,
     ) -> None:
         self.call = call
         self.transport = transport
         self.deployment = deployment
         self.headers = headers
+        self.sampler = sampler
         self.include_usage = bool((call.body.get("stream_options") or {}).get("include_usage"))
         # One choice: vLLM 0.31's streamed generate fails for n > 1; each choice would have its own state.
-        self.choices = [_Choice(0)]
+        self.choices: list[_Choice] = []
         self._prompt_ids = prompt_ids
         self._first = True
         self.request: dict[str, Any] = {}
         self.sampling: Mapping[str, Any] = {}
+        self.segments: dict[int, Segments] = {}
 
     @property
     def started(self) -> bool:
         return not self._first
 
-    async def relay(
-        self, client: httpx.AsyncClient, generate_body: Mapping[str, Any], chat_request: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def relay(self, generate_body: Mapping[str, Any], chat_request: Mapping[str, Any]) -> dict[str, Any]:
         """Stream the generation to the client, its deltas parsed as the engine parses
         `chat_request`'s answer; the generated answer (`GenerateResponse`'s shape).
 
         Failures before the client's answer began raise as `post_json` does; after it,
         `StreamFailed`."""
-        deployment = self.deployment
         self.sampling = generate_body["sampling_params"]
         # What every streamed derender repeats, serialized once.
         self.request = {
             "stream": True,
-            "model": deployment.model,
+            "model": self.deployment.model,
             "prompt_tokens": len(self._prompt_ids),
             # Its parsers need the prompt to see whether it left reasoning open.
             "prompt_token_ids": orjson.Fragment(orjson.dumps(self._prompt_ids)),
             "chat_request": orjson.Fragment(orjson.dumps(chat_request)),
         }
-        timeout = httpx.Timeout(deployment.timeout_s, connect=min(CONNECT_TIMEOUT_S, deployment.timeout_s))
-        request = client.build_request(
-            "POST",
-            server_root(deployment.api_base or "") + GENERATE,
-            content=orjson.dumps({**generate_body, "stream": True}),
-            headers=self.headers,
-            timeout=timeout,
-        )
-        with backend_failures(deployment, "did not answer", "failed"):
-            response = await client.send(request, stream=True)
+        generation = Generation(self.sampler, generate_body)
+        choice = _Choice(generation.choice)
+        self.choices = [choice]
         try:
-            if response.status_code >= 300:
-                with backend_failures(deployment, "did not answer", "failed"):
-                    data = await response.aread()
-                engine_answer(deployment, GENERATE, response.status_code, response.headers, data)
-            request_id = await self._relay(response, generate_body.get("request_id"))
+            await self._relay(generation)
         except (EngineRejected, RetryableBackendError, ProxyError) as exc:
             if not self.started:
                 raise
             raise stream_failure(exc) from exc
-        finally:
-            await response.aclose()
-        return {
-            "request_id": request_id,
-            "choices": [
-                {
-                    "index": c.index,
-                    "token_ids": c.ids,
-                    "logprobs": None if c.logprobs is None else {"content": c.logprobs},
-                    "finish_reason": c.finish_reason,
-                }
-                for c in self.choices
-            ],
-        }
+        self.segments = {choice.sampled.index: choice.sampled.segments}
+        return {"request_id": generation.request_id, "choices": [choice.sampled.answer()]}
 
-    async def _relay(self, response: httpx.Response, request_id_sent: str | None) -> str | None:
-        wake = asyncio.Event()
-        request_id = [request_id_sent]
-        reader = asyncio.ensure_future(self._read(response, wake, request_id))
+    async def _relay(self, generation: Generation) -> None:
+        wake = generation.wake
+        reader = asyncio.ensure_future(generation.run())
         try:
             while True:
                 ready = [c for c in self.choices if c.pending()]
                 if ready:
                     # The ids that came while the last derenders ran go out in one.
-                    answers = await asyncio.gather(*(self._derender(c, request_id[0]) for c in ready))
+                    answers = await asyncio.gather(*(self._derender(c, generation.request_id) for c in ready))
                     for choice, (chunk, ids) in zip(ready, answers, strict=True):
                         await self._send_delta(choice, chunk, ids)
                     continue
                 if reader.done():
                     reader.result()
-                    return request_id[0]
+                    return
                 await wake.wait()
                 wake.clear()
         finally:
@@ -187,55 +162,14 @@ class ChainStream:
                 reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
-    async def _read(self, response: httpx.Response, wake: asyncio.Event, request_id: list[str | None]) -> None:
-        try:
-            with backend_failures(self.deployment, "stalled mid-stream", "dropped the stream"):
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    payload = line[len("data: ") :]
-                    if payload == "[DONE]":
-                        break
-                    try:
-                        chunk = orjson.loads(payload)
-                    except orjson.JSONDecodeError as exc:
-                        raise RetryableBackendError(
-                            BackendFailedError(f"backend {self.deployment.label} streamed data that is not JSON")
-                        ) from exc
-                    self._take(chunk, request_id)
-                    wake.set()
-            # The engine leaves out a finish that comes without ids.
-            for choice in self.choices:
-                choice.finish_reason = choice.finish_reason or "stop"
-        finally:
-            wake.set()
-
-    def _take(self, chunk: Mapping[str, Any], request_id: list[str | None]) -> None:
-        error = chunk.get("error")
-        if error is not None:
-            message = error.get("message") if isinstance(error, Mapping) else error
-            raise RetryableBackendError(
-                BackendFailedError(
-                    f"backend {self.deployment.label} reported an error mid-stream: {short_text(str(message))}"
-                )
-            )
-        request_id[0] = chunk.get("request_id", request_id[0])
-        for part in chunk.get("choices") or ():
-            choice = self.choices[part["index"]]
-            choice.ids += part.get("token_ids") or ()
-            logprobs = part.get("logprobs")
-            if logprobs is not None:
-                choice.logprobs = [*(choice.logprobs or ()), *(logprobs.get("content") or ())]
-            if part.get("finish_reason") is not None:
-                choice.finish_reason = part["finish_reason"]
-
     async def _derender(self, choice: _Choice, request_id: str | None) -> tuple[dict[str, Any], list[int]]:
-        ids = choice.ids[choice.sent :]
-        finish = choice.finish_reason
+        sampled = choice.sampled
+        ids = sampled.ids[choice.sent :]
+        finish = sampled.finish_reason
         # The stop id comes with the finish; its text is not the answer's (`ends_on_stop_token`),
         # so the parser is not given it, and the client still gets the id.
-        shown = ids[:-1] if ends_on_stop_token(choice.ids, finish, self.sampling) else ids
-        part = {"index": choice.index, "token_ids": shown, "finish_reason": finish}
+        shown = ids[:-1] if ends_on_stop_token(sampled.ids, finish, self.sampling) else ids
+        part = {"index": sampled.index, "token_ids": shown, "finish_reason": finish}
         body = {
             **self.request,
             "generate_chunk": {"request_id": request_id, "choices": [part]},
@@ -250,7 +184,13 @@ class ChainStream:
     async def _send_delta(self, choice: _Choice, chunk: Mapping[str, Any], ids: list[int]) -> None:
         for part in chunk.get("choices") or ():
             delta = {k: v for k, v in (part.get("delta") or {}).items() if v is not None and v != []}
-            out = {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None, "token_ids": ids}
+            out = {
+                "index": choice.sampled.index,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": None,
+                "token_ids": ids,
+            }
             await self._send(chunk, [out])
 
     async def _send(self, head: Mapping[str, Any], choices: list[dict[str, Any]], **extra: Any) -> None:

@@ -101,6 +101,10 @@ class Deployment:
     tool_call_ids: str = "random"
     """`model_info.agl_tool_call_ids`: how the engine's tool parser makes tool-call ids, which the token chain's
     answers carry as vLLM's chat endpoint would (one of TOOL_CALL_ID_STYLES)."""
+    continue_generations: bool = False
+    """`model_info.agl_continue_generations: true`: the token chain streams every generation from the engine,
+    so a weight update can stop any of its calls and continue it after (`chain.continuation`); without it only
+    the calls streamed to their clients can, and the others are drained."""
 
     @property
     def key(self) -> str:
@@ -202,6 +206,11 @@ def parse_deployment(entry: Any, where: str = "model_list entry") -> Deployment:
     if tool_call_ids not in TOOL_CALL_ID_STYLES:
         styles = ", ".join(TOOL_CALL_ID_STYLES)
         raise ValueError(f"{where}.model_info.agl_tool_call_ids must be one of {styles}, got {tool_call_ids!r:.50}")
+    continue_generations = info.get("agl_continue_generations", False)
+    if not isinstance(continue_generations, bool):
+        raise ValueError(
+            f"{where}.model_info.agl_continue_generations must be true or false, got {continue_generations!r:.50}"
+        )
     return Deployment(
         model_name=model_name,
         provider=provider,
@@ -218,6 +227,7 @@ def parse_deployment(entry: Any, where: str = "model_list entry") -> Deployment:
         token_chain=token_chain == "auto",
         keep_reasoning=reasoning == "keep",
         tool_call_ids=tool_call_ids,
+        continue_generations=continue_generations,
     )
 
 
@@ -284,6 +294,13 @@ class ModelRegistry:
                 f"model {model_name[:200]!r} is not served here; known models: {known_models(self.model_names)}"
             )
         return deployments
+
+    def current(self, deployment: Deployment) -> Deployment:
+        """The deployment of this list with `deployment`'s key (its version may differ), else `deployment`."""
+        for replica in self.by_name.get(deployment.model_name, ()):
+            if replica.key == deployment.key:
+                return replica
+        return deployment
 
     def redacted(self) -> list[dict[str, Any]]:
         """The model list with every secret-named field and URL password masked, for the admin route."""

@@ -6,6 +6,11 @@ when the proxy resumes, so an agent sees a slow call rather than an error. Past 
 they are refused with 429 and `Retry-After`. Calls already in flight run to completion,
 and `wait_drained()` returns once none is left; `cancel_in_flight()` cuts those still
 running when the trainer will not wait longer.
+
+A pause may also ask the calls in flight to stop generating (`pause(..., stop_generations=True)`):
+a call that can continue its generation later (the token chain's, `CallHandle.stop`) stops it,
+keeps what it sampled and parks (`CallHandle.park`) until the resume, and counts as drained
+meanwhile; the others are drained or cancelled as above.
 """
 
 from __future__ import annotations
@@ -25,11 +30,27 @@ HOLD_BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0
 
 
 class CallHandle:
-    """One admitted call, which the gate can cancel (a weight update that will not wait)."""
+    """One admitted call, which the gate can cancel (a weight update that will not wait) or ask
+    to stop generating (`stop`) and park until the resume."""
 
-    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+    def __init__(self, task: asyncio.Task[Any] | None, gate: PauseGate) -> None:
         self._task = task
+        self._gate = gate
         self.cancelled = False
+        self.parked = 0
+        """How many of the call's generations are parked (one per choice that streams on its own)."""
+        self.stop = asyncio.Event()
+        """Set while a pause asks the calls in flight to stop generating; cleared by the resume."""
+
+    async def park(self) -> None:
+        """Wait, counted as drained, until the proxy resumes; raises PausedError past the pause's
+        hold bound (the client then gets the error, the call its span)."""
+        await self._gate.park(self)
+
+    def continued(self, tokens_kept: int) -> None:
+        """Count a generation continued after the resume with `tokens_kept` ids sampled before it."""
+        self._gate.continued_calls += 1
+        self._gate.continued_tokens_kept += tokens_kept
 
     def cancel(self) -> bool:
         if self._task is None or self._task.done():
@@ -58,6 +79,13 @@ class PauseGate:
         """Calls whose client went away while held."""
         self.hold_time = Histogram(HOLD_BUCKETS_S)
         self.cancelled_calls = 0
+        self.stopping = False
+        """The pause asked the calls in flight to stop generating and park."""
+        self.parked = 0
+        """Calls parked until the resume, their generation stopped."""
+        self.continued_calls = 0
+        self.continued_tokens_kept = 0
+        """Ids sampled before an update that continued calls kept (not generated again)."""
         self._calls: set[CallHandle] = set()
         self._drained: asyncio.Event | None = None
         self._resumed: asyncio.Event | None = None
@@ -74,7 +102,7 @@ class PauseGate:
             if not await self._hold(client_gone):
                 return None
         self.in_flight += 1
-        handle = CallHandle(asyncio.current_task())
+        handle = CallHandle(asyncio.current_task(), self)
         self._calls.add(handle)
         return handle
 
@@ -117,33 +145,73 @@ class PauseGate:
             f"{what}; retry after {self.retry_after_s} s", headers={"retry-after": str(self.retry_after_s)}
         )
 
+    async def park(self, handle: CallHandle) -> None:
+        """`CallHandle.park`: wait for the resume (the current pause's hold bound from now)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        handle.parked += 1
+        if handle.parked == 1:
+            self.parked += 1
+            self._note_drained()
+        try:
+            while self.paused:
+                hold_s = self.hold_s if self.pause_hold_s is None else self.pause_hold_s
+                remaining = start + hold_s - loop.time()
+                if remaining <= 0:
+                    raise self._refusal(f"the proxy stayed paused{self._why()} for more than {hold_s:g} s")
+                assert self._resumed is not None
+                try:
+                    await asyncio.wait_for(self._resumed.wait(), remaining)
+                except TimeoutError:
+                    continue
+        finally:
+            handle.parked -= 1
+            if handle.parked == 0:
+                self.parked -= 1
+
     def exit(self, handle: CallHandle) -> None:
         self._calls.discard(handle)
         self.in_flight -= 1
-        if self.in_flight == 0 and self._drained is not None:
+        self._note_drained()
+
+    @property
+    def active(self) -> int:
+        """Calls in flight and not parked: what a drain waits for."""
+        return self.in_flight - self.parked
+
+    def _note_drained(self) -> None:
+        if self.active == 0 and self._drained is not None:
             self._drained.set()
 
-    def pause(self, reason: str | None = None, hold_s: float | None = None) -> None:
+    def pause(self, reason: str | None = None, hold_s: float | None = None, stop_generations: bool = False) -> None:
         """Hold new calls (up to `hold_s`, default the gate's own `hold_s`); `reason` (cut to 200
-        characters) is repeated in every 429."""
+        characters) is repeated in every 429. `stop_generations`: the calls in flight that can
+        continue their generation after the resume stop it and park."""
         if not self.paused:
             self._resumed = asyncio.Event()
         self.paused = True
         self.reason = short_text(reason) if reason else None
         self.paused_at = time.time()
         self.pause_hold_s = hold_s
+        if stop_generations:
+            self.stopping = True
+            for handle in self._calls:
+                handle.stop.set()
 
     def resume(self) -> None:
         self.paused = False
         self.reason = None
         self.paused_at = None
         self.pause_hold_s = None
+        self.stopping = False
+        for handle in self._calls:
+            handle.stop.clear()
         if self._resumed is not None:
             self._resumed.set()
 
     async def wait_drained(self, timeout: float | None = None) -> bool:
-        """Wait until no call is in flight; False if `timeout` seconds passed first."""
-        if self.in_flight == 0:
+        """Wait until no call is in flight but parked ones; False if `timeout` seconds passed first."""
+        if self.active == 0:
             return True
         if self._drained is None:
             self._drained = asyncio.Event()
@@ -155,8 +223,8 @@ class PauseGate:
         return True
 
     def cancel_in_flight(self) -> int:
-        """Cancel every call in flight (each answers its client 503); how many were cancelled."""
-        cancelled = sum(handle.cancel() for handle in list(self._calls))
+        """Cancel every call in flight but parked ones (each answers its client 503); how many were cancelled."""
+        cancelled = sum(handle.cancel() for handle in list(self._calls) if not handle.parked)
         self.cancelled_calls += cancelled
         return cancelled
 
@@ -167,4 +235,5 @@ class PauseGate:
             "paused_at": self.paused_at,
             "in_flight": self.in_flight,
             "held": self.held,
+            "parked": self.parked,
         }

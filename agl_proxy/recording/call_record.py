@@ -57,6 +57,9 @@ class CallRecord:
     """The id its span will have: a later call's chain names it as its parent."""
     chain: CallChain | None = None
     """How the prompt was made (the token chain); None: rendered by the backend."""
+    segments: dict[int, list[tuple[str | None, int]]] | None = None
+    """From the token chain, per choice index: the (model version, number of tokens) that sampled
+    its tokens, in order, summing to the choice's `token_ids`; None: not served by the chain."""
 
     def fail(self, error_type: str, message: str, status_code: int) -> None:
         self.error = {"type": error_type, "message": message, "status_code": status_code}
@@ -129,17 +132,21 @@ def _choice_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
     return None
 
 
-def _choices(response: dict[str, Any]) -> list[CallChoice]:
+def _choices(response: dict[str, Any], segments: dict[int, list[tuple[str | None, int]]] | None) -> list[CallChoice]:
+    """The span's `CHOICES`; `segments` is `CallRecord.segments`."""
     out: list[CallChoice] = []
     for choice in response.get("choices") or ():
+        index = choice.get("index", 0)
         entry: CallChoice = {
-            "index": choice.get("index", 0),
+            "index": index,
             "token_ids": choice.get("token_ids"),
             "logprobs": _choice_logprobs(choice),
             "finish_reason": choice.get("finish_reason"),
         }
         if choice.get("prompt_token_ids") is not None:
             entry["prompt_token_ids"] = choice["prompt_token_ids"]
+        if segments is not None and index in segments:
+            entry["segments"] = [[version, n] for version, n in segments[index]]  # JSON pairs, not tuples
         out.append(entry)
     return out
 
@@ -157,7 +164,7 @@ def _prompt_token_ids(response: dict[str, Any]) -> list[int] | None:
 def llm_call_attributes(record: CallRecord) -> dict[str, Any]:
     """The attributes of a finished call's span (`agl_store.call_span` names them)."""
     response = record.response or {}
-    choices = _choices(response)
+    choices = _choices(response, record.segments)
     prompt_ids = _prompt_token_ids(response)
     usage = response.get("usage") or {}
     input_tokens = usage.get("prompt_tokens")

@@ -78,9 +78,12 @@ class PauseRequest:
     """How long to wait for the cancelled calls to answer their clients."""
     hold: float | None = None
     """How long calls held by this pause wait for the resume (default: the proxy's `--hold`)."""
+    stop_generations: bool = False
+    """The token chain's calls in flight stop generating, keep what they sampled and continue on
+    the resume (on the weights served then); the drain then waits only for the other calls."""
 
 
-PAUSE_FIELDS = ("reason", "drain", "timeout", "cancel_after_drain_timeout", "cancel_grace", "hold")
+PAUSE_FIELDS = ("reason", "drain", "timeout", "cancel_after_drain_timeout", "cancel_grace", "hold", "stop_generations")
 
 
 def _seconds(body: dict[str, Any], field: str) -> float | None:
@@ -100,7 +103,7 @@ def pause_request(body: dict[str, Any]) -> PauseRequest:
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise BadRequestError(f"reason must be a string, got {type(reason).__name__}")
-    for flag in ("drain", "cancel_after_drain_timeout"):
+    for flag in ("drain", "cancel_after_drain_timeout", "stop_generations"):
         value = body.get(flag)
         if value is not None and not isinstance(value, bool):
             raise BadRequestError(f"{flag} must be true or false, got {value!r:.50}")
@@ -109,7 +112,8 @@ def pause_request(body: dict[str, Any]) -> PauseRequest:
     if cancel and not body.get("drain"):
         raise BadRequestError("cancel_after_drain_timeout needs drain: true (and a timeout)")
     drain = bool(body.get("drain"))
-    return PauseRequest(reason, drain, timeout, cancel, CANCEL_GRACE_S if grace is None else grace, hold)
+    grace = CANCEL_GRACE_S if grace is None else grace
+    return PauseRequest(reason, drain, timeout, cancel, grace, hold, bool(body.get("stop_generations")))
 
 
 def _model_entry(name: str, created: int) -> dict[str, Any]:
@@ -160,12 +164,14 @@ def _admin_routes(proxy_state: ProxyState, middleware: list[Middleware]) -> list
         )
 
     async def pause(request: Request) -> Response:
-        """Body (optional): `reason`; `drain: true` waits (up to `timeout` s) until no call is in flight;
-        `cancel_after_drain_timeout: true` then cancels the calls still running and waits up to
-        `cancel_grace` s for them to answer; `hold` bounds how long new calls wait for the resume."""
+        """Body (optional): `reason`; `stop_generations: true` has the token chain's calls in flight
+        stop generating and park until the resume, where they continue; `drain: true` waits (up to
+        `timeout` s) until no call is in flight but parked ones; `cancel_after_drain_timeout: true`
+        then cancels the calls still running and waits up to `cancel_grace` s for them to answer;
+        `hold` bounds how long new and parked calls wait for the resume."""
         ask = pause_request(await _json_body(request))  # checked before anything changes
         gate = proxy_state.gate
-        gate.pause(ask.reason, hold_s=ask.hold)
+        gate.pause(ask.reason, hold_s=ask.hold, stop_generations=ask.stop_generations)
         drained = None
         cancelled = 0
         if ask.drain:

@@ -39,7 +39,7 @@ from ..common.errors import (
 from ..controls.pausing import CallHandle
 from ..controls.sampling import ROW_TOKENS, SAMPLING_FIELDS
 from ..recording.call_record import CallRecord
-from ..translate.base import ClientApi, TranslatingSend, check_depth
+from ..translate.base import ClientApi, TooDeepError, TranslatingSend, check_depth
 from .answering import ClientAnswer
 from .state import ProxyState
 
@@ -150,17 +150,25 @@ class LLMCallEndpoint:
         state = self.state
         t0 = time.perf_counter()
         start_time = time.time()
+        too_deep: TooDeepError | None = None
         try:
             rollout_id, attempt_id = attribution(scope)
             body = request = json_object(raw)
-            if isinstance(send, TranslatingSend):
-                send.request = request
-                body = send.api.chat_request(request)
-                send.tools_left_out = send.api.tools_left_out(request)
-            else:
-                # As the translated APIs do: a body nested deeper than a span holds is refused before
-                # it is a call (the store could not keep its span, and orjson writes 254 levels at most).
-                check_depth(body)
+            try:
+                if isinstance(send, TranslatingSend):
+                    send.request = request
+                    body = send.api.chat_request(request)
+                    send.tools_left_out = send.api.tools_left_out(request)
+                else:
+                    # As the translated APIs do: a body nested deeper than a span holds is refused (the
+                    # store could not keep it, and orjson writes 254 levels at most).
+                    check_depth(body)
+            except TooDeepError as exc:
+                # Refused, but a call of its rollout all the same: its span keeps the body without that field.
+                too_deep = exc
+                body = request = exc.kept
+                if isinstance(send, TranslatingSend):
+                    send.request = request
         except BadRequestError as exc:
             await send_error(send, exc)
             return
@@ -195,9 +203,11 @@ class LLMCallEndpoint:
             if rollout_id and not attempt_id:
                 record.attempt_id = attempt_id = await state.latest_attempt_id(rollout_id)
             sequence = answer.number = state.exporter.reserve_sequence(rollout_id, attempt_id)
+            if too_deep is not None:
+                raise too_deep
             if no_backend is not None:
                 raise no_backend
-            await self._dispatch(replicas, record, body, receive, answer, t0)
+            await self._dispatch(replicas, record, body, receive, answer, t0, handle)
         except ProxyError as exc:
             record.fail_with(exc)
             await answer.fail(exc)
@@ -238,6 +248,7 @@ class LLMCallEndpoint:
         receive: Receive,
         send: Send,
         t0: float,
+        handle: CallHandle,
     ) -> None:
         state = self.state
         enforcement = await state.sampling.for_rollout(record.rollout_id)
@@ -267,7 +278,10 @@ class LLMCallEndpoint:
                 sent = enforcement.apply({**defaults, **body})
             state.balancer.acquire(deployment)
             try:
-                await self._backend(deployment).serve(Call(record, sent, send, t0, state.options, receive, row_tokens))
+                call = Call(
+                    record, sent, send, t0, state.options, receive, row_tokens, handle, state.current_deployment
+                )
+                await self._backend(deployment).serve(call)
                 if record.status_code < 500:
                     state.balancer.mark_ok(deployment)
                 return

@@ -24,7 +24,7 @@ from ..chain.engine import EngineProbes
 from ..chain.engine_http import EngineHttp
 from ..chain.heads import ChainHeads
 from ..chain.memory import ChainMemory
-from ..common.deployments import ModelRegistry
+from ..common.deployments import Deployment, ModelRegistry
 from ..common.metrics import ProxyMetrics
 from ..controls.pausing import PauseGate
 from ..controls.sampling import SamplingPolicy
@@ -89,6 +89,10 @@ class ProxyState:
         self.registry = ModelRegistry(model_list)
         logger.info("agl_proxy serves models: %s", ", ".join(self.registry.model_names) or "(none)")
 
+    def current_deployment(self, deployment: Deployment) -> Deployment:
+        """`deployment` as the model list has it now (`ModelRegistry.current`)."""
+        return self.registry.current(deployment)
+
     async def open(self) -> None:
         self.transport = make_transport()
         self.client = make_client(self.transport)
@@ -122,6 +126,18 @@ class ProxyState:
             "agl_proxy_cancelled_calls_total": (
                 "Calls in flight cancelled because a pause's drain timed out.",
                 lambda: self.gate.cancelled_calls,
+            ),
+            "agl_proxy_parked_calls": (
+                "Token-chain calls whose generation a weight update stopped, waiting for the resume.",
+                lambda: self.gate.parked,
+            ),
+            "agl_proxy_continued_calls_total": (
+                "Token-chain generations continued after a weight update (each choice, each update).",
+                lambda: self.gate.continued_calls,
+            ),
+            "agl_proxy_continued_tokens_kept_total": (
+                "Ids sampled before a weight update that continued calls kept (not generated again).",
+                lambda: self.gate.continued_tokens_kept,
             ),
             "agl_proxy_spans_exported_total": ("Spans written to the store.", lambda: self.exporter.exported),
             "agl_proxy_spans_buffered": (

@@ -268,14 +268,31 @@ VLLM_FIELDS = {
 # Checks on the client's fields: each failure is a 400 naming the field.
 
 
+class TooDeepError(BadRequestError):
+    """A body with a field nested deeper than the store keeps; `kept` is the body with each such
+    field replaced by a note, which a span can hold."""
+
+    def __init__(self, message: str, kept: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.kept = kept
+
+
 def check_depth(body: dict[str, Any]) -> None:
-    """BadRequestError naming the field nested deeper than the store keeps (a span could not hold it,
+    """TooDeepError naming the field nested deeper than the store keeps (a span could not hold it,
     and an answer echoing it could not be written)."""
-    for name, value in body.items():
-        try:
-            check_json_depth(value, str(name)[:100])
-        except InvalidInputError as exc:
-            raise BadRequestError(f"{str(name)[:100]}: nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    too_deep = [name for name, value in body.items() if not _storable(value)]
+    if too_deep:
+        note = f"<nests deeper than {MAX_JSON_DEPTH} levels: not kept>"
+        kept = {name: note if name in too_deep else value for name, value in body.items()}
+        raise TooDeepError(f"{str(too_deep[0])[:100]}: nests deeper than {MAX_JSON_DEPTH} levels", kept)
+
+
+def _storable(value: Any) -> bool:
+    try:
+        check_json_depth(value, "")
+    except InvalidInputError:
+        return False
+    return True
 
 
 def refuse(field: str, why: str) -> BadRequestError:

@@ -65,7 +65,8 @@ class Row:
     (0.0 on inserted tokens) or is None when any merged call lacked logprobs. `is_drop` marks
     a row whose prompt is over the limit; `truncated` a row whose response was cut.
     `versions` says which weights sampled each response token (`versions.Segments`: a call's
-    tokens carry its `model_version`, inserted tokens None).
+    tokens carry their versions, `LLMCall.versions`; inserted tokens None). A call that continues
+    another's context keeps that call's tokens, and so their versions, in the row.
 
     Token ids and mask are lists, or, when the row's first call came as `array('i')` (the
     trainer's store client), `array('i')` ids and an `array('b')` mask: same values, and
@@ -165,7 +166,7 @@ class _Segment:
         self.response_ids = _copy_ids(call.response_ids, self.as_array)
         self.response_mask = _mask(int(trained), len(call.response_ids), self.as_array)
         self.logprobs: list[float] | None = list(call.logprobs) if call.logprobs is not None else None
-        self.versions = joined([(call.model_version, len(call.response_ids))])
+        self.versions = call.versions
         self.n_calls = 1
         self.last_call = call
 
@@ -195,7 +196,7 @@ class _Segment:
             self.logprobs += call.logprobs
         else:
             self.logprobs = None
-        self.versions = joined([*self.versions, (None, len(inserted)), (call.model_version, len(added))])
+        self.versions = joined([*self.versions, (None, len(inserted)), *call.versions])
         self.n_calls += 1
         self.last_call = call
 

@@ -2,7 +2,7 @@
 
 The input is the span schema of `agl_store.call_span` and `agl_store.models.reward_span`
 (docs/spans.md): `agl.llm_call` spans carry `agl.prompt_token_ids` and per choice
-`agl.choices[i].token_ids` / `.logprobs`; `agl.reward` spans carry `agl.reward.value`, and the
+`agl.choices[i].token_ids` / `.logprobs` / `.segments`; `agl.reward` spans carry `agl.reward.value`, and the
 last one of an attempt is the final reward.
 
 Calls that cannot become training data (the backend failed, or no token ids were recorded)
@@ -12,6 +12,8 @@ carry the rollout's reward and shift its advantage.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from array import array
 from collections import Counter
@@ -24,7 +26,9 @@ from agl_store.base import LightningStore
 from agl_store.models import REWARD_SPAN_NAME, REWARD_VALUE_ATTRIBUTE, Span
 from agl_store.packed_attributes import MIN_PACKED_LENGTH
 
-from .versions import version_of
+from .versions import Segments, joined, segments_of, version_of
+
+logger = logging.getLogger(__name__)
 
 AGL_03_PRIMARY_REWARD = "agentlightning.reward.0.value"
 """Where agent-lightning 0.3's `emit_reward` puts the primary reward (flattened OTLP attribute)."""
@@ -107,7 +111,17 @@ class LLMCall:
     chain: Chain | None = None
     """How the proxy made the prompt (`agl.chain`); None on spans written before the proxy recorded it."""
     model_version: int | None = None
-    """The weight version that sampled the response (`agl.model_version`, `versions.version_of`), if known."""
+    """The weight version the call started on (`agl.model_version`, `versions.version_of`), if known."""
+    segments: Segments | None = None
+    """Which weight versions sampled the response's tokens, in order (`agl.choices[i].segments`,
+    `versions.segments_of`); None when the span has none: every token is `model_version`'s."""
+
+    @property
+    def versions(self) -> Segments:
+        """The version of each response token, as segments summing to `response_ids`."""
+        if self.segments is not None:
+            return self.segments
+        return joined([(self.model_version, len(self.response_ids))])
 
 
 @dataclass(frozen=True)
@@ -254,6 +268,9 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
             if response_ids is None:
                 skipped[SKIP_NO_RESPONSE_IDS] += 1
                 continue
+            segments = segments_of(choice.get("segments"), len(response_ids))
+            if segments is None and "segments" in choice:
+                _warn_unusable_segments()
             calls.append(
                 LLMCall(
                     prompt_ids=prompt_ids,
@@ -268,9 +285,20 @@ def calls_from_spans(spans: Iterable[Span]) -> tuple[list[LLMCall], dict[str, in
                     sampling=sampling if isinstance(sampling := attributes.get(call_span.SAMPLING), dict) else None,
                     chain=chain,
                     model_version=model_version,
+                    segments=segments,
                 )
             )
     return calls, dict(skipped)
+
+
+@functools.cache
+def _warn_unusable_segments() -> None:
+    # Once per process: a proxy that writes them wrong does so on every call, and the fallback
+    # (the call's version for all its tokens) is what spans without segments get anyway.
+    logger.warning(
+        "an agl.choices entry has segments that are not [[version, n_tokens], ...] summing to its token_ids; "
+        "its tokens get the call's agl.model_version (further such entries are not reported)"
+    )
 
 
 def reward_value(span: Span) -> float | None:

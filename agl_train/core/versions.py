@@ -2,11 +2,13 @@
 "Staleness and off-policy correction").
 
 Each LLM call span records the weight version its deployment was registered with
-(`agl.model_version`; the trainer registers its replicas under the step's version). A row's
-response is the concatenation of its calls' answers and the tokens inserted between them, so its
-versions are run-length segments `((version, n_tokens), ...)` over the response: a call's sampled
-tokens carry the call's version, inserted tokens (tool output, template markers: never trained)
-and calls whose span names no integer version carry None.
+(`agl.model_version`; the trainer registers its replicas under the step's version), and, from
+the proxy's token chain, each choice's segments (`agl.choices[i].segments`): which versions
+sampled its tokens, several when the call went on across a weight update. A row's response is
+the concatenation of its calls' answers and the tokens inserted between them, so its versions are
+run-length segments `((version, n_tokens), ...)` over the response: a call's sampled tokens carry
+their segment's version (the call's version when its span has no segments), inserted tokens (tool
+output, template markers: never trained) and versions that are not integers carry None.
 """
 
 from __future__ import annotations
@@ -28,6 +30,26 @@ def version_of(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)
     return None
+
+
+def segments_of(value: Any, n_tokens: int) -> Segments | None:
+    """The segments an `agl.choices[i].segments` attribute holds for a choice of `n_tokens`
+    tokens: `[[version, n], ...]` with counts summing to `n_tokens`, each version through
+    `version_of`; None when absent or not shaped so (the caller then gives every token the call's
+    version: counts that do not line up cannot say which token is whose)."""
+    if not isinstance(value, list):
+        return None
+    pairs: list[tuple[int | None, int]] = []
+    for entry in value:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            return None
+        version, n = entry
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            return None
+        pairs.append((version_of(version), n))
+    if sum(n for _, n in pairs) != n_tokens:
+        return None
+    return joined(pairs)
 
 
 def joined(segments: Iterable[tuple[int | None, int]]) -> Segments:
@@ -55,4 +77,4 @@ def truncated(segments: Segments, n_tokens: int) -> Segments:
     return tuple(out)
 
 
-__all__ = ["Segments", "joined", "truncated", "version_of"]
+__all__ = ["Segments", "joined", "segments_of", "truncated", "version_of"]

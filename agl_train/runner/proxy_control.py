@@ -113,13 +113,18 @@ class ProxyControl:
         cancel_after_drain_timeout: bool = False,
         cancel_grace_s: float = CANCEL_GRACE_S,
         hold_s: float | None = None,
+        stop_generations: bool = False,
     ) -> dict[str, Any]:
         """Hold new calls until `resume()` (each up to `hold_s`, default the proxy's `--hold`) and,
         with `drain`, wait (up to `timeout_s`) until the calls in flight are done;
         `cancel_after_drain_timeout` cancels those still running then and waits up to
-        `cancel_grace_s` for them. The request waits as long as that takes (no bound without
-        `timeout_s`), plus `PAUSE_MARGIN_S`."""
+        `cancel_grace_s` for them. `stop_generations`: the token chain's calls stop generating
+        and park until the resume, then continue (on the weights served then); a drain does not
+        wait for them. The request waits as long as that takes (no bound without `timeout_s`),
+        plus `PAUSE_MARGIN_S`."""
         body: dict[str, Any] = {"reason": reason, "drain": drain}
+        if stop_generations:
+            body["stop_generations"] = True
         if hold_s is not None:
             body["hold"] = hold_s
         if timeout_s is not None:
@@ -191,6 +196,7 @@ async def publish_replicas(
     api_key: str | None = None,
     sampling_parameters: dict[str, Any] | None = None,
     published: dict[str, str] | None = None,
+    continue_generations: bool = False,
 ) -> str:
     """Register the rollout engine's replicas with the proxy (one `model_list` entry each,
     tagged with the weight `version`) and publish a resource set whose `main_llm` is the proxy;
@@ -205,12 +211,23 @@ async def publish_replicas(
     its small background model) reaches the model being trained without being told its name,
     and with the request default `logprobs` (`vllm_model_list`), so every call records its
     sampled tokens' log-probs, which the update's off-policy correction reads, whether or not
-    the proxy was started with `--logprobs`."""
+    the proxy was started with `--logprobs`. `continue_generations`: every token-chain call can
+    continue across a weight update (`model_info.agl_continue_generations`)."""
     if not server_addresses:
         raise ValueError("the rollout engine has no replica to register")
     served = await served_model_name(server_addresses[0])
-    aliased = vllm_model_list(server_addresses, ANY_MODEL, served_model=served, version=version, logprobs=True)
-    await proxy.update_model_list(vllm_model_list(server_addresses, served, version=version, logprobs=True) + aliased)
+    entries = [
+        vllm_model_list(
+            server_addresses,
+            name,
+            served_model=served,
+            version=version,
+            logprobs=True,
+            continue_generations=continue_generations,
+        )
+        for name in (served, ANY_MODEL)
+    ]
+    await proxy.update_model_list(entries[0] + entries[1])
     resource = ProxyLLM(
         endpoint=proxy.openai_base_url,
         model=served,
@@ -227,21 +244,35 @@ async def publish_replicas(
     return update.resources_id
 
 
+IN_FLIGHT_AT_UPDATE = ("continue", "drain", "cancel")
+"""What a weight update does with the calls in flight (`agentlightning.update_in_flight`)."""
+
+
 async def pause_for_update(
-    proxy: ProxyControl, drain_timeout_s: float, hold_s: float | None = None
+    proxy: ProxyControl, drain_timeout_s: float, hold_s: float | None = None, in_flight: str = "continue"
 ) -> dict[str, float]:
-    """Pause the proxy and wait up to `drain_timeout_s` until its calls in flight are done, then
-    cancel those still running: the replicas may sleep and take new weights next. New calls are
-    held by the proxy until `proxy.resume()` (up to `hold_s`); a cancelled call fails its agent's
-    request, and the rollout ends as its agent and runner decide (failed rollouts are counted, not
-    trained)."""
+    """Pause the proxy for a weight update: the replicas may sleep and take new weights next.
+    New calls are held by the proxy until `proxy.resume()` (up to `hold_s`). The calls in flight,
+    by `in_flight`: `continue` has the token chain's stop generating and park (they continue on
+    the new weights after the resume) and waits up to `drain_timeout_s` for the rest; `drain`
+    waits up to `drain_timeout_s` for all; `cancel` waits for none. Those still running then are
+    cancelled: a cancelled call fails its agent's request, and the rollout ends as its agent and
+    runner decide (failed rollouts are counted, not trained)."""
+    if in_flight not in IN_FLIGHT_AT_UPDATE:
+        raise ValueError(f"in_flight must be one of {', '.join(IN_FLIGHT_AT_UPDATE)}, got {in_flight!r}")
     paused = await proxy.pause(
-        "weight update", drain=True, timeout_s=drain_timeout_s, cancel_after_drain_timeout=True, hold_s=hold_s
+        "weight update",
+        drain=True,
+        timeout_s=0.0 if in_flight == "cancel" else drain_timeout_s,
+        cancel_after_drain_timeout=True,
+        hold_s=hold_s,
+        stop_generations=in_flight == "continue",
     )  # the proxy's state once drained (or at the bound)
     return {
         "rollout/proxy_drained": float(bool(paused.get("drained"))),
         "rollout/proxy_in_flight_at_update": float(paused.get("in_flight", 0)),
         "rollout/proxy_calls_cancelled_at_update": float(paused.get("cancelled", 0)),
+        "rollout/proxy_calls_parked_at_update": float(paused.get("parked", 0)),
     }
 
 
@@ -252,12 +283,14 @@ def vllm_model_list(
     served_model: str | None = None,
     version: str | None = None,
     logprobs: bool = False,
+    continue_generations: bool = False,
 ) -> list[dict[str, Any]]:
     """LiteLLM `model_list` entries for vLLM replicas (`host:port` or URLs), one per replica,
     all under `model_name`; `served_model` is the name vLLM serves (default `model_name`),
     `version` the weight version recorded in every span they serve. With `logprobs`, every
     request asks for the sampled tokens' log-probs (a request default, `litellm_params.logprobs`:
-    a client that asks for them itself keeps its own value)."""
+    a client that asks for them itself keeps its own value). With `continue_generations`, the
+    token chain streams every generation, so a weight update can stop and continue any call."""
     entries = []
     for address in server_addresses:
         url = server_root(address) + "/v1"
@@ -267,8 +300,13 @@ def vllm_model_list(
         }
         if logprobs:
             entry["litellm_params"]["logprobs"] = True
+        info: dict[str, Any] = {}
         if version is not None:
-            entry["model_info"] = {"agl_model_version": str(version)}
+            info["agl_model_version"] = str(version)
+        if continue_generations:
+            info["agl_continue_generations"] = True
+        if info:
+            entry["model_info"] = info
         entries.append(entry)
     return entries
 

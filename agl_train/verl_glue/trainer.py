@@ -2,8 +2,9 @@
 
 A `RayPPOTrainer` whose `fit()` runs the steps of `schedule.StepSchedule`: each step it publishes
 the rollout engine's replicas to the proxy, runs the data path (`step.rollout_step`), pauses and
-drains the proxy around the weight update (`proxy_control.pause_for_update`, bounded by
-`agentlightning.update_drain_timeout_seconds`), and updates the actor through verl. The proxy
+drains the proxy around the weight update (`proxy_control.pause_for_update`: the token chain's
+calls in flight stop and continue after it, by `agentlightning.update_in_flight`; the rest are
+waited for up to `agentlightning.update_drain_timeout_seconds`), and updates the actor through verl. The proxy
 applies the rollout's sampling parameters to every call (`ProxyControl.set_sampling`) and each
 step checks from the spans that they did. Checkpoints (saved before `update_weights`, as verl)
 carry the prompts drawn but not trained and the groups in flight, which a resume takes back.
@@ -30,7 +31,13 @@ from ..runner.factory import make_runner
 from ..runner.groups import GroupTracker
 from ..runner.loop_thread import LoopThread
 from ..runner.ownership import RunIdentity, take_over
-from ..runner.proxy_control import ROW_TOKENS, ProxyControl, pause_for_update, publish_replicas
+from ..runner.proxy_control import (
+    IN_FLIGHT_AT_UPDATE,
+    ROW_TOKENS,
+    ProxyControl,
+    pause_for_update,
+    publish_replicas,
+)
 from ..runner.retention import after_checkpoint
 from ._verl import (
     DataProto,
@@ -77,6 +84,20 @@ def drain_timeout_s(config: Any) -> float:
     return _positive_seconds(config, DRAIN_TIMEOUT_KEY, DEFAULT_DRAIN_TIMEOUT_S)
 
 
+IN_FLIGHT_KEY = "update_in_flight"
+
+
+def update_in_flight(config: Any) -> str:
+    """`agentlightning.update_in_flight`: what a weight update does with the calls in flight,
+    one of `IN_FLIGHT_AT_UPDATE` (ValueError names the key)."""
+    value = config.agentlightning.get(IN_FLIGHT_KEY, "continue")
+    if value not in IN_FLIGHT_AT_UPDATE:
+        raise ValueError(
+            f"agentlightning.{IN_FLIGHT_KEY} must be one of {', '.join(IN_FLIGHT_AT_UPDATE)}, got {value!r}"
+        )
+    return str(value)
+
+
 def update_hold_s(config: Any) -> float:
     """`agentlightning.update_hold_seconds`: how long the proxy holds calls that arrive while the
     trainer updates and checkpoints (positive; ValueError names the key)."""
@@ -102,6 +123,7 @@ class AglTrainer(RayPPOTrainer):
         self.external_rollout = rollout
         self.drain_timeout_s = drain_timeout_s(config)
         self.update_hold_s = update_hold_s(config)
+        self.update_in_flight = update_in_flight(config)
         with warnings.catch_warnings():
             # verl 0.9 marks RayPPOTrainer deprecated in favour of its v1 trainer; agl keeps the
             # v0 worker stack (RayPPOTrainer's worker groups) and owns the loop, so the warning is noise here.
@@ -192,6 +214,7 @@ class AglTrainer(RayPPOTrainer):
             api_key=self.runner_settings.agent_key or None,
             sampling_parameters=self.sampling_by_mode()["train"],
             published=self._published,
+            continue_generations=self.update_in_flight == "continue",
         )
 
     def sampling_by_mode(self) -> dict[str, dict[str, Any]]:
@@ -481,7 +504,9 @@ class AglTrainer(RayPPOTrainer):
             with marked_timer("gen", timing_raw):
                 step = self._loop.run(self._rollouts(new_inputs))
                 metrics.update(step.metrics)
-                paused = self._loop.run(pause_for_update(self.proxy, self.drain_timeout_s, self.update_hold_s))
+                paused = self._loop.run(
+                    pause_for_update(self.proxy, self.drain_timeout_s, self.update_hold_s, self.update_in_flight)
+                )
                 metrics.update(paused)
                 aborted = paused["rollout/proxy_calls_cancelled_at_update"] > 0
                 if aborted:
@@ -564,4 +589,4 @@ def _data_source(task: Any) -> str:
     return str(task.get("data_source", "unknown")) if isinstance(task, dict) else "unknown"
 
 
-__all__: list[str] = ["AglTrainer", "CARRIED_FILE", "drain_timeout_s", "update_hold_s"]
+__all__: list[str] = ["AglTrainer", "CARRIED_FILE", "drain_timeout_s", "update_hold_s", "update_in_flight"]

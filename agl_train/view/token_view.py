@@ -12,6 +12,10 @@ gets one role, one letter on the wire:
 
 A dropped row's tokens are all `d`, whatever they would be otherwise: the colour says what
 happens to them, and nothing in a dropped row reaches the update.
+
+Each row also carries its response's `versions` (`Row.versions`, over the response before the
+limit cut it): which weights sampled which tokens, so a response that went on across a weight
+update shows where.
 """
 
 from __future__ import annotations
@@ -134,6 +138,7 @@ def token_view_of_trace(
                 "trained_tokens": 0 if row.is_drop else sum(row.response_mask),
                 "ids": ids,
                 "roles": token_roles(row, full),
+                "versions": [[version, n] for version, n in full.versions],
                 "break": _break_record(record) if record is not None else None,
             }
         )

@@ -1,12 +1,14 @@
 """The token chain on real chat templates (a zoo): a bridged prompt is, id for id, the template's
 rendering of the whole conversation; where the template does not only append (Mistral v0.3 moves
 the tools and the system prompt to the last user message, Qwen3 drops earlier reasoning at a new
-user turn) the call is rendered whole and branches with the cause; never a duplicated head.
+user turn) the call branches with the cause, its prompt the template's rendering rebuilt from the
+model's own ids; never a duplicated head.
 
 Each template renders with the real-vocabulary tokenizer (Qwen2.5's; the other families' special
 tokens added, as their own tokenizers have them) in an in-process engine serving vLLM's token
 endpoints (`tests/support/template_engine.py`), behind a real `LLMProxy` and `SQLiteStore`. The model
-samples what the template writes for its answer, so every id of a bridged prompt can be checked.
+samples what the template writes for its answer, so every id of a bridged prompt can be checked; where
+it samples some text as other ids (`TemplateEngine.pieces`), a rebuilt prompt keeps them.
 """
 
 from __future__ import annotations
@@ -235,6 +237,53 @@ async def test_reasoning_follows_the_template_by_default(
     assert _shape(chains) == REASONING[echo]
     for request, (_, prompt) in zip(agent.requests, chains, strict=True):
         assert prompt == engine.render_ids(request)
+
+
+# The model samples "Sunny" and "Paris" as other ids than the tokenizer encodes them ("S" + "unny", "Paris"):
+# rendered again, the earlier answers' content and tool calls would not be the ids the model sampled.
+SAMPLED_APART = {"Sunny": ("Sun", "ny"), "Paris": ("Par", "is")}
+
+
+@pytest.mark.parametrize("echo", list(REASONING))
+async def test_a_history_the_template_rewrites_keeps_the_model_s_own_ids(
+    echo, real_tokenizer, zoo_tokenizer, proxy_factory, store, new_rollout, http
+) -> None:
+    engine = _engine("qwen3", real_tokenizer, zoo_tokenizer)
+    engine.pieces = SAMPLED_APART
+    script = partial(_tool_agent, parallel=True, reasoning=True)
+    agent, chains = await _run(engine, proxy_factory, store, new_rollout, http, script, echo == "sent back")
+    # Where the template drops the reasoning, the call branches and its prompt is rebuilt: the cause says why.
+    assert _shape(chains) == REASONING[echo]
+    sunny, paris = (
+        [i for piece in SAMPLED_APART[word] for i in engine.tokenizer.encode(piece)] for word in ("Sunny", "Paris")
+    )
+    for request, (_, prompt) in zip(agent.requests, chains, strict=True):
+        whole = engine.render_ids(request)
+        # The template's text, without the reasoning it drops ...
+        assert engine.tokenizer.decode(prompt) == engine.tokenizer.decode(whole)
+        # ... and every earlier answer's content and tool calls as the model sampled them, never re-tokenized.
+        history = [m for m in request["messages"] if m["role"] == "assistant"]
+        texts = sum(1 for m in history if m.get("content"))
+        calls = sum(1 for m in history for c in m.get("tool_calls") or () if "Paris" in c["function"]["arguments"])
+        assert (_count(prompt, sunny), _count(prompt, paris)) == (texts, calls)
+        assert _count(whole, sunny) == _count(whole, paris) == 0
+
+
+async def test_a_rebuilt_prompt_that_cannot_be_shown_is_rendered_whole(
+    real_tokenizer, zoo_tokenizer, proxy_factory, store, new_rollout, http
+) -> None:
+    engine = _engine("qwen3", real_tokenizer, zoo_tokenizer)
+    engine.pieces = SAMPLED_APART
+    engine.detokenizes = False  # the texts of the model's ids cannot be compared with the template's
+    script = partial(_tool_agent, parallel=True, reasoning=True)
+    agent, chains = await _run(engine, proxy_factory, store, new_rollout, http, script)
+    assert _shape(chains) == ["rendered:first_call", "bridged", "branched:rebuild_unproven", "bridged"]
+    (_, rendered), request = chains[2], agent.requests[2]
+    assert rendered == engine.render_ids(request)
+
+
+def _count(ids: list[int], run: list[int]) -> int:
+    return sum(ids[at : at + len(run)] == run for at in range(len(ids)))
 
 
 async def test_a_deployment_may_keep_all_reasoning(

@@ -1,5 +1,5 @@
 """A body nested deeper than a span can hold is refused with a 400 naming its field on every
-route, before it is a call (no span), and the proxy goes on serving."""
+route; the refused call's span keeps the body without that field, and the proxy goes on serving."""
 
 from __future__ import annotations
 
@@ -47,5 +47,13 @@ async def test_a_deep_body_is_a_400_naming_its_field_on_every_route(
         json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     )
     assert answered.status_code == 200
-    (span,) = await wait_for_spans(store, ids[0], 1)
-    assert span.attributes["agl.api"] == "chat.completions"
+    spans = await wait_for_spans(store, ids[0], len(refused) + 1)
+    *refusals, span = sorted(spans, key=lambda s: s.sequence_id)
+    for (path, body), refusal in zip(refused, refusals, strict=True):
+        assert refusal.status.status_code == "ERROR"
+        assert refusal.attributes["agl.error"]["type"] == "bad_request", path
+        request = refusal.attributes["agl.request"]
+        field = next(name for name, value in body.items() if DEEP in orjson.dumps(value).decode())
+        assert request[field] == "<nests deeper than 128 levels: not kept>", path
+        assert request["model"] == model
+    assert span.status.status_code == "OK" and span.attributes["agl.api"] == "chat.completions"

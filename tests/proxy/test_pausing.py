@@ -8,7 +8,10 @@ import inspect
 from typing import Any
 
 import openai
+import pytest
 
+from agl_proxy.common.errors import PausedError
+from agl_proxy.controls.pausing import PauseGate
 from agl_proxy.server.proxy import LLMProxy
 
 from .conftest import chat_body
@@ -162,3 +165,42 @@ async def test_cancelling_needs_a_drain(proxy: LLMProxy, http) -> None:
     unknown = await http.post(proxy.url + "/proxy/pause", json={"cancel": True})
     assert unknown.status_code == 400 and "'cancel'" in unknown.json()["error"]["message"]
     assert (await http.get(proxy.url + "/proxy/state")).json()["paused"] is False
+
+
+async def test_a_parked_call_counts_as_drained_is_not_cancelled_and_goes_on_at_the_resume() -> None:
+    """The gate's side of a generation that continues across an update (the token chain's side:
+    test_continuation_vllm.py): a call asked to stop (`handle.stop`) parks until the resume."""
+    gate = PauseGate()
+    went_on = asyncio.Event()
+
+    async def call() -> None:
+        handle = await gate.enter()
+        assert handle is not None
+        try:
+            await handle.stop.wait()  # generating until the pause asks it to stop
+            await handle.park()
+            handle.continued(tokens_kept=5)
+            went_on.set()
+        finally:
+            gate.exit(handle)
+
+    task = asyncio.ensure_future(call())
+    await asyncio.sleep(0)
+    gate.pause("weight update", stop_generations=True)
+
+    assert await gate.wait_drained(timeout=5) is True
+    assert gate.state()["parked"] == 1 and gate.cancel_in_flight() == 0
+    gate.resume()
+    await task
+    assert went_on.is_set() and (gate.parked, gate.in_flight) == (0, 0)
+    assert (gate.continued_calls, gate.continued_tokens_kept) == (1, 5)
+
+
+async def test_a_parked_call_past_the_hold_bound_is_refused() -> None:
+    gate = PauseGate()
+    handle = await gate.enter()
+    assert handle is not None
+    gate.pause("weight update", hold_s=0.05, stop_generations=True)
+    with pytest.raises(PausedError, match=r"stayed paused \(weight update\) for more than 0.05 s"):
+        await handle.park()
+    assert gate.parked == 0

@@ -204,6 +204,7 @@ async def test_bearer_scheme_is_case_insensitive(proxy_factory, backend, http) -
         ({"drain": "yes"}, "drain"),
         ({"reason": ["x"]}, "reason"),
         ({"drain": True, "cancel_after_drain_timeout": "yes"}, "cancel_after_drain_timeout"),
+        ({"stop_generations": 1}, "stop_generations"),
     ],
 )
 async def test_bad_pause_is_400_and_leaves_the_proxy_serving(proxy: LLMProxy, http, body: dict, field: str) -> None:
@@ -227,6 +228,10 @@ def _params(**params: object) -> dict:
     [
         (1, "model_list[0] must be a mapping"),
         ({**_params(), "model_info": "x"}, "model_list[0].model_info"),
+        (
+            {**_params(), "model_info": {"agl_continue_generations": "yes"}},
+            "model_list[0].model_info.agl_continue_generations must be true or false",
+        ),
         (_params(timeout=[1]), "model_list[0].litellm_params.timeout"),
         (_params(timeout=-1), "model_list[0].litellm_params.timeout"),
         (_params(timeout=True), "model_list[0].litellm_params.timeout"),

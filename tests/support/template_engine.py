@@ -20,6 +20,9 @@ compared with the template's rendering of the whole conversation id for id::
         engine.answers.append({"role": "assistant", "content": "Sunny."})
         ...                                       # a chat call through a proxy to url + "/v1"
         engine.render_ids(request)                # the template's rendering of a request
+
+`pieces` makes the model sample some text as other ids than the template re-tokenizes it to, and
+`detokenizes = False` makes the engine refuse `/detokenize`.
 """
 
 from __future__ import annotations
@@ -63,6 +66,19 @@ def _parsed_call(call: Mapping[str, Any]) -> dict[str, Any]:
     return {**call, "function": function}
 
 
+def _replaced(ids: list[int], run: list[int], by: list[int]) -> list[int]:
+    """`ids` with every occurrence of `run` replaced by `by`."""
+    out, at = [], 0
+    while at < len(ids):
+        if ids[at : at + len(run)] == run:
+            out += by
+            at += len(run)
+        else:
+            out.append(ids[at])
+            at += 1
+    return out
+
+
 class TemplateEngine:
     """vLLM's token endpoints over `tokenizer` and the chat template `template`."""
 
@@ -83,6 +99,12 @@ class TemplateEngine:
         """Template variables of every rendering (`bos_token`, `eos_token` of the model's family)."""
         self.answers: deque[dict[str, Any]] = deque()
         """What the model answers next, one message per generate."""
+        self.pieces: dict[str, tuple[str, ...]] = {}
+        """Text the model samples in other pieces than the tokenizer encodes it (`{"Sunny": ("Sun", "ny")}`):
+        in a sampled answer, the ids of each key are those of its pieces, each encoded alone, so the
+        template's rendering of the answer's text is other ids than the model's."""
+        self.detokenizes = True
+        """Whether `/detokenize` is served (False: it answers 404, as a gateway serving only the chat routes)."""
         self._context: list[dict[str, Any]] = []
         self._tools: Any = None
         self._sampled: dict[tuple[int, ...], dict[str, Any]] = {}
@@ -119,7 +141,12 @@ class TemplateEngine:
         ids = whole[shared:]
         if self.end_of_turn in ids:
             ids = ids[: ids.index(self.end_of_turn) + 1]
+        for text, pieces in self.pieces.items():
+            ids = _replaced(ids, self._encode(text), [i for piece in pieces for i in self._encode(piece)])
         return ids
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _render(self, request: dict[str, Any]) -> dict[str, Any]:
         if request.get("add_generation_prompt", True):
@@ -176,7 +203,7 @@ class TemplateEngine:
             return self._generate(body)
         if path == "/v1/chat/completions/derender":
             return self._derender(body)
-        if path == "/detokenize":
+        if path == "/detokenize" and self.detokenizes:
             return {"prompt": self.tokenizer.decode(body["tokens"])}
         return None
 

@@ -25,6 +25,7 @@ def test_config_yaml_sets_agls_keys_and_the_verl_defaults_that_run(config) -> No
         "max_concurrency": None,
         "hooks": None,
         "rollout_timeout_seconds": 1800,
+        "update_in_flight": "continue",
         "update_drain_timeout_seconds": 60,
         "update_hold_seconds": 3600,
         "local": {"agent_class": None, "env_map": {}},

@@ -6,9 +6,13 @@ import pytest
 import torch
 
 from agl_train.algo.staleness import mask_stale_tokens, staleness_metrics
-from agl_train.algo.tensorize import SAMPLING_VERSIONS
+from agl_train.algo.tensorize import SAMPLING_VERSIONS, rows_to_tensors
+from agl_train.core.aggregate import Limits, aggregate
+from agl_train.core.traces import trace_from_spans
 from agl_train.verl_glue._verl import DataProto
 from agl_train.verl_glue.step import off_policy
+
+from .test_versions import crossing_spans
 
 U = -1  # tensorize.UNKNOWN_VERSION
 # Trained at version 4. Row 0 crossed an update (3, then 4) and has an inserted token; row 1 was
@@ -96,3 +100,30 @@ def test_without_a_trained_version_the_step_only_drops_the_versions() -> None:
     data, metrics = off_policy(batch(), trained_version=None, max_staleness=1)
     assert data is not None and metrics == {} and SAMPLING_VERSIONS not in data.batch.keys()
     assert torch.equal(data.batch["response_mask"], MASK)
+
+
+def test_a_response_sampled_across_an_update_counts_as_crossing_versions() -> None:
+    first, _, end = crossing_spans()  # the crossing answer alone
+    rows = aggregate([trace_from_spans("ro-1", [first, end])], "trajectory", Limits(8, 12)).rows
+    tensors = rows_to_tensors(rows, Limits(8, 12), pad_token_id=0)
+
+    metrics = staleness_metrics(tensors[SAMPLING_VERSIONS], tensors["response_mask"], trained_version=4)
+
+    assert metrics == pytest.approx(
+        {
+            "training/off_policy/version_coverage": 1.0,
+            "training/off_policy/token_staleness/mean": 5 / 12,  # 5 tokens one version old, 7 current
+            "training/off_policy/token_staleness/max": 1.0,
+            "training/off_policy/cross_version_row_fraction": 1.0,
+            "training/off_policy/cross_version_token_fraction": 1.0,
+            "training/off_policy/trajectory_staleness/mean": 0.0,
+            "training/off_policy/trajectory_staleness/max": 0.0,
+            "training/off_policy/trajectory_staleness/min": 0.0,
+            "training/off_policy/trajectory_staleness_worst/mean": 1.0,
+            "training/off_policy/trajectory_staleness_worst/max": 1.0,
+            "training/off_policy/trajectory_staleness_worst/min": 1.0,
+            "training/off_policy/trajectory_spans/mean": 2.0,
+            "training/off_policy/trajectory_spans/max": 2.0,
+            "training/off_policy/trajectory_spans/min": 2.0,
+        }
+    )

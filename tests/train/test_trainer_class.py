@@ -65,6 +65,13 @@ def test_a_drain_bound_that_is_not_positive_is_refused(tokenizer) -> None:
         build(tokenizer, ["agentlightning.update_drain_timeout_seconds=0"])
 
 
+def test_what_an_update_does_with_the_calls_in_flight_is_one_of_three(tokenizer) -> None:
+    assert build(tokenizer, []).update_in_flight == "continue"  # config.yaml's default
+    assert build(tokenizer, ["agentlightning.update_in_flight=drain"]).update_in_flight == "drain"
+    with pytest.raises(ValueError, match="agentlightning.update_in_flight must be one of continue, drain, cancel"):
+        build(tokenizer, ["agentlightning.update_in_flight=wait"])
+
+
 def test_kl_in_the_reward_is_refused(tokenizer) -> None:
     with pytest.raises(ValueError, match="use_kl_in_reward"):
         build(tokenizer, ["algorithm.use_kl_in_reward=true"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agl_proxy.recording.call_record import CallRecord, build_llm_span
 from agl_store.sqlite import SQLiteStore
 from agl_train.algo.tensorize import SAMPLING_VERSIONS, UNKNOWN_VERSION, rows_to_tensors
 from agl_train.core.aggregate import Limits, aggregate
@@ -90,5 +91,92 @@ async def test_the_trainers_read_of_a_real_store_brings_the_versions() -> None:
         trace = await read_rollout(store, rollout.rollout_id)
 
         assert [call.model_version for call in trace.calls] == [2, 3]
+    finally:
+        await store.close()
+
+
+def crossing_spans():
+    """An answer that went on across a weight update: 5 tokens sampled by version 3, then 7 by
+    version 4 (one choice, two segments), and a follow-up the proxy bridged from it (version 4)."""
+    answer = list(range(10, 22))
+    first = llm_call_span([1, 2], answer, sequence_id=1, span_id="s1", model_version="3", chain={"prompt": "rendered"})
+    first.attributes["agl.choices"][0]["segments"] = [["3", 5], ["4", 7]]
+    bridged = {"prompt": "bridged", "parent": "s1", "choice": 0}
+    follow_up = llm_call_span([1, 2, *answer, 30], [31, 32], sequence_id=2, model_version="4", chain=bridged)
+    follow_up.attributes["agl.choices"][0]["segments"] = [["4", 2]]
+    return [first, follow_up, reward(1.0, sequence_id=3)]
+
+
+def test_an_answer_sampled_across_an_update_is_one_response_with_two_versions() -> None:
+    first, _, _ = crossing_spans()
+    (call,), _ = calls_from_spans([first])
+    assert call.model_version == 3  # the version the call started on
+    assert call.versions == ((3, 5), (4, 7))
+
+    (row,) = aggregate([trace_from_spans("ro-1", [first])], "transition", Limits(8, 16)).rows
+
+    tensors = rows_to_tensors([row], Limits(8, 12), pad_token_id=0)
+    assert tensors[SAMPLING_VERSIONS].tolist() == [[3] * 5 + [4] * 7]
+
+
+def test_a_bridged_follow_up_keeps_the_versions_of_the_answer_its_prompt_continues() -> None:
+    (row,) = aggregate([trace_from_spans("ro-1", crossing_spans())], "trajectory", Limits(8, 16)).rows
+
+    assert list(row.response_mask) == [1] * 12 + [0] + [1, 1]
+    assert row.versions == ((3, 5), (4, 7), (None, 1), (4, 2))
+
+
+@pytest.mark.parametrize(
+    "segments",
+    [
+        [["3", 5], ["4", 6]],  # 11 tokens of 12
+        [["3", 5], ["4", 8]],
+        [],
+        "3:5,4:7",
+        [["3", 5, 1], ["4", 7]],
+        [["3", "5"], ["4", 7]],
+        [["3", -1], ["4", 13]],
+        [["3", True], ["4", 11]],
+    ],
+)
+def test_segments_that_do_not_line_up_with_the_tokens_give_every_token_the_calls_version(segments) -> None:
+    span = llm_call_span([1, 2], list(range(10, 22)), sequence_id=1, model_version="3")
+    span.attributes["agl.choices"][0]["segments"] = segments
+
+    (call,), skipped = calls_from_spans([span])
+
+    assert (call.segments, call.versions, skipped) == (None, ((3, 12),), {})
+
+
+def test_a_segment_whose_version_is_not_an_integer_is_of_unknown_version() -> None:
+    span = llm_call_span([1, 2], [3, 4, 5], sequence_id=1, model_version="3")
+    span.attributes["agl.choices"][0]["segments"] = [["3", 1], ["res-7", 2]]
+
+    (call,), _ = calls_from_spans([span])
+
+    assert call.versions == ((3, 1), (None, 2))
+
+
+async def test_the_segments_the_proxy_records_reach_the_trainer_through_the_store() -> None:
+    store = SQLiteStore(":memory:")
+    await store.open()
+    try:
+        rollout = await store.start_rollout(input={"question": "2+2"})
+        record = CallRecord(
+            operation="chat",
+            rollout_id=rollout.rollout_id,
+            attempt_id=rollout.attempt.attempt_id,
+            requested_model="tiny",
+            stream=False,
+            start_time=1.0,
+        )
+        record.response = {"prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": list(range(10, 22))}]}
+        record.status_code = 200
+        record.segments = {0: [("3", 5), ("4", 7)]}
+        await store.add_span(build_llm_span(record))
+
+        trace = await read_rollout(store, rollout.rollout_id)
+
+        assert [call.versions for call in trace.calls] == [((3, 5), (4, 7))]
     finally:
         await store.close()

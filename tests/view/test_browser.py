@@ -209,6 +209,24 @@ async def test_the_token_view_colours_a_known_rollout(store, page, tiny_model_pa
         assert screenshot.stat().st_size > 0
 
 
+async def test_the_token_view_shows_which_weights_sampled_each_token(store, store_url, page) -> None:
+    # One answer that went on across a weight update: 5 tokens of version 3, then 7 of version 4.
+    answer = list(range(10, 22))
+    choice = {"index": 0, "token_ids": answer, "logprobs": None, "finish_reason": "stop"}
+    crossing = {"agl.choices": [{**choice, "segments": [["3", 5], ["4", 7]]}]}
+    known = await write_rollout(store, [{"prompt": [1, 2, 3], "response": answer}], version="3", extra=crossing)
+
+    await page.goto(f"{store_url}/#/rollouts/{known.rollout_id}/tokens")
+
+    row = page.locator("[data-testid=token-row]")
+    await expect(row.locator("[data-version='3']")).to_have_count(5)
+    await expect(row.locator("[data-version='4']")).to_have_count(7)
+    await expect(row.locator("[data-testid=row-versions]")).to_have_text("sampled by v3 × 5 → v4 × 7")
+    first_version, second_version = row.locator("[data-version='3']").first, row.locator("[data-version='4']").first
+    await expect(first_version).to_have_class("tok role-generated ver-0")
+    await expect(second_version).to_have_class("tok role-generated ver-1")
+
+
 async def test_agent_output_is_shown_as_text_and_never_runs(store, page, tiny_model_path, encode) -> None:
     calls = [{"prompt": encode("<|im_start|>user\nhi<|im_end|>\n"), "response": encode(INJECTION)}]
     known = await write_rollout(store, calls, content=INJECTION, input={"question": INJECTION})

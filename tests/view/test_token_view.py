@@ -92,3 +92,20 @@ async def test_token_view_reads_the_latest_attempt_from_the_store(store, encode)
     view = await token_view(store, known.rollout_id, TokenViewOptions(limits=WIDE))
 
     assert (view["attempt_id"], view["reward"], view["n_calls"], len(view["rows"])) == (known.attempt_id, 0.75, 3, 2)
+
+
+def test_a_row_shows_which_weights_sampled_its_response() -> None:
+    # An answer that went on across a weight update (5 tokens of version 3, 7 of version 4),
+    # then a follow-up on version 4 after one inserted token.
+    answer = list(range(10, 22))
+    first = llm_call_span("ro-1", "at-1", [1, 2], answer, 0.0, version="3")
+    first.attributes["agl.choices"][0]["segments"] = [["3", 5], ["4", 7]]
+    follow_up = llm_call_span("ro-1", "at-1", [1, 2, *answer, 30], [31, 32], 1.0, version="4")
+    for sequence_id, span in enumerate([first, follow_up], start=1):
+        span.sequence_id = sequence_id
+
+    view = token_view_of_trace(trace_from_spans("ro-1", [first, follow_up]), TokenViewOptions(limits=Limits(8, 14)))
+
+    (row,) = view["rows"]
+    assert row["roles"] == "pp" + "g" * 12 + "i" + "g" + "t"
+    assert row["versions"] == [[3, 5], [4, 7], [None, 1], [4, 2]]  # the truncated token's too

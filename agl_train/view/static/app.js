@@ -610,13 +610,40 @@ function breakBox(record, pieces, decoded) {
   );
 }
 
+const VERSION_COLOURS = 4; // .tok.ver-0 … ver-3 in app.css
+
+function versionColours(row) {
+  // The row's weight versions, coloured in the order they sampled: a row spans a few versions, whose numbers grow without bound.
+  const colours = new Map();
+  for (const [version] of row.versions) if (version !== null && !colours.has(version)) colours.set(version, colours.size % VERSION_COLOURS);
+  return colours;
+}
+
+function tokenVersions(row) {
+  // One per token: null for the prompt, then the response's segments (null: inserted, or a call of unknown version).
+  const out = new Array(row.prompt_length).fill(null);
+  for (const [version, n] of row.versions) for (let k = 0; k < n; k++) out.push(version);
+  return out;
+}
+
+function versionLegend(row, colours) {
+  const known = row.versions.filter(([version]) => version !== null);
+  if (!known.length) return null;
+  const segments = known.flatMap(([version, n], k) => [k ? " → " : "", h("span", { class: `tok ver-${colours.get(version)}` }, `v${version} × ${n}`)]);
+  return h("span", { "data-testid": "row-versions" }, "sampled by ", segments);
+}
+
 function tokenRow(row, index, view) {
   const tokens = h("div", { class: "tokens" });
   const fragment = document.createDocumentFragment();
+  const colours = versionColours(row);
+  const versions = tokenVersions(row);
   for (let k = 0; k < row.ids.length; k++) {
     const [role, label] = ROLE_NAMES[row.roles[k]];
     const id = row.ids[k];
-    fragment.append(h("span", { class: `tok role-${role}`, "data-role": role, title: `id ${id} · ${label}` }, tokenText(id, view.pieces, view.decoded)));
+    const version = versions[k];
+    const sampled = version === null ? {} : { class: `tok role-${role} ver-${colours.get(version)}`, "data-version": version, title: `id ${id} · ${label} · v${version}` };
+    fragment.append(h("span", { class: `tok role-${role}`, "data-role": role, title: `id ${id} · ${label}`, ...sampled }, tokenText(id, view.pieces, view.decoded)));
   }
   tokens.append(fragment);
   const badges = [];
@@ -633,6 +660,7 @@ function tokenRow(row, index, view) {
       h("span", {}, `calls ${row.turn_index}–${row.turn_index + row.n_calls - 1} (seq ${row.sequence_ids.join(", ")})`),
       h("span", {}, `prompt ${row.prompt_length} · response ${row.response_length} · trained ${row.trained_tokens}`),
       h("span", {}, `reward ${fmtReward(row.reward)}`),
+      versionLegend(row, colours),
       badges,
     ),
     tokens,
