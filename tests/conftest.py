@@ -73,9 +73,22 @@ def vllm_server(request: pytest.FixtureRequest) -> Iterator[VLLMServer]:
     yield server
 
 
+# Both session vLLMs slow down the requests that ask (`examples.tiny_vllm.pace.paced`): the tests that act while a
+# generation runs (a client that leaves, a weight update) need one that outlasts their own requests on a loaded machine.
+PACED_ARGS = ("--logits-processors", "examples.tiny_vllm.pace:Paced")
+ROOT = Path(__file__).resolve().parents[1]
+REPO_ON_PATH = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+"""vLLM imports the processors from this repository."""
+
+
 def _serve_tiny_vllm(config: pytest.Config) -> AbstractContextManager[VLLMServer]:
     log_path = tmp_path_factory_of(config).mktemp("vllm") / "vllm.log"
-    return running_vllm_server(build_tiny_model(DEFAULT_DIR), log_path=log_path, extra_args=("--enable-scale-out",))
+    return running_vllm_server(
+        build_tiny_model(DEFAULT_DIR),
+        log_path=log_path,
+        extra_args=("--enable-scale-out", *PACED_ARGS),
+        extra_env=REPO_ON_PATH,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -105,8 +118,12 @@ def _announce(config: pytest.Config, line: str) -> None:
 # tool calls (VLLM_FLAGS), and ends the turn of a request that asks (`examples.tiny_vllm.end_turn.end_turn_after`):
 # one server for the tests of free sampling and those of turns that end as a trained model's.
 EXTERNAL_REAL_VLLM_ENV = "AGL_TEST_REAL_VLLM_BASE_URL"  # like EXTERNAL_VLLM_ENV, for `real_vllm_server`
-REAL_VLLM_ARGS = ("--enable-scale-out", "--logits-processors", "examples.tiny_vllm.end_turn:EndTurnAfter")
-ROOT = Path(__file__).resolve().parents[1]
+REAL_VLLM_ARGS = (
+    "--enable-scale-out",
+    "--logits-processors",
+    "examples.tiny_vllm.end_turn:EndTurnAfter",
+    "examples.tiny_vllm.pace:Paced",
+)
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +160,7 @@ def _serve_real_vllm(config: pytest.Config) -> Iterator[VLLMServer]:
 
     model_path = build_real_vocab_model()
     end_of_turn = AutoTokenizer.from_pretrained(model_path).convert_tokens_to_ids("<|im_end|>")
-    env = {TOKEN_ENV: str(end_of_turn), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {TOKEN_ENV: str(end_of_turn), **REPO_ON_PATH}
     log_path = tmp_path_factory_of(config).mktemp("real-vllm") / "vllm.log"
     with running_vllm_server(
         model_path,

@@ -136,6 +136,11 @@ class Generation:
                         handle.continued(len(self.choice.ids))
                 if not await self._stream(body):
                     return self.choice
+                limit = self.body["sampling_params"].get("max_tokens")
+                if isinstance(limit, int) and len(self.choice.ids) >= limit:
+                    # Stopped between its last id and the finish that comes with it.
+                    self.choice.finish_reason = "length"
+                    return self.choice
                 turn += 1
         finally:
             self.wake.set()

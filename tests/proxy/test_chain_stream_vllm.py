@@ -16,13 +16,19 @@ import httpx
 import openai
 import pytest
 
+from examples.tiny_vllm.pace import paced
 from tests.support.conversations import messages, tools
 
 from .helpers import model_entry, wait_for_spans
 from .test_token_chain_vllm import _client, _generated_tokens
 
 pytestmark = pytest.mark.vllm
-LONG: dict[str, Any] = {"temperature": 0, "max_tokens": 200, "extra_body": {"ignore_eos": True}}
+# Paced (examples/tiny_vllm/pace.py): a generation slower than the client's own requests, whatever the load.
+LONG: dict[str, Any] = {
+    "temperature": 0,
+    "max_tokens": 200,
+    "extra_body": {"ignore_eos": True, "vllm_xargs": paced(0.02)},
+}
 
 
 async def test_a_streamed_answer_comes_as_it_is_generated_and_is_the_greedy_answer(
@@ -97,7 +103,7 @@ async def test_a_client_that_leaves_mid_stream_stops_the_generation(
         client = _client(chain_proxy, ids)
         stream = await client.chat.completions.create(
             model=vllm_server.model, messages=messages(), stream=True, temperature=1.0, max_tokens=400,
-            extra_body={"ignore_eos": True},
+            extra_body={"ignore_eos": True, "vllm_xargs": paced(0.02)},
         )  # fmt: skip
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:

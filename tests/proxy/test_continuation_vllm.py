@@ -1,5 +1,5 @@
-"""A generation survives a weight update, against the real-vocabulary tiny vLLM (its 151,643-id
-vocabulary makes a step slow enough for an update to land mid-generation).
+"""A generation survives a weight update, against the real-vocabulary tiny vLLM, its calls paced
+(`examples/tiny_vllm/pace.py`) so that the update lands mid-generation.
 
 The trainer pauses the proxy with `stop_generations` (`agentlightning.update_in_flight:
 continue`): a token-chain call still generating stops on the engine, keeps its ids and
@@ -23,24 +23,30 @@ import pytest
 from agl_train.core.aggregate import Limits, aggregate
 from agl_train.core.traces import trace_from_spans
 from agl_train.runner.proxy_control import ProxyControl
+from examples.tiny_vllm.pace import paced
 from tests.support.conversations import messages
 
 from .helpers import model_entry, wait_for_spans
 
 pytestmark = pytest.mark.vllm
-TOKENS = 400
-"""Within the tiny model's 512-token context after the prompt."""
+TOKENS = 200
+PACE_S = 0.03
+"""At least 6 s a generation: longer than the client's first token and the pause take on a loaded machine."""
 GREEDY_LONG: dict[str, Any] = {"temperature": 0, "max_tokens": TOKENS, "extra_body": {"ignore_eos": True}}
 
 
 def _entry(real_vllm_server: Any, version: str, **info: Any) -> dict[str, Any]:
-    return model_entry(
+    """The replica registered under weight `version`, its calls paced (examples/tiny_vllm/pace.py), so the
+    update lands mid-generation however loaded the machine is."""
+    entry = model_entry(
         real_vllm_server.model,
         real_vllm_server.base_url,
         backend_model=real_vllm_server.model,
         agl_model_version=version,
         **info,
     )
+    entry["litellm_params"]["vllm_xargs"] = paced(PACE_S)
+    return entry
 
 
 async def _engine_running(real_vllm_server: Any, requests: int) -> None:
@@ -78,9 +84,10 @@ async def _update_during(
 
 
 async def _greedy_ids(proxy: Any, real_vllm_server: Any, ids: tuple[str, str]) -> list[int]:
-    """The uninterrupted greedy answer's ids."""
+    """The uninterrupted greedy answer's ids (not paced: the pace leaves the ids alone)."""
     client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="-", max_retries=0)
-    whole = await client.chat.completions.create(model=real_vllm_server.model, messages=messages(), **GREEDY_LONG)
+    unpaced = {**GREEDY_LONG, "extra_body": {"ignore_eos": True, "vllm_xargs": paced(0)}}
+    whole = await client.chat.completions.create(model=real_vllm_server.model, messages=messages(), **unpaced)
     await client.close()
     return list(whole.choices[0].model_extra["token_ids"])
 

@@ -217,8 +217,8 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
         calls.append("rollouts")
         return StepData(data=batch, metrics={}, collected=Collected(groups=[], counts={}, carried_over=0))
 
-    async def pause(proxy, drain_timeout_s, hold_s):
-        calls.append(f"pause (drain {drain_timeout_s:g} s, hold {hold_s:g} s)")
+    async def pause(proxy, drain_timeout_s, hold_s, in_flight):
+        calls.append(f"pause (drain {drain_timeout_s:g} s, hold {hold_s:g} s, {in_flight})")
         return {"rollout/proxy_calls_cancelled_at_update": float(cancelled)}
 
     async def publish():
@@ -268,7 +268,7 @@ def test_the_checkpoint_is_saved_while_the_replicas_sleep_before_update_weights(
     aborted = ["abort_replicas"] if cancelled else []
     assert calls == [
         "rollouts",
-        "pause (drain 60 s, hold 3600 s)",  # held calls outlast the update and the checkpoint
+        "pause (drain 60 s, hold 3600 s, continue)",  # held calls outlast the update and the checkpoint
         *aborted,
         "sleep_replicas",
         "old_log_prob",

@@ -107,11 +107,13 @@ async def test_pausing_for_the_update_waits_for_calls_in_flight_and_refuses_new_
 
         metrics = await pause_for_update(control, drain_timeout_s=60)
 
-        assert long_call.done() and (await long_call).status_code == 200  # drained, not cut
+        # A completions call takes the pass-through, which cannot continue: drained, not cut (nor parked).
+        assert long_call.done() and (await long_call).status_code == 200
         assert metrics == {
             "rollout/proxy_drained": 1.0,
             "rollout/proxy_in_flight_at_update": 0.0,
             "rollout/proxy_calls_cancelled_at_update": 0.0,
+            "rollout/proxy_calls_parked_at_update": 0.0,
         }
         refused = await http.post(proxy.base_url + "/completions", json={**body, "max_tokens": 1})
         assert refused.status_code == 429
