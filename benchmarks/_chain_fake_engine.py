@@ -1,11 +1,12 @@
 """A fast fake vLLM with the token-in endpoints (`--enable-scale-out`) for chain_bench.py.
 
-    python benchmarks/_chain_fake_engine.py PORT
+    python benchmarks/_chain_fake_engine.py PORT [ANSWER_IDS]     # 16 ids an answer by default
 
 It answers `/v1/chat/completions` (vLLM's rendered path, `return_token_ids` fields) and, for the
 token chain, `/openapi.json`, `/v1/models`, `/v1/chat/completions/render`, `/inference/v1/generate`
-and `/v1/chat/completions/derender`. Every answer is the same text; prompt ids are 8 per message
-and an echoed answer renders as its 16 sampled ids (within its turn's header and close), so what a
+and `/v1/chat/completions/derender` (generate streamed too, an id a chunk, as vLLM streams it). Every
+answer is the same text; prompt ids are 8 per message
+and an echoed answer renders as its sampled ids (within its turn's header and close), so what a
 proxy parses grows with the history as with a real model, and a bridged prompt is as long as the
 rendered one. It costs little, so the
 proxy's CPU dominates; it is not a model (its ids are not a tokenizer's).
@@ -21,7 +22,7 @@ from collections import Counter
 import uvicorn
 from _proxy_fake_backend import request_body
 
-N_TOKENS = 16
+N_TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 IDS_PER_MESSAGE = 8
 TOKEN_IDS = list(range(300, 300 + N_TOKENS))
 CONTENT = "tok " * N_TOKENS
@@ -97,7 +98,23 @@ async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         return
     if scope["type"] == "http" and scope["method"] == "POST":
         REQUESTS[scope["path"]] += 1
-    await _send(send, _answer(json.loads(body or b"{}"), scope["path"]))
+    request = json.loads(body or b"{}")
+    if scope["path"] == "/inference/v1/generate" and request.get("stream"):
+        await _stream_generate(send)
+        return
+    await _send(send, _answer(request, scope["path"]))
+
+
+async def _stream_generate(send) -> None:  # type: ignore[no-untyped-def]
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for i, token_id in enumerate(TOKEN_IDS):
+        finish = "length" if i == len(TOKEN_IDS) - 1 else None
+        part = {"index": 0, "token_ids": [token_id], "logprobs": None, "finish_reason": finish}
+        chunk = {"request_id": "gen-bench", "choices": [part]}
+        await send(
+            {"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True}
+        )
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
 async def _send(send, value: object) -> None:  # type: ignore[no-untyped-def]

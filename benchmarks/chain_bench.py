@@ -11,7 +11,10 @@ proxy's own cost, not a model's):
 - `direct`: the fake backend's `/v1/chat/completions` (latency floor);
 - `rendered`: `agl proxy serve --token-chain off` (today's pass-through; the backend renders);
 - `chain`: `agl proxy serve` (auto: the token chain; every measured call is bridged, which the
-  run checks in the spans).
+  run checks in the spans);
+- `continuing`: the same, its deployment with `model_info.agl_continue_generations: true` (as the
+  trainer registers its replicas): each answer is generated through the streamed generate, one
+  chunk per id (`--answer-ids`, 16), so a weight update could stop it and continue it.
 
 Both proxies have their embedded SQLite store and attribute the calls to a rollout, so their CPU
 includes the span build and export. A tool-less agent loop builds the history to `turns` turns
@@ -149,11 +152,20 @@ async def _chain_kinds(url: str, rollout_id: str) -> Counter[str]:
     return Counter(s.attributes["agl.chain"]["prompt"] for s in spans)
 
 
+def _continuing_entry(engine_url: str) -> dict[str, Any]:
+    return {
+        "model_name": "bench",
+        "litellm_params": {"model": "hosted_vllm/bench", "api_base": engine_url},
+        "model_info": {"agl_continue_generations": True},
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--calls", type=int, default=16, help="calls per measured batch")
     parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--answer-ids", type=int, default=16, help="ids in every answer of the fake engine")
     parser.add_argument("--http-requests", type=int, default=2000, help="per HTTP client (0: skip that part)")
     args = parser.parse_args()
     agl = str(Path(sys.executable).parent / "agl")
@@ -161,7 +173,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         engine_port = free_port()
-        engine_cmd = [sys.executable, str(BENCH_DIR / "_chain_fake_engine.py"), str(engine_port)]
+        engine_cmd = [sys.executable, str(BENCH_DIR / "_chain_fake_engine.py"), str(engine_port), str(args.answer_ids)]
         with process(engine_cmd, work / "engine.log") as engine:
             engine_url = f"http://127.0.0.1:{engine_port}/v1"
             wait_ready(engine_url + "/models", engine, work / "engine.log")
@@ -169,10 +181,16 @@ def main() -> int:
             for turns in args.turns:
                 result = asyncio.run(_measure(engine_url, [], turns, args.calls, args.batches))
                 rows.append(("direct", turns, result, "fake backend"))
-            for name, extra in (("rendered", ["--token-chain", "off"]), ("chain", [])):
+            continuing = work / "continuing.yaml"
+            continuing.write_text(json.dumps({"model_list": [_continuing_entry(engine_url)]}))  # JSON is YAML
+            targets = (
+                ("rendered", ["--backend", engine_url, "--model", "bench", "--token-chain", "off"]),
+                ("chain", ["--backend", engine_url, "--model", "bench"]),
+                ("continuing", ["--config", str(continuing)]),
+            )
+            for name, extra in targets:
                 port = free_port()
-                cmd = [agl, "proxy", "serve", "--backend", engine_url, "--model", "bench",
-                       "--db", str(work / f"{name}.db"), "--port", str(port), *extra]  # fmt: skip
+                cmd = [agl, "proxy", "serve", "--db", str(work / f"{name}.db"), "--port", str(port), *extra]
                 with process(cmd, work / f"{name}.log") as proxy:
                     url = f"http://127.0.0.1:{port}"
                     wait_ready(url + "/health", proxy, work / f"{name}.log")
@@ -195,6 +213,11 @@ def main() -> int:
         print(f"{name:<9} {turns:>5} {result['cpu_ms']:>18.2f} {result['latency_ms']:>11.2f} "
               f"{result['rss_mib']:>14.0f}  {kinds}; store reads {result.get('store_reads', 0):.0f}")  # fmt: skip
     by = {(name, turns): result for name, turns, result, _ in rows}
+    streamed = f"(ms per call; {args.answer_ids} ids streamed)"
+    print(f"\n{'turns':>5} {'CPU continuing':>14} {'continuing/chain':>16}   {streamed}")
+    for turns in args.turns:
+        chain, continuing = by[("chain", turns)], by[("continuing", turns)]
+        print(f"{turns:>5} {continuing['cpu_ms']:>14.2f} {continuing['cpu_ms'] / chain['cpu_ms']:>16.2f}")
     print(f"\n{'turns':>5} {'CPU rendered':>12} {'CPU chain':>10} {'chain/rendered':>14} "
           f"{'+latency rendered':>17} {'+latency chain':>14}   (ms per call; +latency: over direct)")  # fmt: skip
     for turns in args.turns:
