@@ -47,6 +47,7 @@ from .engine import (
     Engine,
     EngineProbes,
     EngineRejected,
+    detokenize,
     ends_on_stop_token,
     post_json,
 )
@@ -54,7 +55,7 @@ from .engine_http import EngineHttp
 from .heads import ChainHeads, head_key
 from .links import Link
 from .memory import ChainMemory, chain_entry
-from .rebuild import REBUILT_CAUSES, UNPROVEN, engine_detokenize, rebuild
+from .rebuild import REBUILT_CAUSES, UNPROVEN, rebuild
 from .row_budget import fit_row
 from .stops import cut_at_stop_string, stop_strings, stop_token_reason
 from .stream import SSE, ChainStream, StreamFailed, sse_chunks, stream_failure
@@ -243,8 +244,13 @@ class TokenChainBackend:
         if link.kind == "retry" and link.parent is not None:
             ids = list(link.parent.prompt_ids)
         elif seen is not None:
-            detokenize = engine_detokenize(self.transport, self.deployment, headers)
-            rebuilt = await rebuild(ids, seen, engine.close, engine.close_text, detokenize)
+            rebuilt = await rebuild(
+                ids,
+                seen,
+                engine.close,
+                engine.close_text,
+                lambda some: detokenize(self.transport, self.deployment, headers, some),
+            )
             if rebuilt is None:
                 link = replace(link, cause=UNPROVEN)
             else:

@@ -95,6 +95,19 @@ def engine_answer(
     )
 
 
+async def detokenize(
+    transport: EngineHttp, deployment: Deployment, headers: Mapping[str, str], ids: list[int]
+) -> str | None:
+    """The engine's text of `ids` (`/detokenize`); None where it refuses the request (4xx) or
+    answers no text. Raises as `post_json` does when the engine fails."""
+    body = {"model": deployment.model, "tokens": ids}
+    try:
+        text = (await post_json(transport, deployment, DETOKENIZE, body, headers)).get("prompt")
+    except EngineRejected:
+        return None
+    return text if isinstance(text, str) else None
+
+
 def ends_on_stop_token(token_ids: Sequence[int], finish_reason: str | None, sampling_params: Mapping[str, Any]) -> bool:
     """Whether the engine stopped this answer on its last id (the end-of-sequence or a stop token
     id), whose text vLLM's detokenizer then leaves out of the answer its chat endpoint gives
@@ -164,14 +177,8 @@ class EngineProbes:
     async def _text_of(
         transport: EngineHttp, deployment: Deployment, headers: Mapping[str, str], ids: tuple[int, ...]
     ) -> str:
-        if not ids:
-            return ""
-        body = {"model": deployment.model, "tokens": list(ids)}
-        try:
-            text = (await post_json(transport, deployment, DETOKENIZE, body, headers)).get("prompt")
-        except EngineRejected:
-            return ""
-        return text.strip() if isinstance(text, str) else ""
+        text = await detokenize(transport, deployment, headers, list(ids)) if ids else None
+        return text.strip() if text is not None else ""
 
     @staticmethod
     async def _turn_close(transport: EngineHttp, deployment: Deployment, headers: Mapping[str, str]) -> tuple[int, ...]:

@@ -28,20 +28,16 @@ decode one by one (a byte split across two ids reads as U+FFFD, and such ids are
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from difflib import SequenceMatcher
 from itertools import accumulate
-
-from ..common.deployments import Deployment
-from .engine import DETOKENIZE, EngineRejected, post_json
-from .engine_http import EngineHttp
 
 REBUILT_CAUSES = frozenset({"template_drops_reasoning", "reasoning_dropped", "template_rewrites_history"})
 """Why a bridge was refused where the template renders the history otherwise: such a call's prompt is rebuilt."""
 UNPROVEN = "rebuild_unproven"
 """The cause of a call whose rebuilt prompt could not be shown to be the template's text: rendered whole."""
 Detokenize = Callable[[list[int]], Awaitable[str | None]]
-"""The engine's `/detokenize`: the text of the ids, None where the engine cannot tell."""
+"""The engine's `/detokenize` (`engine.detokenize`): the text of the ids, None where the engine cannot tell."""
 _PART_BYTE = "\ufffd"
 """What an id that holds part of a character decodes to alone."""
 
@@ -169,17 +165,3 @@ def _whole_ends(texts: Sequence[str]) -> list[int]:
             break
         ends.append(end)
     return ends
-
-
-def engine_detokenize(transport: EngineHttp, deployment: Deployment, headers: Mapping[str, str]) -> Detokenize:
-    """`Detokenize` by the deployment's engine; a request it refuses (4xx) tells nothing."""
-
-    async def detokenize(ids: list[int]) -> str | None:
-        body = {"model": deployment.model, "tokens": ids}
-        try:
-            text = (await post_json(transport, deployment, DETOKENIZE, body, headers)).get("prompt")
-        except EngineRejected:
-            return None
-        return text if isinstance(text, str) else None
-
-    return detokenize

@@ -79,8 +79,6 @@ class PauseGate:
         """Calls whose client went away while held."""
         self.hold_time = Histogram(HOLD_BUCKETS_S)
         self.cancelled_calls = 0
-        self.stopping = False
-        """The pause asked the calls in flight to stop generating and park."""
         self.parked = 0
         """Calls parked until the resume, their generation stopped."""
         self.continued_calls = 0
@@ -112,30 +110,40 @@ class PauseGate:
         self.held += 1
         gone = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         try:
-            # A loop: a new pause may begin between the resume and this call running again.
-            while self.paused:
-                # Read each time round: a later pause of the same hold may give a longer bound.
-                hold_s = self.hold_s if self.pause_hold_s is None else self.pause_hold_s
-                remaining = start + hold_s - loop.time()
-                if remaining <= 0:
-                    self.refused_after_hold += 1
-                    raise self._refusal(f"the proxy stayed paused{self._why()} for more than {hold_s:g} s")
-                assert self._resumed is not None
-                resumed = asyncio.ensure_future(self._resumed.wait())
-                waiting = {resumed} if gone is None else {resumed, gone}
-                try:
-                    await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    resumed.cancel()
-                if gone is not None and gone.done():
-                    self.left_while_held += 1
-                    return False
-            return True
+            if await self._until_resumed(start, gone):
+                return True
+            self.left_while_held += 1
+            return False
+        except PausedError:
+            self.refused_after_hold += 1
+            raise
         finally:
             if gone is not None:
                 gone.cancel()
             self.held -= 1
             self.hold_time.observe(loop.time() - start)
+
+    async def _until_resumed(self, start: float, gone: asyncio.Future[Any] | None) -> bool:
+        """Wait until the proxy resumes (True) or `gone` is done (False: the client left); PausedError
+        once the pause outlasts its hold bound, counted from `start` (the loop's time)."""
+        loop = asyncio.get_running_loop()
+        # A loop: a new pause may begin between the resume and this call running again.
+        while self.paused:
+            # Read each time round: a later pause of the same hold may give a longer bound.
+            hold_s = self.hold_s if self.pause_hold_s is None else self.pause_hold_s
+            remaining = start + hold_s - loop.time()
+            if remaining <= 0:
+                raise self._refusal(f"the proxy stayed paused{self._why()} for more than {hold_s:g} s")
+            assert self._resumed is not None
+            resumed: asyncio.Future[Any] = asyncio.ensure_future(self._resumed.wait())
+            waiting = {resumed} if gone is None else {resumed, gone}
+            try:
+                await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                resumed.cancel()
+            if gone is not None and gone.done():
+                return False
+        return True
 
     def _why(self) -> str:
         return f" ({self.reason})" if self.reason else ""
@@ -147,23 +155,13 @@ class PauseGate:
 
     async def park(self, handle: CallHandle) -> None:
         """`CallHandle.park`: wait for the resume (the current pause's hold bound from now)."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        start = asyncio.get_running_loop().time()
         handle.parked += 1
         if handle.parked == 1:
             self.parked += 1
             self._note_drained()
         try:
-            while self.paused:
-                hold_s = self.hold_s if self.pause_hold_s is None else self.pause_hold_s
-                remaining = start + hold_s - loop.time()
-                if remaining <= 0:
-                    raise self._refusal(f"the proxy stayed paused{self._why()} for more than {hold_s:g} s")
-                assert self._resumed is not None
-                try:
-                    await asyncio.wait_for(self._resumed.wait(), remaining)
-                except TimeoutError:
-                    continue
+            await self._until_resumed(start, None)
         finally:
             handle.parked -= 1
             if handle.parked == 0:
@@ -194,7 +192,6 @@ class PauseGate:
         self.paused_at = time.time()
         self.pause_hold_s = hold_s
         if stop_generations:
-            self.stopping = True
             for handle in self._calls:
                 handle.stop.set()
 
@@ -203,7 +200,6 @@ class PauseGate:
         self.reason = None
         self.paused_at = None
         self.pause_hold_s = None
-        self.stopping = False
         for handle in self._calls:
             handle.stop.clear()
         if self._resumed is not None:

@@ -104,3 +104,17 @@ async def wait_for_spans(store: LightningStore, rollout_id: str, count: int, tim
 
 def pairs(spans: Sequence[Span]) -> list[tuple[int | None, str]]:
     return [(s.sequence_id, s.attributes.get("agl.backend")) for s in spans]
+
+
+def metric(text: str, name: str) -> float:
+    """The value of an unlabelled line of `/metrics`."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+async def vllm_metric(http: Any, server: Any, name: str) -> float:
+    """vLLM's metric `name` (`GET /metrics` of `server`, a VLLMServer), summed over its labels."""
+    metrics = (await http.get(server.base_url.removesuffix("/v1") + "/metrics")).text
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + "{"))

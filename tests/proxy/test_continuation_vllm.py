@@ -26,7 +26,7 @@ from agl_train.runner.proxy_control import ProxyControl
 from examples.tiny_vllm.pace import paced
 from tests.support.conversations import messages
 
-from .helpers import model_entry, wait_for_spans
+from .helpers import metric, model_entry, vllm_metric, wait_for_spans
 
 pytestmark = pytest.mark.vllm
 TOKENS = 200
@@ -51,12 +51,9 @@ def _entry(real_vllm_server: Any, version: str, **info: Any) -> dict[str, Any]:
 
 async def _engine_running(real_vllm_server: Any, requests: int) -> None:
     """Wait until the engine generates `requests` requests (vLLM's own gauge)."""
-    root = real_vllm_server.base_url.removesuffix("/v1")
     async with httpx.AsyncClient() as http:
         for _ in range(3000):
-            text = (await http.get(root + "/metrics")).text
-            running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
-            if running and float(running[0].rsplit(" ", 1)[1]) >= requests:
+            if await vllm_metric(http, real_vllm_server, "vllm:num_requests_running") >= requests:
                 return
             await asyncio.sleep(0.01)
     raise AssertionError("the engine never ran the call")
@@ -94,8 +91,7 @@ async def _greedy_ids(proxy: Any, real_vllm_server: Any, ids: tuple[str, str]) -
 
 async def _metric(proxy: Any, name: str) -> float:
     async with httpx.AsyncClient() as http:
-        text = (await http.get(proxy.url + "/metrics")).text
-    return float(next(line for line in text.splitlines() if line.startswith(name + " ")).rsplit(" ", 1)[1])
+        return metric((await http.get(proxy.url + "/metrics")).text, name)
 
 
 def _two_versions(choice: dict[str, Any]) -> int:

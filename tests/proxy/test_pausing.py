@@ -15,15 +15,7 @@ from agl_proxy.controls.pausing import PauseGate
 from agl_proxy.server.proxy import LLMProxy
 
 from .conftest import chat_body
-from .helpers import model_entry, wait_for_spans
-
-
-def metric(text: str, name: str) -> float:
-    """The value of an unlabelled line of `/metrics`."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"no {name} in /metrics")
+from .helpers import metric, model_entry, wait_for_spans
 
 
 async def wait_until(condition, timeout_s: float = 10.0) -> None:

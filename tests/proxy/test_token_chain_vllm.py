@@ -20,7 +20,7 @@ from agl_store.client import LightningStoreClient
 from tests.support.conversations import TOOL_RESULT, messages, tools
 from tests.test_environment import chat_template_ids
 
-from .helpers import model_entry, wait_for_spans
+from .helpers import model_entry, vllm_metric, wait_for_spans
 from .test_cli import _start, _stop
 from .test_store_server import _store_server
 
@@ -244,13 +244,8 @@ async def test_greedy_answers_equal_vllm_s_own_chat_endpoint(proxy_factory, vllm
     assert answers["auto", "required"] == answers["off", "required"]
 
 
-async def _metric(http: httpx.AsyncClient, vllm_server, name: str) -> float:
-    metrics = (await http.get(vllm_server.base_url.removesuffix("/v1") + "/metrics")).text
-    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + "{"))
-
-
 async def _generated_tokens(http: httpx.AsyncClient, vllm_server) -> float:
-    return await _metric(http, vllm_server, "vllm:generation_tokens_total")
+    return await vllm_metric(http, vllm_server, "vllm:generation_tokens_total")
 
 
 async def test_a_client_that_goes_away_stops_the_generation(chain_proxy, vllm_server, new_rollout, store) -> None:
@@ -265,14 +260,14 @@ async def test_a_client_that_goes_away_stops_the_generation(chain_proxy, vllm_se
         url = chain_proxy.as_resource().get_base_url(*ids) + "/chat/completions"
         call = asyncio.create_task(agent.post(url, json=body))
         # The client leaves once vLLM is generating its answer.
-        while await _metric(http, vllm_server, "vllm:num_requests_running") < 1 and not call.done():
+        while await vllm_metric(http, vllm_server, "vllm:num_requests_running") < 1 and not call.done():
             await asyncio.sleep(0.005)
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
         [span] = await wait_for_spans(store, ids[0], 1)
         # Once vLLM runs nothing, the count is final: aborted, or (had it not aborted) the whole answer.
         async with asyncio.timeout(120):
-            while await _metric(http, vllm_server, "vllm:num_requests_running") >= 1:
+            while await vllm_metric(http, vllm_server, "vllm:num_requests_running") >= 1:
                 await asyncio.sleep(0.05)
         generated = await _generated_tokens(http, vllm_server) - before
 
