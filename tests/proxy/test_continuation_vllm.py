@@ -5,7 +5,7 @@ The trainer pauses the proxy with `stop_generations` (`agentlightning.update_in_
 continue`): a token-chain call still generating stops on the engine, keeps its ids and
 log-probs, parks while the weights change, and continues from its prompt and those ids when the
 proxy resumes, on the version served then. The client gets one answer; with greedy sampling it is
-the uninterrupted answer (the weights here do not change); the span records which version
+the answer vLLM's own chat endpoint gives uninterrupted (the weights here do not change); the span records which version
 sampled which ids (`agl.choices[i].segments`), and `/metrics` counts the continuation.
 """
 
@@ -80,12 +80,13 @@ async def _update_during(
         await control.aclose()
 
 
-async def _greedy_ids(proxy: Any, real_vllm_server: Any, ids: tuple[str, str]) -> list[int]:
-    """The uninterrupted greedy answer's ids (not paced: the pace leaves the ids alone)."""
-    client = openai.AsyncOpenAI(base_url=proxy.as_resource().get_base_url(*ids), api_key="-", max_retries=0)
-    unpaced = {**GREEDY_LONG, "extra_body": {"ignore_eos": True, "vllm_xargs": paced(0)}}
-    whole = await client.chat.completions.create(model=real_vllm_server.model, messages=messages(), **unpaced)
-    await client.close()
+async def _greedy_ids(real_vllm_server: Any) -> list[int]:
+    """The uninterrupted greedy answer's ids, from vLLM's own chat endpoint (not paced: the pace
+    leaves the ids alone)."""
+    engine = openai.AsyncOpenAI(base_url=real_vllm_server.base_url, api_key="-", max_retries=0)
+    unpaced = {**GREEDY_LONG, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+    whole = await engine.chat.completions.create(model=real_vllm_server.model, messages=messages(), **unpaced)
+    await engine.close()
     return list(whole.choices[0].model_extra["token_ids"])
 
 
@@ -126,7 +127,7 @@ async def test_a_streamed_call_continues_across_a_weight_update_as_one_answer(
 
     assert paused["parked"] == 1 and paused["drained"] is True and paused["cancelled"] == 0
     streamed = [i for c in chunks if c.choices for i in (c.choices[0].model_extra or {}).get("token_ids") or ()]
-    assert streamed == await _greedy_ids(proxy, real_vllm_server, await new_rollout())
+    assert streamed == await _greedy_ids(real_vllm_server)
     [end] = [c for c in chunks if c.choices and c.choices[0].finish_reason is not None]
     assert end.choices[0].finish_reason == "length"
 
@@ -159,7 +160,7 @@ async def test_a_call_that_is_not_streamed_continues_each_of_its_choices(
     await client.close()
 
     assert paused["parked"] == 1 and paused["cancelled"] == 0
-    greedy = await _greedy_ids(proxy, real_vllm_server, await new_rollout())
+    greedy = await _greedy_ids(real_vllm_server)
     assert [c.model_extra["token_ids"] for c in answer.choices] == [greedy, greedy]
     assert answer.usage.completion_tokens == 2 * TOKENS
     [span] = await wait_for_spans(store, ids[0], 1)
